@@ -17,8 +17,8 @@ _MLPS = ("swiglu", "gelu")
 class ModelConfig:
   """Shape of a decoder-only transformer (pre-norm RMSNorm, causal attention, MLP).
 
-  The built-in NNX model (:class:`diloco_core.Transformer`) implements every field;
-  :mod:`analysis` also uses the MoE fields to size models it never trains.
+  The built-in NNX model (:class:`diloco_core.Transformer`) implements every field but
+  the MoE ones (it is dense); :mod:`analysis` uses those to size models it never trains.
   """
 
   vocab_size: int = 256  # tokens in the vocabulary (output classes)

@@ -1,0 +1,254 @@
+"""The model-agnostic DiLoCo / Streaming DiLoCo step (SPEC.md), written with drjax.
+
+:class:`DiLoCo` takes any params pytree, a ``loss_fn(params, batch)``, an inner optax
+optimizer and a :class:`~diloco_core.DiLoCoConfig`. One call of its jitted ``step`` does,
+for inner step t (counting from 1):
+
+1. every replica m takes one inner step on its own batch (``drjax.map_fn``; nothing
+   crosses replicas);
+2. if fragment p is due (:func:`~diloco_core.sent_fragment`), each replica computes
+   :math:`\\Delta_m = \\theta_g[p] - \\theta_m[p]`, compresses it
+   (:math:`Q`, optional error feedback), the replicas average in float32
+   (``drjax.reduce_mean``: the only cross-replica collective, over one fragment), and the
+   outer optimizer (default ``optax.sgd(η, μ, nesterov=True)``) updates
+   :math:`\\theta_g[p]` and its slice of the outer state;
+3. if the fragment sent at t − τ is due, every replica merges
+   :math:`\\theta_m[p] \\leftarrow \\alpha\\,\\theta_m[p] + (1-\\alpha)\\,\\theta_g[p]`.
+
+Send and merge run under :func:`jax.lax.cond` inside the same jitted function, and the
+fragment is a traced index (:class:`~diloco_core.Fragments`), so there is one compiled
+program for every step and every P.
+
+Fragments in flight. Because τ < H, fragment p is merged before it is sent again, and
+:math:`\\theta_g[p]` only changes at p's sends; so at merge time :math:`\\theta_g[p]` still
+holds exactly the value computed at the send. The in-flight set is therefore fully
+described by ``(global_params, step)``, which the state holds (and checkpoints), and no
+second copy of the model is kept (DESIGN.md proposed one; it would cost one model of
+memory for nothing).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import drjax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import struct
+
+from diloco_core import compression
+from diloco_core.config import DiLoCoConfig
+from diloco_core.fragments import LAYER, OTHER, SHARED, Fragments, leaf_paths
+from diloco_core.schedule import merged_fragment, sent_fragment
+
+LossFn = Callable[[Any, Any], jax.Array]
+
+
+class DiLoCoState(struct.PyTreeNode):
+  """The whole training state of DiLoCo / Streaming DiLoCo as one pytree.
+
+  Attributes:
+    params: every replica's params, leading axis M (the ``diloco`` placement).
+    opt_state: every replica's inner optimizer state, leading axis M.
+    global_params: the global copy θ_g (what is evaluated and exported).
+    outer_state: the outer optimizer state (the Nesterov momentum v), shaped like θ_g.
+    ef_residual: every replica's error-feedback residual (leading axis M), or None.
+    step: inner steps done (int32 scalar).
+  """
+
+  params: Any
+  opt_state: Any
+  global_params: Any
+  outer_state: Any
+  ef_residual: Any
+  step: jax.Array
+
+
+def inner_update(loss_fn: LossFn, optimizer: optax.GradientTransformation, params, opt_state, batch):
+  """One optimizer step of one model on one batch; returns (params, opt_state, loss)."""
+  loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+  updates, opt_state = optimizer.update(grads, opt_state, params)
+  return optax.apply_updates(params, updates), opt_state, loss
+
+
+def stack_replicas(tree, replicas: int):
+  """Copies every leaf of ``tree`` M times along a new leading axis (identical replicas)."""
+  return jax.tree.map(lambda x: jnp.broadcast_to(x, (replicas, *x.shape)), tree)
+
+
+class DiLoCo:
+  """DiLoCo (P = 1) and Streaming DiLoCo (any P) for any params pytree.
+
+  Args:
+    loss_fn: ``loss_fn(params, batch) -> scalar``; ``batch`` is one replica's batch.
+    inner_optimizer: the optax optimizer each replica runs (AdamW in the papers).
+    config: the outer-loop settings; ``algorithm`` must be ``"diloco"`` or ``"streaming"``.
+    layer_mask: a pytree of bools shaped like the params marking the stacked-layer
+      leaves (leading axis L). Needed when P > 1; everything else is fragment 0.
+    outer_optimizer: defaults to ``optax.sgd(outer_lr, outer_momentum, nesterov=True)``.
+      Any optax optimizer whose state holds params-shaped trees works; each fragment
+      updates only its slice of them.
+
+  Examples:
+    Two replicas minimising :math:`(w - x)^2` on their own targets; after one sync with
+    η = 1, μ = 0 the global copy is the mean of the replicas (FedAvg):
+
+    >>> cfg = DiLoCoConfig(replicas=2, sync_every=1, outer_lr=1.0, outer_momentum=0.0)
+    >>> algo = DiLoCo(lambda w, x: jnp.sum((w - x) ** 2), optax.sgd(0.25), cfg)
+    >>> state = algo.init(jnp.zeros(()))
+    >>> state, metrics = algo.step(state, jnp.array([1.0, 3.0]))
+    >>> state.params.tolist(), float(state.global_params)
+    ([1.0, 1.0], 1.0)
+  """
+
+  def __init__(self, loss_fn: LossFn, inner_optimizer: optax.GradientTransformation,
+               config: DiLoCoConfig, *, layer_mask: Any = None,
+               outer_optimizer: optax.GradientTransformation | None = None):
+    if config.algorithm not in ("diloco", "streaming"):
+      raise ValueError(f"DiLoCo needs algorithm 'diloco' or 'streaming', got {config.algorithm!r};"
+                       " use DataParallel for 'dp'.")
+    self.config = config
+    self.loss_fn = loss_fn
+    self.inner_optimizer = inner_optimizer
+    self.outer_optimizer = outer_optimizer or optax.sgd(
+        config.outer_lr, momentum=config.outer_momentum, nesterov=True)
+    self.layer_mask = layer_mask
+    self.fragments: Fragments | None = None
+    self._step = None
+
+  # ---- set-up ------------------------------------------------------------------------------
+  def _build(self, params) -> None:
+    cfg = self.config
+    leaves, self._treedef = jax.tree.flatten(params)
+    if self.layer_mask is None:
+      is_layer = [False] * len(leaves)
+    else:
+      mask_leaves, mask_def = jax.tree.flatten(self.layer_mask)
+      if mask_def != self._treedef:
+        raise ValueError("layer_mask must have exactly the structure of the params pytree.")
+      is_layer = [bool(m) for m in mask_leaves]
+    self.fragments = Fragments(is_layer, [np.shape(x) for x in leaves], cfg.fragments,
+                               cfg.fragment_pattern, paths=leaf_paths(params))
+    self._kinds = [LAYER if m else OTHER for m in is_layer]
+    kinds_tree = jax.tree.unflatten(self._treedef, self._kinds)
+    abstract = jax.eval_shape(self.outer_optimizer.init, params)
+    self._outer_kinds = jax.tree.leaves(optax.tree_utils.tree_map_params(
+        self.outer_optimizer, lambda _, kind: kind, abstract, kinds_tree,
+        transform_non_params=lambda _: SHARED))
+    bits = [sum(compression.wire_bits(int(np.prod(s)), cfg.compression,
+                                      block_size=cfg.compression_block)
+                for s in self.fragments.leaf_shapes(p)) for p in range(cfg.fragments)]
+    self.fragment_bytes = [b / 8 for b in bits]
+    program = drjax.program(diloco=cfg.replicas)
+    self._step = jax.jit(program(self._step_impl), donate_argnums=0)
+
+  def init(self, params) -> DiLoCoState:
+    """The initial state: every replica and the global copy start from ``params``."""
+    self._build(params)
+    cfg = self.config
+    params = jax.tree.map(lambda x: jnp.array(x, copy=True), params)  # state is donated
+    replicas = stack_replicas(params, cfg.replicas)
+    opt_state = stack_replicas(self.inner_optimizer.init(params), cfg.replicas)
+    residual = None
+    if cfg.error_feedback:
+      residual = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), replicas)
+    return DiLoCoState(params=replicas, opt_state=opt_state, global_params=params,
+                       outer_state=self.outer_optimizer.init(params), ef_residual=residual,
+                       step=jnp.zeros((), jnp.int32))
+
+  # ---- the step ------------------------------------------------------------------------------
+  def step(self, state: DiLoCoState, batch) -> tuple[DiLoCoState, dict[str, jax.Array]]:
+    """One inner step on every replica, then the due send and merge (jitted).
+
+    Args:
+      state: the current state (donated: do not reuse it after the call).
+      batch: a pytree whose leaves have a leading axis M (one batch per replica).
+
+    Returns:
+      The new state and metrics ``{"loss": [M] per-replica train loss before the update,
+      "sent": bool, "merged": bool}``, all on device.
+    """
+    if self._step is None:
+      raise RuntimeError("call init(params) before step().")
+    return self._step(state, batch)
+
+  def _send(self, branch, k, g, outer, r, ef):
+    """Outer update of one fragment; returns the new (global, outer, residual) leaf lists."""
+    cfg, frag = self.config, self.fragments
+    g_sub = frag.take(g, self._kinds, branch, k, axis=0)
+    r_sub = frag.take(r, self._kinds, branch, k, axis=1)
+    e_sub = frag.take(ef, self._kinds, branch, k, axis=1) if ef is not None else None
+
+    def pseudo_gradient(g_m, r_m, e_m):
+      delta = [(a - b).astype(jnp.float32) for a, b in zip(g_m, r_m)]
+      if e_m is None:
+        return compression.quantize_tree(delta, cfg.compression, block_size=cfg.compression_block), None
+      return compression.error_feedback(delta, e_m, cfg.compression, block_size=cfg.compression_block)
+
+    sent, e_sub = drjax.map_fn(pseudo_gradient, (drjax.broadcast(g_sub), r_sub, e_sub))
+    delta = drjax.reduce_mean(sent)  # float32: the only cross-replica collective
+    o_sub = frag.take(outer, self._outer_kinds, branch, k, axis=0)
+    sub_def = jax.tree.structure(jax.eval_shape(self.outer_optimizer.init, g_sub))
+    updates, new_outer = self.outer_optimizer.update(
+        delta, jax.tree.unflatten(sub_def, o_sub), g_sub)
+    new_g = optax.apply_updates(g_sub, updates)
+    g = frag.put(g, self._kinds, branch, new_g, k, axis=0)
+    outer = frag.put(outer, self._outer_kinds, branch, jax.tree.leaves(new_outer), k, axis=0)
+    if ef is not None:
+      ef = frag.put(ef, self._kinds, branch, e_sub, k, axis=1)
+    return g, outer, ef
+
+  def _merge(self, branch, k, g, r):
+    """Blends one fragment of every replica towards the global copy; returns new replica leaves."""
+    frag, alpha = self.fragments, self.config.alpha
+    g_sub = frag.take(g, self._kinds, branch, k, axis=0)
+    r_sub = frag.take(r, self._kinds, branch, k, axis=1)
+    blend = lambda loc, glob: [(alpha * a + (1 - alpha) * b).astype(a.dtype) for a, b in zip(loc, glob)]
+    merged = drjax.map_fn(blend, (r_sub, drjax.broadcast(g_sub)))
+    return frag.put(r, self._kinds, branch, merged, k, axis=1)
+
+  def _step_impl(self, state: DiLoCoState, batch):
+    cfg = self.config
+    update = functools.partial(inner_update, self.loss_fn, self.inner_optimizer)
+    params, opt_state, loss = drjax.map_fn(update, (state.params, state.opt_state, batch))
+    t = state.step + 1
+
+    g = jax.tree.leaves(state.global_params)
+    outer = jax.tree.leaves(state.outer_state)
+    r = jax.tree.leaves(params)
+    ef = None if state.ef_residual is None else jax.tree.leaves(state.ef_residual)
+
+    is_send, p_send = sent_fragment(t, cfg.sync_every, cfg.fragments)
+    g, outer, ef = jax.lax.cond(
+        is_send,
+        lambda ops: self.fragments.switch(p_send, lambda b, k: self._send(b, k, *ops)),
+        lambda ops: ops[:2] + (ops[3],),
+        (g, outer, r, ef))
+
+    is_merge, p_merge = merged_fragment(t, cfg.sync_every, cfg.fragments, cfg.overlap)
+    r = jax.lax.cond(
+        is_merge,
+        lambda ops: self.fragments.switch(p_merge, lambda b, k: self._merge(b, k, *ops)),
+        lambda ops: ops[1],
+        (g, r))
+
+    unflat = functools.partial(jax.tree.unflatten, self._treedef)
+    new_state = DiLoCoState(
+        params=unflat(r), opt_state=opt_state, global_params=unflat(g),
+        outer_state=jax.tree.unflatten(jax.tree.structure(state.outer_state), outer),
+        ef_residual=None if ef is None else unflat(ef), step=t)
+    return new_state, {"loss": loss, "sent": is_send, "merged": is_merge}
+
+  # ---- accounting and views ------------------------------------------------------------------
+  def bytes_sent(self, t: int) -> float:
+    """Bytes each replica puts on the wire after inner step t (0 when nothing is sent)."""
+    is_send, p = sent_fragment(t, self.config.sync_every, self.config.fragments)
+    return self.fragment_bytes[p] if is_send else 0.0
+
+  @staticmethod
+  def eval_params(state: DiLoCoState):
+    """The params to evaluate and export: the global copy θ_g."""
+    return state.global_params

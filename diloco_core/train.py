@@ -1,0 +1,328 @@
+"""The training loop, metrics, the Python API ``train(config)`` and the CLI.
+
+``python -m diloco_core.train --algorithm diloco --replicas 4 --sync-every 50 --out runs/x``
+trains the built-in transformer on the built-in data (or a local file) and writes
+``metrics.jsonl`` (one row per logged step) and ``summary.json`` to ``--out``.
+
+Metrics stay on device and are fetched once every ``log_every`` steps (one host sync per
+log line, not per step); the progress bar updates at the same cadence.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pandas as pd
+from tqdm.auto import tqdm
+
+from diloco_core.config import ALGORITHMS, COMPRESSIONS, FRAGMENT_PATTERNS, DiLoCoConfig
+from diloco_core.data import DataConfig, make_dataset
+from diloco_core.diloco import DiLoCo
+from diloco_core.dp import DataParallel
+from diloco_core.model import init_model, layer_mask, lm_loss
+from diloco_core.model_config import PRESETS, get_preset, param_count
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """Everything one training run needs (the outer loop in ``algo``, the data in ``data``)."""
+
+  algo: DiLoCoConfig = dataclasses.field(default_factory=DiLoCoConfig)
+  data: DataConfig = dataclasses.field(default_factory=DataConfig)
+  model: str = "small"  # preset name (see diloco_core.PRESETS)
+  n_layers: int | None = None  # override the preset's L (Streaming needs (P-1) | L)
+  positions: str | None = None  # override the preset's "rope" / "learned"
+  batch_size: int = 16  # b, sequences per replica per step (DP's global batch is M·b)
+  seq_len: int = 64  # T, tokens per sequence
+  steps: int = 600  # inner steps
+  inner_lr: float = 3e-3  # peak AdamW learning rate
+  warmup_steps: int = 50  # linear warmup, then cosine decay to 10% of the peak
+  weight_decay: float = 0.1  # AdamW decoupled weight decay
+  grad_clip: float = 1.0  # global-norm gradient clipping (0 disables)
+  eval_every: int = 50  # evaluate the global params every this many steps (and at 0, end)
+  log_every: int = 10  # fetch metrics from the device every this many steps
+  seed: int = 0  # model-initialisation seed (the data seed is data.seed)
+  out: str | None = None  # output directory for metrics.jsonl / summary.json (None: no files)
+  overwrite: bool = False  # allow writing into a directory that already holds a run
+  progress: bool = True  # show a tqdm progress bar
+
+  def validate(self) -> None:
+    """Raises a one-line ``ValueError`` for any invalid option, before anything compiles."""
+    for name in ("batch_size", "seq_len", "steps", "eval_every", "log_every"):
+      v = getattr(self, name)
+      if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {v!r}.")
+    if not isinstance(self.warmup_steps, int) or not 0 <= self.warmup_steps < self.steps:
+      raise ValueError(f"warmup_steps must be an integer in [0, steps={self.steps}), got {self.warmup_steps!r}.")
+    for name in ("inner_lr", "weight_decay", "grad_clip"):
+      v = getattr(self, name)
+      if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (name == "inner_lr" and v == 0):
+        raise ValueError(f"{name} must be a finite number {'> 0' if name == 'inner_lr' else '>= 0'}, got {v!r}.")
+    if self.model not in PRESETS:
+      raise ValueError(f"model must be one of {sorted(PRESETS)}, got {self.model!r}.")
+    if self.n_layers is not None and (not isinstance(self.n_layers, int) or self.n_layers < 1):
+      raise ValueError(f"n_layers must be an integer >= 1, got {self.n_layers!r}.")
+    if self.positions not in (None, "rope", "learned"):
+      raise ValueError(f"positions must be 'rope' or 'learned', got {self.positions!r}.")
+    self.algo.validate(num_layers=self.model_config().n_layers)
+    if self.out is not None:
+      _check_out_dir(self.out, self.overwrite)
+
+  def model_config(self, vocab_size: int | None = None):
+    """The model shape of this run (preset + overrides; built for ``seq_len``)."""
+    base = get_preset(self.model)
+    changes: dict[str, Any] = {"max_seq_len": max(base.max_seq_len, self.seq_len)}
+    if self.n_layers is not None:
+      changes["n_layers"] = self.n_layers
+    if self.positions is not None:
+      changes["positions"] = self.positions
+    if vocab_size is not None:
+      changes["vocab_size"] = vocab_size
+    return dataclasses.replace(base, **changes)
+
+
+def _check_out_dir(out: str, overwrite: bool) -> None:
+  if os.path.exists(out) and not os.path.isdir(out):
+    raise ValueError(f"out={out!r} is a file; give a directory path.")
+  if os.path.isdir(out):
+    if not os.access(out, os.W_OK):
+      raise ValueError(f"out={out!r} is not writable; choose another directory.")
+    if os.path.exists(os.path.join(out, "summary.json")) and not overwrite:
+      raise ValueError(f"out={out!r} already holds a finished run; pass --overwrite or choose another directory.")
+  else:
+    parent = os.path.dirname(os.path.abspath(out))
+    while not os.path.exists(parent):
+      parent = os.path.dirname(parent)
+    if not os.access(parent, os.W_OK):
+      raise ValueError(f"out={out!r} cannot be created ({parent!r} is not writable).")
+
+
+def inner_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
+  """AdamW with linear warmup and cosine decay to 10% of the peak, after global-norm clipping."""
+  schedule = optax.warmup_cosine_decay_schedule(
+      0.0, cfg.inner_lr, cfg.warmup_steps, cfg.steps, end_value=0.1 * cfg.inner_lr)
+  adamw = optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=cfg.weight_decay)
+  return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), adamw) if cfg.grad_clip else adamw
+
+
+@dataclasses.dataclass
+class TrainResult:
+  """What :func:`train` returns."""
+
+  metrics: pd.DataFrame  # one row per logged step (same as metrics.jsonl)
+  summary: dict  # same as summary.json
+  params: Any  # the final global params
+  state: Any  # the final training state (DiLoCoState / DPState)
+
+
+def make_algorithm(cfg: TrainConfig, loss_fn, params):
+  """The DataParallel or DiLoCo object for ``cfg.algo`` (``params`` gives the layer mask)."""
+  opt = inner_optimizer(cfg)
+  if cfg.algo.algorithm == "dp":
+    return DataParallel(loss_fn, opt, cfg.algo)
+  return DiLoCo(loss_fn, opt, cfg.algo, layer_mask=layer_mask(params))
+
+
+def train(cfg: TrainConfig) -> TrainResult:
+  """Trains one run and returns its metrics, summary and final params.
+
+  Args:
+    cfg: the run. Every option is validated before any compilation.
+
+  Returns:
+    A :class:`TrainResult`; when ``cfg.out`` is set, ``metrics.jsonl`` and
+    ``summary.json`` hold the same numbers.
+  """
+  cfg.validate()
+  M, b, T = cfg.algo.replicas, cfg.batch_size, cfg.seq_len
+  data = make_dataset(cfg.data, replicas=M, batch_size=b, seq_len=T,
+                      model_vocab_size=get_preset(cfg.model).vocab_size)
+  model_cfg = cfg.model_config(vocab_size=data.vocab_size)
+  apply_fn, params = init_model(model_cfg, cfg.seed)
+  loss_fn = lambda p, tokens: lm_loss(apply_fn, p, tokens)
+  algo = make_algorithm(cfg, loss_fn, params)
+  state = algo.init(params)
+  eval_tokens = jnp.asarray(data.eval_batch())
+  eval_fn = jax.jit(loss_fn)
+
+  if cfg.out is not None:
+    os.makedirs(cfg.out, exist_ok=True)
+    metrics_file = open(os.path.join(cfg.out, "metrics.jsonl"), "w")
+  else:
+    metrics_file = None
+
+  rows: list[dict] = []
+  pending: list = []
+  tokens_per_step = M * b * T
+  total_bytes, peak_bytes, since_log_bytes = 0.0, 0.0, 0.0
+  start = time.perf_counter()
+  compile_time = None
+  bar = tqdm(total=cfg.steps, disable=not cfg.progress, desc=cfg.algo.algorithm, unit="step")
+  last_eval = float(eval_fn(algo.eval_params(state), eval_tokens))
+  rows.append(_row(0, None, last_eval, 0, 0.0, 0.0, 0.0))
+  try:
+    for t in range(1, cfg.steps + 1):
+      batch = jnp.asarray(data.train_batch(t - 1))
+      state, m = algo.step(state, batch)
+      if compile_time is None:
+        jax.block_until_ready(m["loss"])
+        compile_time = time.perf_counter() - start
+      pending.append(m["loss"])
+      sent = algo.bytes_sent(t)
+      total_bytes += sent
+      since_log_bytes += sent
+      peak_bytes = max(peak_bytes, sent)
+      do_eval = t % cfg.eval_every == 0 or t == cfg.steps
+      if t % cfg.log_every == 0 or do_eval:
+        losses = np.asarray(jax.device_get(jnp.stack(pending))).mean(axis=0)
+        if not np.all(np.isfinite(losses)):
+          bad = [i for i, x in enumerate(losses) if not np.isfinite(x)]
+          raise FloatingPointError(f"non-finite training loss at step {t} on replica(s) {bad}; lower inner_lr.")
+        pending = []
+        eval_loss = float(eval_fn(algo.eval_params(state), eval_tokens)) if do_eval else None
+        wall = time.perf_counter() - start
+        rows.append(_row(t, losses, eval_loss, t * tokens_per_step, since_log_bytes, total_bytes, wall))
+        since_log_bytes = 0.0
+        if metrics_file is not None:
+          metrics_file.write(json.dumps(rows[-1]) + "\n")
+          metrics_file.flush()
+        bar.update(t - bar.n)
+        tok_s = (t - 1) * tokens_per_step / max(wall - compile_time, 1e-9) if t > 1 else 0.0
+        bar.set_postfix(loss=f"{losses.mean():.3f}", tok_s=f"{tok_s:,.0f}")
+  finally:
+    bar.close()
+    if metrics_file is not None:
+      metrics_file.close()
+  wall = time.perf_counter() - start
+  metrics = pd.DataFrame(rows)
+  final_eval = float(metrics["eval_loss"].dropna().iloc[-1])
+  floor = data.loss_floor
+  summary = {
+      "algorithm": cfg.algo.algorithm,
+      "final_eval_loss": final_eval,
+      "loss_floor": floor,
+      "gap_to_floor": None if floor is None else final_eval - floor,
+      "total_bytes_per_replica": total_bytes,
+      "peak_bytes_per_step": peak_bytes,
+      "wall_time_s": wall,
+      "compile_time_s": compile_time,
+      "tokens": cfg.steps * tokens_per_step,
+      "tokens_per_s": (cfg.steps - 1) * tokens_per_step / max(wall - compile_time, 1e-9),
+      "params": param_count(model_cfg),
+      "data": data.describe(),
+      "config": _config_dict(cfg),
+  }
+  if cfg.out is not None:
+    with open(os.path.join(cfg.out, "summary.json"), "w") as f:
+      json.dump(summary, f, indent=2)
+  return TrainResult(metrics=metrics, summary=summary, params=algo.eval_params(state), state=state)
+
+
+def _row(t, losses, eval_loss, tokens, step_bytes, total_bytes, wall) -> dict:
+  return {
+      "step": t,
+      "train_loss": None if losses is None else float(np.mean(losses)),
+      "replica_loss": None if losses is None else [float(x) for x in losses],
+      "eval_loss": eval_loss,
+      "tokens": tokens,
+      "bytes_sent": step_bytes,  # per replica, since the previous row
+      "total_bytes_sent": total_bytes,  # per replica, since the start
+      "wall_time_s": wall,
+  }
+
+
+def _config_dict(cfg: TrainConfig) -> dict:
+  return dataclasses.asdict(cfg)
+
+
+# ---- CLI ------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+  d, a, dd = TrainConfig(), DiLoCoConfig(), DataConfig()
+  p = argparse.ArgumentParser(
+      prog="python -m diloco_core.train",
+      description="Train the built-in transformer with DP, DiLoCo or Streaming DiLoCo.",
+      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  g = p.add_argument_group("algorithm (symbols as in SPEC.md)")
+  g.add_argument("--algorithm", default=a.algorithm, help=f"one of {ALGORITHMS}")
+  g.add_argument("--replicas", type=int, default=a.replicas, help="M: replicas, each on its own data shard")
+  g.add_argument("--sync-every", type=int, default=a.sync_every, help="H: inner steps between two syncs of the same parameters")
+  g.add_argument("--outer-lr", type=float, default=a.outer_lr, help="η: outer Nesterov SGD learning rate")
+  g.add_argument("--outer-momentum", type=float, default=a.outer_momentum, help="μ: outer Nesterov momentum, in [0, 1)")
+  g.add_argument("--fragments", type=int, default=a.fragments, help="P: fragments synced in turn every H/P steps (streaming)")
+  g.add_argument("--fragment-pattern", default=a.fragment_pattern, help=f"layers to fragments: one of {FRAGMENT_PATTERNS}")
+  g.add_argument("--overlap", type=int, default=a.overlap, help="τ: steps between sending a fragment and merging it, 0 <= τ < H")
+  g.add_argument("--alpha", type=float, default=a.alpha, help="α: merge blend, local <- α·local + (1-α)·global")
+  g.add_argument("--compression", default=a.compression, help=f"pseudo-gradient wire format: one of {COMPRESSIONS}")
+  g.add_argument("--error-feedback", action="store_true", help="keep and resend each replica's compression residual")
+  g.add_argument("--compression-block", type=int, default=None, help="elements per quantization scale (default: one scale per tensor)")
+  g = p.add_argument_group("model and inner optimizer")
+  g.add_argument("--model", default=d.model, help=f"model preset: one of {sorted(PRESETS)}")
+  g.add_argument("--layers", type=int, default=None, help="override the preset's number of layers L")
+  g.add_argument("--positions", default=None, help="override the preset's positions: rope or learned")
+  g.add_argument("--inner-lr", type=float, default=d.inner_lr, help="peak AdamW learning rate")
+  g.add_argument("--warmup-steps", type=int, default=d.warmup_steps, help="linear warmup steps before cosine decay")
+  g.add_argument("--weight-decay", type=float, default=d.weight_decay, help="AdamW weight decay")
+  g.add_argument("--grad-clip", type=float, default=d.grad_clip, help="global-norm gradient clip (0 disables)")
+  g = p.add_argument_group("data")
+  g.add_argument("--data", default=dd.source, help="'synthetic', or a local .txt (UTF-8, byte tokens) or .npy (token ids) file")
+  g.add_argument("--distribution", default=dd.distribution, help="iid or non-iid replica shards")
+  g.add_argument("--data-seed", type=int, default=dd.seed, help="seed of the synthetic source and of the sampling")
+  g.add_argument("--batch-size", type=int, default=d.batch_size, help="b: sequences per replica per step")
+  g.add_argument("--seq-len", type=int, default=d.seq_len, help="T: tokens per sequence")
+  g = p.add_argument_group("run")
+  g.add_argument("--steps", type=int, default=d.steps, help="inner steps")
+  g.add_argument("--eval-every", type=int, default=d.eval_every, help="steps between evaluations of the global params")
+  g.add_argument("--log-every", type=int, default=d.log_every, help="steps between metric fetches / log rows")
+  g.add_argument("--seed", type=int, default=d.seed, help="model initialisation seed")
+  g.add_argument("--out", default=None, help="output directory for metrics.jsonl and summary.json")
+  g.add_argument("--overwrite", action="store_true", help="allow --out to hold a finished run")
+  g.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+  return p
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+  algo = DiLoCoConfig(
+      algorithm=args.algorithm, replicas=args.replicas, sync_every=args.sync_every,
+      outer_lr=args.outer_lr, outer_momentum=args.outer_momentum, fragments=args.fragments,
+      fragment_pattern=args.fragment_pattern, overlap=args.overlap, alpha=args.alpha,
+      compression=args.compression, error_feedback=args.error_feedback,
+      compression_block=args.compression_block)
+  data = DataConfig(source=args.data, distribution=args.distribution, seed=args.data_seed)
+  return TrainConfig(
+      algo=algo, data=data, model=args.model, n_layers=args.layers, positions=args.positions,
+      batch_size=args.batch_size, seq_len=args.seq_len, steps=args.steps, inner_lr=args.inner_lr,
+      warmup_steps=args.warmup_steps, weight_decay=args.weight_decay, grad_clip=args.grad_clip,
+      eval_every=args.eval_every, log_every=args.log_every, seed=args.seed, out=args.out,
+      overwrite=args.overwrite, progress=not args.no_progress)
+
+
+def main(argv: list[str] | None = None) -> int:
+  """CLI entry point: one-line errors on stderr and exit code 2 for bad input."""
+  args = build_parser().parse_args(argv)
+  try:
+    cfg = config_from_args(args)
+    cfg.validate()
+    result = train(cfg)
+  except (ValueError, FileNotFoundError, FloatingPointError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  s = result.summary
+  floor = "n/a" if s["loss_floor"] is None else f"{s['loss_floor']:.4f}"
+  print(f"{s['algorithm']}: final eval loss {s['final_eval_loss']:.4f} (floor {floor}), "
+        f"{s['total_bytes_per_replica'] / 1e6:.2f} MB sent per replica, {s['wall_time_s']:.1f} s")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
