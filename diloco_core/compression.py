@@ -22,24 +22,32 @@ format      bits / element  encoding
 
 **Absmax scaling** (``fp8``, ``fp4``, ``e3m0``). The tensor is flattened and cut into
 blocks of ``block_size`` elements (the last block is shorter; ``block_size=None`` means one
-block holding the whole tensor). For a block with absmax :math:`a = \\max_i |x_i|` and
-a format whose largest finite value is :math:`q_\\max`, the scale is
-:math:`s = a / q_\\max` (in float32) and
+block holding the whole tensor). For a block with absmax :math:`a = \\max_i |x_i|` and a
+format whose largest finite value is :math:`q_\\max`, the scale is :math:`s = a / q_\\max`
+rounded to float32, and
 
 .. math::
-   Q(x_i) = s \\cdot R\\!\\left(\\frac{x_i}{s}\\right), \\qquad
-   Q(\\pm a) = \\pm a \\text{ exactly},
+   Q(x_i) = s \\cdot R\\!\\left(\\frac{x_i}{s}\\right), \\quad \\text{except} \\quad
+   R\\!\\left(\\frac{x_i}{s}\\right) = \\pm q_\\max \\;\\Rightarrow\\; Q(x_i) = \\pm a,
 
-where :math:`R` rounds to the unscaled format (:func:`round_to_format`). The block's
-absmax travels as one float32 per block (counted by :func:`wire_bits`) and the receiver
-rebuilds :math:`s` from it; the saturated codes :math:`\\pm q_\\max` decode to
-:math:`\\pm a` itself, so the largest element of every block is reproduced exactly (for
-``fp8`` and ``fp4`` :math:`q_\\max` is not a power of two, and :math:`q_\\max \\cdot s`
-could miss :math:`a` by one float32 ulp). The scale is computed after an exact
-power-of-two normalization, so tiny (even subnormal) blocks neither underflow to a zero
-scale nor lose precision in it. An all-zero block decodes to zeros. A block holding a NaN
-or an infinity decodes to all NaN: failures propagate, they are never hidden
-(``none`` and ``bf16`` keep NaN and inf element by element).
+where :math:`R` rounds to the unscaled format (:func:`round_to_format`).
+
+- On the wire: the codes, plus the block's absmax :math:`a` as one float32 per block
+  (counted by :func:`wire_bits`); the receiver rebuilds :math:`s` from :math:`a`.
+- The largest element of every block comes back exactly. (For ``fp8`` and ``fp4``,
+  :math:`q_\\max` is not a power of two and :math:`q_\\max \\cdot s` could miss :math:`a`
+  by one float32 ulp, hence the saturated codes decode to :math:`\\pm a` itself.)
+- A block :math:`v_i \\cdot c` with every :math:`v_i` on the format's grid,
+  :math:`\\max_i |v_i| = q_\\max` and every :math:`v_i \\cdot c` exact in float32 comes
+  back unchanged: :math:`s` is computed correctly rounded with integer arithmetic (XLA
+  may compute a float division by a constant as a multiplication by its rounded
+  reciprocal), after an exact power-of-two normalization, so it never underflows.
+- :math:`x_i / s` itself may be computed as :math:`x_i \\cdot (1/s)`, so an exact tie
+  under a scale that is not a power of two may round either way.
+- An all-zero block decodes to zeros. A block holding a NaN or an infinity decodes to all
+  NaN: failures propagate, they are never hidden (``none`` and ``bf16`` keep NaN and inf
+  element by element). Backends that flush float32 subnormals (XLA does on CPU) see
+  subnormal inputs as zeros.
 
 **Rounding** :math:`R` is round-to-nearest in the linear domain, ties to even (the
 neighbour whose integer significand is even), after saturating :math:`|y|` to
@@ -65,6 +73,7 @@ true pseudo-gradients minus the final residual.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -152,9 +161,9 @@ def bits_per_element(name: str) -> int:
 
 
 def max_value(name: str) -> float:
-  """Largest finite value :math:`q_\\max` of an unscaled scaled format.
+  """Largest finite value :math:`q_\\max` of a scaled format (before scaling).
 
-  The absmax of each block is mapped to it.
+  Absmax scaling maps the absmax of each block to it.
 
   Args:
     name: ``fp8``, ``fp4`` or ``e3m0``.
@@ -217,8 +226,8 @@ def round_to_format(y: jax.Array, name: str) -> jax.Array:
      R(y) = \\operatorname{sign}(y)\\, 2^{e-m}\\,
        \\operatorname{rne}\\!\\left(\\min(|y|, q_\\max) / 2^{e-m}\\right)
 
-  All steps are exact (powers of two), so the result does not depend on the backend.
-  NaN stays NaN.
+  Every step is exact (powers of two and an integer-valued round), so the result does not
+  depend on how a backend converts to float8 or float4. NaN stays NaN.
 
   Args:
     y: values in the unscaled domain (any shape).
@@ -234,8 +243,13 @@ def round_to_format(y: jax.Array, name: str) -> jax.Array:
     >>> round_to_format(jnp.array([0.75, 0.74, 2.0**-7, 3.0, -0.3]), "e3m0").tolist()
     [1.0, 0.5, 0.0, 1.0, -0.25]
   """
-  fmt = _minifloat(name)
-  y = jnp.asarray(y, jnp.float32)
+  _minifloat(name)
+  return _round_to_format(jnp.asarray(y, jnp.float32), name)
+
+
+@functools.partial(jax.jit, static_argnames=("name",))
+def _round_to_format(y: jax.Array, name: str) -> jax.Array:
+  fmt = _MINIFLOATS[name]
   mag = jnp.minimum(jnp.abs(y), fmt.max_value)  # saturate (NaN stays NaN)
   _, k = jnp.frexp(mag)  # mag = f * 2^k, f in [0.5, 1): floor(log2 mag) = k - 1
   e = jnp.maximum(k - 1, fmt.min_exponent)  # binade exponent, clamped into the subnormals
@@ -273,7 +287,13 @@ def quantize(x: jax.Array, name: str, *, block_size: int | None = None) -> jax.A
   """
   validate_format(name)
   validate_block_size(block_size)
-  x = jnp.asarray(x, jnp.float32)
+  block_size = None if block_size is None else int(block_size)
+  return _quantize(jnp.asarray(x, jnp.float32), name, block_size)
+
+
+@functools.partial(jax.jit, static_argnames=("name", "block_size"))
+def _quantize(x: jax.Array, name: str, block_size: int | None) -> jax.Array:
+  # Jitted so that eager callers compile the whole thing once per shape, not op by op.
   if name == "none":
     return x
   if name == "bf16":
@@ -426,22 +446,54 @@ def _pow2(e: jax.Array) -> jax.Array:
   return jax.lax.bitcast_convert_type(bits, jnp.float32)
 
 
+def _odd_times_pow2(value: float) -> tuple[int, int]:
+  """Splits a positive integer-valued or power-of-two float into (odd, e): value = odd * 2**e."""
+  mantissa, exponent = math.frexp(value)
+  odd, e = int(mantissa * 2**53), exponent - 53
+  while odd % 2 == 0:
+    odd, e = odd // 2, e + 1
+  return odd, e
+
+
+def _divide_exactly_rounded(mant: jax.Array, odd: int) -> tuple[jax.Array, jax.Array]:
+  """Correctly rounded mant / odd in integers: returns (quo, k) with mant / odd ~ quo * 2^-k.
+
+  ``mant`` is a 24-bit significand in [2^23, 2^24); ``k`` is picked so that ``quo`` has 24
+  bits (2^24 after rounding up at most), so ``quo`` converts to float32 exactly. Rounding is
+  to nearest; an odd divisor never leaves an exact tie. This avoids float division, which
+  XLA may compute as a multiplication by a rounded reciprocal.
+  """
+  b = odd.bit_length()
+  k = jnp.where((mant << b) < (odd << 24), b, b - 1)
+  num = mant << k
+  quo = num // odd
+  rem = num - quo * odd
+  return quo + (2 * rem > odd).astype(jnp.int32), k
+
+
 def _quantize_blocks(blocks: jax.Array, name: str) -> jax.Array:
   """Absmax-scaled quantize/dequantize of each row of a (num_blocks, block) array."""
   fmt = _MINIFLOATS[name]
+  odd, exp2 = _odd_times_pow2(fmt.max_value)  # q_max = odd * 2^exp2: 7 * 2^6, 3 * 2^1, 1
   absmax = jnp.max(jnp.abs(blocks), axis=1, keepdims=True)  # NaN if the block has a NaN
   finite = jnp.isfinite(absmax)
-  a = jnp.where(finite & (absmax > 0), absmax, 1.0)
-  # Exact power-of-two normalization so that the scale s' = a' / q_max never underflows:
-  # a = a' * 2^c with a' in [1, 2) (or larger for subnormal a, smaller above 2^127).
-  _, k = jnp.frexp(a)
-  c = jnp.clip(k - 1, -126, 126)
-  a_n = a * _pow2(-c)
-  s_n = a_n / fmt.max_value  # the scale divided by 2^c
-  ok = s_n > 0  # false only where a backend flushes subnormals to zero
-  s_n = jnp.where(ok, s_n, 1.0)
-  q = round_to_format((blocks * _pow2(-c)) / s_n, name)
-  decoded = (q * s_n) * _pow2(c)
-  decoded = jnp.where(jnp.abs(q) == fmt.max_value, jnp.copysign(absmax, q), decoded)
-  decoded = jnp.where(ok, decoded, 0.0)
+  # Blocks below 2^-100 (float32 subnormals included) are scaled up by 2^64, exactly.
+  tiny = absmax < 2.0**-100
+  blocks = jnp.where(tiny, blocks * 2.0**64, blocks)
+  a = jnp.where(tiny, absmax * 2.0**64, absmax)
+  a = jnp.where(finite & (a > 0), a, 1.0)
+  # a = mant * 2^(ef - 150) = a_n * p with a_n = mant * 2^-23 in [1, 2), p = 2^(ef - 127).
+  bits = jax.lax.bitcast_convert_type(a, jnp.int32)
+  ef = (bits >> 23) & 0xFF
+  mant = (bits & 0x7FFFFF) | 0x800000
+  pexp = ef - 127
+  # The scale s = a / q_max, correctly rounded, as s_n * p (s_n never under- or overflows).
+  quo, k = _divide_exactly_rounded(mant, odd)
+  s_n = quo.astype(jnp.float32) * _pow2(-23 - k - exp2)
+  half = pexp // 2  # x / p in two exact steps (2^-pexp alone may not be a normal float)
+  x_n = blocks * _pow2(-half) * _pow2(half - pexp)
+  q = round_to_format(x_n / s_n, name)
+  decoded = (q * s_n) * _pow2(pexp)
+  decoded = jnp.where(jnp.abs(q) == fmt.max_value, jnp.copysign(a, q), decoded)
+  decoded = jnp.where(tiny, decoded * 2.0**-64, decoded)
   return jnp.where(finite, decoded, jnp.nan)

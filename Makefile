@@ -1,0 +1,32 @@
+# Every target creates .venv from requirements.txt on first use (and again when it changes).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-fast docs bench clean
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -e .
+	touch $@
+
+demo: $(VENV)/.installed  ## the main job: DP vs DiLoCo vs Streaming on the built-in data
+	$(PY) -m diloco_core.compare --out runs/compare --overwrite
+
+test: $(VENV)/.installed  ## the whole test suite (doctests included), 2 workers
+	$(PY) -m pytest -n 2 -q $(PYTEST_ARGS); rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
+
+test-fast: $(VENV)/.installed  ## everything but the tests marked slow
+	$(PY) -m pytest -n 2 -q -m "not slow" $(PYTEST_ARGS)
+
+docs: $(VENV)/.installed  ## the site, every notebook executed, warnings are errors
+	$(PY) -m sphinx -W -n --keep-going -b html . _build/html
+
+bench: $(VENV)/.installed  ## benchmarks that print measured ratios
+	$(PY) benchmarks/step_time.py
+
+clean:
+	rm -rf _build runs .cache
