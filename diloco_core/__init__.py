@@ -22,3 +22,13 @@ from diloco_core.model import lm_loss
 from diloco_core.schedule import merged_fragment
 from diloco_core.schedule import schedule_table
 from diloco_core.schedule import sent_fragment
+from diloco_core.compression import FORMATS
+from diloco_core.compression import bits_per_element
+from diloco_core.compression import error_feedback
+from diloco_core.compression import quantize
+from diloco_core.compression import quantize_tree
+from diloco_core.compression import representable_values
+from diloco_core.compression import wire_bits
+from diloco_core.data import DataConfig
+from diloco_core.data import MarkovSource
+from diloco_core.data import make_dataset

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--sync-every", type=int, default=50, help="H for DiLoCo and Streaming")
   p.add_argument("--fragments", type=int, default=5, help="P for Streaming ((P-1) must divide L)")
   p.add_argument("--overlap", type=int, default=1, help="τ for Streaming")
-  p.add_argument("--batch-size", type=int, default=16, help="sequences per replica per step")
+  p.add_argument("--batch-size", type=int, default=8, help="sequences per replica per step")
   p.add_argument("--seq-len", type=int, default=64, help="tokens per sequence")
   p.add_argument("--overwrite", action="store_true", help="allow --out to hold earlier results")
   p.add_argument("--no-progress", action="store_true", help="hide progress bars")

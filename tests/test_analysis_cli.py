@@ -1,0 +1,95 @@
+"""`python -m analysis`: end to end in a subprocess, help and errors in process."""
+
+import subprocess
+import sys
+
+import pytest
+
+from analysis import __main__ as cli
+from analysis import roofline as rl
+from analysis import simulate as sim
+
+
+def _run(*args):
+  return subprocess.run([sys.executable, "-m", "analysis", *args], capture_output=True,
+                        text=True, timeout=120)
+
+
+def test_roofline_command():
+  r = _run("roofline", "--hardware", "v5p", "--model", "8B", "--global-batch-tokens",
+           "4194304", "--slices", "4")
+  assert r.returncode == 0, r.stderr
+  assert "ICI 2,550, DCN 73,440" in r.stdout  # critical intensities of v5p
+  assert "8,030,261,248 parameters" in r.stdout
+  # The DP row: critical batch and largest M computed by the library for this model.
+  b = rl.dp_critical_batch_per_slice("v5p", model="8B", replicas=4)
+  m = rl.max_slices(4194304, "v5p", model="8B")
+  assert f"{b:,.0f}" in r.stdout and f" {m} " in r.stdout
+  assert "Streaming H=100 P=5 tau=1" in r.stdout
+
+
+def test_simulate_command_prints_exact_and_grid_values():
+  r = _run("simulate", "--model", "1B", "--method", "streaming", "--overlap", "1", "--bits",
+           "4", "--target", "0.95", "--bandwidth", "1", "100")
+  assert r.returncode == 0, r.stderr
+  kw = dict(overlap=1, bits=4)
+  exact = sim.bandwidth_for_utilization(0.95, "1B", "streaming", **kw)
+  grid = sim.bandwidth_for_utilization(0.95, "1B", "streaming", rounding="grid", **kw)
+  line = next(l for l in r.stdout.splitlines() if l.startswith("95%"))
+  assert line.split()[1:] == [f"{exact:.4g}", f"{grid:.4g}"]
+  u = {l.split()[0]: l.split()[1] for l in r.stdout.splitlines()[2:4]}
+  assert u == {"1": f"{sim.utilization('1B', 'streaming', 1.0, **kw):.4f}", "100": "1.0000"}
+
+
+def test_simulate_table_command():
+  r = _run("simulate", "--table")
+  assert r.returncode == 0, r.stderr
+  rows = [l for l in r.stdout.splitlines() if "Streaming + overlap + 4-bit" in l]
+  assert len(rows) == 3
+  assert "computed in" in r.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (("roofline", "--hardware", "v9", "--model", "8B", "--global-batch-tokens", "1",
+      "--slices", "2"), "hardware must be one of"),
+    (("simulate", "--target", "1.5"), "target must be strictly between 0 and 1"),
+])
+def test_errors_are_one_line_exit_2(args, message):
+  r = _run(*args)
+  assert r.returncode == 2
+  assert r.stdout == ""
+  assert len(r.stderr.strip().splitlines()) == 1 and message in r.stderr
+  assert "Traceback" not in r.stderr
+
+
+def test_in_process_errors_and_help(capsys):
+  assert cli.main(["simulate", "--model", "llama3-8b"]) == 2
+  assert "--step-time is needed" in capsys.readouterr().err
+  with pytest.raises(SystemExit) as e:
+    cli.main(["simulate", "--bogus"])
+  assert e.value.code == 2
+  err = capsys.readouterr().err
+  assert len(err.strip().splitlines()) == 1 and "unrecognized arguments: --bogus" in err
+  for command, flags in [
+      ("roofline", ["--hardware", "--model", "--global-batch-tokens", "--slices",
+                    "--chips-per-slice", "--seq-len", "--bits", "--sync-every", "--fragments",
+                    "--overlap", "--mfu", "--target", "--latency"]),
+      ("simulate", ["--model", "--method", "--step-time", "--replicas", "--sync-every",
+                    "--fragment-layers", "--overlap", "--bits", "--latency", "--target",
+                    "--bandwidth", "--table", "--rounding"])]:
+    with pytest.raises(SystemExit) as e:
+      cli.main([command, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for flag in flags:
+      assert flag in out, (command, flag)
+
+
+def test_catalog_commands(capsys):
+  assert cli.main(["hardware"]) == 0
+  assert "TPU7x (Ironwood)" in capsys.readouterr().out
+  assert cli.main(["models"]) == 0
+  assert "qwen3-30b-a3b" in capsys.readouterr().out
+  assert cli.main(["simulate", "--model", "llama3-8b", "--step-time", "0.5", "--method", "dp",
+                   "--target", "0.5"]) == 0
+  assert "8.03e+09 parameters, 32 layers" in capsys.readouterr().out

@@ -1,0 +1,111 @@
+"""The training loop, its outputs, the CLI and its errors (tiny model, a few steps)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from diloco_core import DataConfig, DiLoCoConfig
+from diloco_core.train import TrainConfig, main, train
+
+
+def tiny(algo="diloco", **kw):
+  algo_kw = {k: kw.pop(k) for k in list(kw) if k in DiLoCoConfig.__dataclass_fields__}
+  algo_kw.setdefault("replicas", 2)
+  if algo != "dp":
+    algo_kw.setdefault("sync_every", 4)
+  base = dict(model="tiny", data=DataConfig(vocab_size=16, order=1), batch_size=2, seq_len=8,
+              steps=8, eval_every=4, log_every=2, warmup_steps=1, progress=False)
+  base.update(kw)
+  return TrainConfig(algo=DiLoCoConfig(algorithm=algo, **algo_kw), **base)
+
+
+@pytest.fixture(scope="module")
+def diloco_run(tmp_path_factory):
+  out = tmp_path_factory.mktemp("run")
+  return out, train(tiny(out=str(out)))
+
+
+def test_outputs_match_the_dataframe(diloco_run):
+  out, result = diloco_run
+  rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+  assert [r["step"] for r in rows] == [2, 4, 6, 8]
+  assert [r["step"] for r in rows] == result.metrics["step"].tolist()[1:]
+  assert all(len(r["replica_loss"]) == 2 for r in rows)
+  assert rows[-1]["tokens"] == 8 * 2 * 2 * 8
+  summary = json.load(open(out / "summary.json"))
+  assert summary["final_eval_loss"] == pytest.approx(result.metrics["eval_loss"].dropna().iloc[-1])
+  assert summary["gap_to_floor"] == pytest.approx(summary["final_eval_loss"] - summary["loss_floor"])
+  # H = 4, P = 1: the whole model (float32) goes out at steps 4 and 8 only.
+  assert [r["bytes_sent"] for r in rows] == [0, 4 * summary["params"], 0, 4 * summary["params"]]
+  assert summary["total_bytes_per_replica"] == 8 * summary["params"]
+  assert summary["peak_bytes_per_step"] == 4 * summary["params"]
+
+
+def test_same_seed_same_metrics_different_seed_different(diloco_run):
+  _, a = diloco_run
+  b = train(tiny())
+  c = train(tiny(seed=1))
+  cols = ["train_loss", "eval_loss"]
+  np.testing.assert_array_equal(a.metrics[cols].to_numpy(float), b.metrics[cols].to_numpy(float))
+  assert not np.allclose(a.metrics["train_loss"].to_numpy(float)[1:], c.metrics["train_loss"].to_numpy(float)[1:])
+
+
+def test_streaming_and_dp_train():
+  s = train(tiny("streaming", fragments=3, sync_every=6, overlap=1, compression="fp4", error_feedback=True))
+  d = train(tiny("dp"))
+  assert np.isfinite(s.summary["final_eval_loss"]) and np.isfinite(d.summary["final_eval_loss"])
+  assert d.summary["total_bytes_per_replica"] == 8 * 4 * d.summary["params"]
+  assert s.summary["peak_bytes_per_step"] < s.summary["total_bytes_per_replica"] / 2
+
+
+def test_training_approaches_the_floor():
+  r = train(tiny(steps=60, eval_every=60, inner_lr=1e-2))
+  losses = r.metrics["eval_loss"].dropna().to_numpy()
+  assert losses[-1] < losses[0] - 0.3
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--replicas", "0"], "replicas (M) must be an integer >= 1"),
+    (["--sync-every", "0"], "sync_every (H) must be an integer >= 1"),
+    (["--outer-lr", "-1"], "outer_lr (η) must be a finite number >= 0"),
+    (["--outer-momentum", "1"], "outer_momentum (μ) must be in [0, 1)"),
+    (["--batch-size", "0"], "batch_size must be an integer >= 1"),
+    (["--seq-len", "0"], "seq_len must be an integer >= 1"),
+    (["--steps", "0"], "steps must be an integer >= 1"),
+    (["--algorithm", "sgd"], "algorithm must be one of"),
+    (["--algorithm", "streaming", "--fragments", "4", "--sync-every", "12"], "P - 1 must divide the number of layers"),
+    (["--inner-lr", "0"], "inner_lr must be a finite number > 0"),
+    (["--model", "huge"], "model must be one of"),
+    (["--data", "no_such_file.txt"], "no_such_file.txt"),
+])
+def test_cli_bad_input_one_line_exit_2(argv, message, capsys):
+  assert main(["--model", "tiny", "--no-progress"] + argv) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith("error: ") and message in err and "\n" not in err
+
+
+def test_cli_refuses_to_overwrite_a_finished_run(diloco_run, capsys):
+  out, _ = diloco_run
+  before = open(out / "summary.json").read()
+  assert main(["--model", "tiny", "--steps", "2", "--out", str(out), "--no-progress"]) == 2
+  assert "already holds a finished run" in capsys.readouterr().err
+  assert open(out / "summary.json").read() == before
+
+
+def test_cli_subprocess_help_and_run(tmp_path):
+  env = dict(os.environ)
+  h = subprocess.run([sys.executable, "-m", "diloco_core.train", "--help"], capture_output=True, text=True, env=env)
+  assert h.returncode == 0 and "--sync-every" in h.stdout and "H: inner steps" in h.stdout
+  r = subprocess.run([sys.executable, "-m", "diloco_core.train", "--model", "tiny", "--steps", "4",
+                      "--batch-size", "2", "--seq-len", "8", "--sync-every", "2", "--eval-every", "2",
+                      "--warmup-steps", "1", "--no-progress", "--out", str(tmp_path / "x")],
+                     capture_output=True, text=True, env=env)
+  assert r.returncode == 0, r.stderr
+  assert "final eval loss" in r.stdout and (tmp_path / "x" / "summary.json").exists()
+  bad = subprocess.run([sys.executable, "-m", "diloco_core.train", "--replicas", "-1"],
+                       capture_output=True, text=True, env=env)
+  assert bad.returncode == 2 and "Traceback" not in bad.stderr
