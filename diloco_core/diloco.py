@@ -42,6 +42,7 @@ from flax import struct
 from diloco_core import compression
 from diloco_core.config import DiLoCoConfig
 from diloco_core.fragments import LAYER, OTHER, SHARED, Fragments, leaf_paths
+from diloco_core.mesh import MeshPlacement, make_mesh
 from diloco_core.schedule import merged_fragment, sent_fragment
 
 LossFn = Callable[[Any, Any], jax.Array]
@@ -79,7 +80,7 @@ def stack_replicas(tree, replicas: int):
   return jax.tree.map(lambda x: jnp.broadcast_to(x, (replicas, *x.shape)), tree)
 
 
-class DiLoCo:
+class DiLoCo(MeshPlacement):
   """DiLoCo (P = 1) and Streaming DiLoCo (any P) for any params pytree.
 
   Args:
@@ -91,6 +92,8 @@ class DiLoCo:
     outer_optimizer: defaults to ``optax.sgd(outer_lr, outer_momentum, nesterov=True)``.
       Any optax optimizer whose state holds params-shaped trees works; each fragment
       updates only its slice of them.
+    mesh: a mesh with a ``diloco`` axis (replicas) and a ``data`` axis (sequences within
+      a replica), see :mod:`diloco_core.mesh`; default: one device.
 
   Examples:
     Two replicas minimising :math:`(w - x)^2` on their own targets; after one sync with
@@ -106,7 +109,7 @@ class DiLoCo:
 
   def __init__(self, loss_fn: LossFn, inner_optimizer: optax.GradientTransformation,
                config: DiLoCoConfig, *, layer_mask: Any = None,
-               outer_optimizer: optax.GradientTransformation | None = None):
+               outer_optimizer: optax.GradientTransformation | None = None, mesh=None):
     if config.algorithm not in ("diloco", "streaming"):
       raise ValueError(f"DiLoCo needs algorithm 'diloco' or 'streaming', got {config.algorithm!r};"
                        " use DataParallel for 'dp'.")
@@ -116,8 +119,11 @@ class DiLoCo:
     self.outer_optimizer = outer_optimizer or optax.sgd(
         config.outer_lr, momentum=config.outer_momentum, nesterov=True)
     self.layer_mask = layer_mask
+    self.mesh = make_mesh() if mesh is None else mesh
     self.fragments: Fragments | None = None
     self._step = None
+
+  replica_fields = ("params", "opt_state", "ef_residual")
 
   # ---- set-up ------------------------------------------------------------------------------
   def _build(self, params) -> None:
@@ -142,8 +148,6 @@ class DiLoCo:
                                       block_size=cfg.compression_block)
                 for s in self.fragments.leaf_shapes(p)) for p in range(cfg.fragments)]
     self.fragment_bytes = [b / 8 for b in bits]
-    program = drjax.program(diloco=cfg.replicas)
-    self._step = jax.jit(program(self._step_impl), donate_argnums=0)
 
   def init(self, params) -> DiLoCoState:
     """The initial state: every replica and the global copy start from ``params``."""
@@ -155,9 +159,12 @@ class DiLoCo:
     residual = None
     if cfg.error_feedback:
       residual = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), replicas)
-    return DiLoCoState(params=replicas, opt_state=opt_state, global_params=params,
-                       outer_state=self.outer_optimizer.init(params), ef_residual=residual,
-                       step=jnp.zeros((), jnp.int32))
+    state = self._place_state(DiLoCoState(
+        params=replicas, opt_state=opt_state, global_params=params,
+        outer_state=self.outer_optimizer.init(params), ef_residual=residual,
+        step=jnp.zeros((), jnp.int32)))
+    self._step = self._jit_step(drjax.program(diloco=cfg.replicas)(self._step_impl), state)
+    return state
 
   # ---- the step ------------------------------------------------------------------------------
   def step(self, state: DiLoCoState, batch) -> tuple[DiLoCoState, dict[str, jax.Array]]:
@@ -173,7 +180,8 @@ class DiLoCo:
     """
     if self._step is None:
       raise RuntimeError("call init(params) before step().")
-    return self._step(state, batch)
+    with jax.set_mesh(self.mesh):
+      return self._step(state, batch)
 
   def _send(self, branch, k, g, outer, r, ef):
     """Outer update of one fragment; returns the new (global, outer, residual) leaf lists."""

@@ -18,6 +18,7 @@ import optax
 from flax import struct
 
 from diloco_core.config import DiLoCoConfig
+from diloco_core.mesh import MeshPlacement, make_mesh
 
 
 class DPState(struct.PyTreeNode):
@@ -28,13 +29,14 @@ class DPState(struct.PyTreeNode):
   step: jax.Array
 
 
-class DataParallel:
+class DataParallel(MeshPlacement):
   """Synchronous data parallelism with the same interface as :class:`~diloco_core.DiLoCo`.
 
   Args:
     loss_fn: ``loss_fn(params, batch) -> scalar`` for one replica's batch.
     inner_optimizer: the optax optimizer of the single model.
     config: only ``replicas`` is used.
+    mesh: a mesh with a ``diloco`` axis (replicas) and a ``data`` axis; default: one device.
 
   Examples:
     >>> dp = DataParallel(lambda w, x: jnp.sum((w - x) ** 2), optax.sgd(0.25),
@@ -45,8 +47,10 @@ class DataParallel:
     1.0
   """
 
-  def __init__(self, loss_fn, inner_optimizer: optax.GradientTransformation, config: DiLoCoConfig):
+  def __init__(self, loss_fn, inner_optimizer: optax.GradientTransformation, config: DiLoCoConfig,
+               mesh=None):
     self.config = config
+    self.mesh = make_mesh() if mesh is None else mesh
     self.loss_fn = loss_fn
     self.inner_optimizer = inner_optimizer
     self._step = None
@@ -57,10 +61,10 @@ class DataParallel:
     params = jax.tree.map(lambda x: jnp.array(x, copy=True), params)  # state is donated
     # DP all-reduces float32 gradients: every element of the model, every step.
     self.grad_bytes = float(sum(np.size(x) for x in jax.tree.leaves(params)) * 4)
-    self._step = jax.jit(drjax.program(diloco=self.config.replicas)(self._step_impl),
-                         donate_argnums=0)
-    return DPState(params=params, opt_state=self.inner_optimizer.init(params),
-                   step=jnp.zeros((), jnp.int32))
+    state = self._place_state(DPState(params=params, opt_state=self.inner_optimizer.init(params),
+                                      step=jnp.zeros((), jnp.int32)))
+    self._step = self._jit_step(drjax.program(diloco=self.config.replicas)(self._step_impl), state)
+    return state
 
   def _step_impl(self, state: DPState, batch):
     grad_fn = jax.value_and_grad(self.loss_fn)
@@ -75,7 +79,8 @@ class DataParallel:
     """One synchronous step on the global batch (leaves of ``batch`` have leading axis M)."""
     if self._step is None:
       raise RuntimeError("call init(params) before step().")
-    return self._step(state, batch)
+    with jax.set_mesh(self.mesh):
+      return self._step(state, batch)
 
   def bytes_sent(self, t: int) -> float:
     """Bytes each replica sends per step: the full float32 gradient."""

@@ -30,6 +30,7 @@ from diloco_core.config import ALGORITHMS, COMPRESSIONS, FRAGMENT_PATTERNS, DiLo
 from diloco_core.data import DataConfig, make_dataset
 from diloco_core.diloco import DiLoCo
 from diloco_core.dp import DataParallel
+from diloco_core.mesh import check_mesh, fetch, initialize_distributed, make_mesh, parse_mesh
 from diloco_core.model import init_model, layer_mask, lm_loss
 from diloco_core.model_config import PRESETS, get_preset, param_count
 
@@ -59,6 +60,7 @@ class TrainConfig:
   out: str | None = None  # output directory for metrics.jsonl / summary.json (None: no files)
   overwrite: bool = False  # allow writing into a directory that already holds a run
   progress: bool = True  # show a tqdm progress bar
+  mesh: str | None = None  # device mesh, e.g. "diloco=2,data=4" (product = devices); None: one device
 
   def validate(self) -> None:
     """Raises a one-line ``ValueError`` for any invalid option, before anything compiles."""
@@ -82,6 +84,8 @@ class TrainConfig:
     if self.positions not in (None, "rope", "learned"):
       raise ValueError(f"positions must be 'rope' or 'learned', got {self.positions!r}.")
     self.algo.validate(num_layers=self.model_config().n_layers)
+    if self.mesh is not None:
+      check_mesh(parse_mesh(self.mesh), replicas=self.algo.replicas, batch_size=self.batch_size)
     if self.out is not None:
       _check_out_dir(self.out, self.overwrite)
 
@@ -140,9 +144,10 @@ class TrainResult:
 def make_algorithm(cfg: TrainConfig, loss_fn, params):
   """The DataParallel or DiLoCo object for ``cfg.algo`` (``params`` gives the layer mask)."""
   opt = inner_optimizer(cfg)
+  mesh = make_mesh(parse_mesh(cfg.mesh))
   if cfg.algo.algorithm == "dp":
-    return DataParallel(loss_fn, opt, cfg.algo)
-  return DiLoCo(loss_fn, opt, cfg.algo, layer_mask=layer_mask(params))
+    return DataParallel(loss_fn, opt, cfg.algo, mesh=mesh)
+  return DiLoCo(loss_fn, opt, cfg.algo, layer_mask=layer_mask(params), mesh=mesh)
 
 
 def train(cfg: TrainConfig) -> TrainResult:
@@ -165,10 +170,11 @@ def train(cfg: TrainConfig) -> TrainResult:
   loss_fn = lambda p, tokens: lm_loss(apply_fn, p, tokens)
   algo = make_algorithm(cfg, loss_fn, params)
   state = algo.init(params)
-  eval_tokens = jnp.asarray(data.eval_batch())
+  eval_tokens = algo.place_replicated(data.eval_batch())
   eval_fn = jax.jit(loss_fn)
 
-  if cfg.out is not None:
+  writer = jax.process_index() == 0  # in multi-process runs only process 0 writes files
+  if cfg.out is not None and writer:
     os.makedirs(cfg.out, exist_ok=True)
     metrics_file = open(os.path.join(cfg.out, "metrics.jsonl"), "w")
   else:
@@ -180,12 +186,12 @@ def train(cfg: TrainConfig) -> TrainResult:
   total_bytes, peak_bytes, since_log_bytes = 0.0, 0.0, 0.0
   start = time.perf_counter()
   compile_time = None
-  bar = tqdm(total=cfg.steps, disable=not cfg.progress, desc=cfg.algo.algorithm, unit="step")
+  bar = tqdm(total=cfg.steps, disable=not (cfg.progress and writer), desc=cfg.algo.algorithm, unit="step")
   last_eval = float(eval_fn(algo.eval_params(state), eval_tokens))
   rows.append(_row(0, None, last_eval, 0, 0.0, 0.0, 0.0))
   try:
     for t in range(1, cfg.steps + 1):
-      batch = jnp.asarray(data.train_batch(t - 1))
+      batch = algo.place_batch(data.train_batch(t - 1))
       state, m = algo.step(state, batch)
       if compile_time is None:
         jax.block_until_ready(m["loss"])
@@ -197,7 +203,7 @@ def train(cfg: TrainConfig) -> TrainResult:
       peak_bytes = max(peak_bytes, sent)
       do_eval = t % cfg.eval_every == 0 or t == cfg.steps
       if t % cfg.log_every == 0 or do_eval:
-        losses = np.asarray(jax.device_get(jnp.stack(pending))).mean(axis=0)
+        losses = fetch(jnp.stack(pending)).mean(axis=0)
         if not np.all(np.isfinite(losses)):
           bad = [i for i, x in enumerate(losses) if not np.isfinite(x)]
           raise FloatingPointError(f"non-finite training loss at step {t} on replica(s) {bad}; lower inner_lr.")
@@ -235,7 +241,7 @@ def train(cfg: TrainConfig) -> TrainResult:
       "data": data.describe(),
       "config": _config_dict(cfg),
   }
-  if cfg.out is not None:
+  if cfg.out is not None and writer:
     with open(os.path.join(cfg.out, "summary.json"), "w") as f:
       json.dump(summary, f, indent=2)
   return TrainResult(metrics=metrics, summary=summary, params=algo.eval_params(state), state=state)
@@ -305,6 +311,11 @@ def build_parser() -> argparse.ArgumentParser:
   g.add_argument("--out", default=None, help="output directory for metrics.jsonl and summary.json")
   g.add_argument("--overwrite", action="store_true", help="allow --out to hold a finished run")
   g.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+  g = p.add_argument_group("devices and processes")
+  g.add_argument("--mesh", default=None, help="device mesh 'diloco=D,data=B' (D*B = devices, D | M, B | batch); default: one device")
+  g.add_argument("--coordinator", default=None, help="multi-process: host:port of process 0 (or JAX_COORDINATOR_ADDRESS)")
+  g.add_argument("--num-processes", type=int, default=None, help="multi-process: number of processes (or JAX_NUM_PROCESSES)")
+  g.add_argument("--process-id", type=int, default=None, help="multi-process: this process's id (or JAX_PROCESS_ID)")
   return p
 
 
@@ -322,13 +333,14 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
       batch_size=args.batch_size, seq_len=args.seq_len, steps=args.steps, inner_lr=args.inner_lr,
       warmup_steps=args.warmup_steps, weight_decay=args.weight_decay, grad_clip=args.grad_clip,
       eval_every=args.eval_every, log_every=args.log_every, seed=args.seed, out=args.out,
-      overwrite=args.overwrite, progress=not args.no_progress)
+      overwrite=args.overwrite, progress=not args.no_progress, mesh=args.mesh)
 
 
 def main(argv: list[str] | None = None) -> int:
   """CLI entry point: one-line errors on stderr and exit code 2 for bad input."""
   args = build_parser().parse_args(argv)
   try:
+    initialize_distributed(args.coordinator, args.num_processes, args.process_id)
     cfg = config_from_args(args)
     cfg.validate()
     result = train(cfg)
