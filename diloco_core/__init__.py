@@ -32,3 +32,6 @@ from diloco_core.compression import wire_bits
 from diloco_core.data import DataConfig
 from diloco_core.data import MarkovSource
 from diloco_core.data import make_dataset
+from diloco_core.mesh import initialize_distributed
+from diloco_core.mesh import make_mesh
+from diloco_core.mesh import parse_mesh
