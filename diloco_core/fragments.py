@@ -21,7 +21,6 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import jax
-import jax.numpy as jnp
 
 OTHER, LAYER, SHARED = 0, 1, 2
 
@@ -196,7 +195,3 @@ def leaf_paths(tree) -> list[str]:
   for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]:
     out.append("/".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path))
   return out
-
-
-def zeros_like_tree(tree):
-  return jax.tree.map(jnp.zeros_like, tree)

@@ -1,0 +1,55 @@
+"""The NNX transformer: exact parameter counts, layer stacking, causality, both position kinds."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from diloco_core import ModelConfig, flops_per_token, get_preset, init_model, layer_mask, param_count
+
+
+@pytest.mark.parametrize("changes", [
+    {}, {"positions": "learned"}, {"tie_embeddings": True}, {"mlp": "gelu"}, {"n_kv_heads": 1},
+])
+def test_param_count_matches_the_built_model(changes):
+  cfg = dataclasses.replace(get_preset("tiny"), **changes)
+  _, params = init_model(cfg, 0)
+  assert sum(x.size for x in jax.tree.leaves(params)) == param_count(cfg)
+
+
+def test_layers_are_stacked_on_a_leading_axis():
+  cfg = dataclasses.replace(get_preset("tiny"), n_layers=3)
+  _, params = init_model(cfg, 0)
+  mask = layer_mask(params)
+  for x, is_layer in zip(jax.tree.leaves(params), jax.tree.leaves(mask)):
+    if is_layer:
+      assert x.shape[0] == 3
+  assert any(jax.tree.leaves(mask)) and not all(jax.tree.leaves(mask))
+
+
+@pytest.mark.parametrize("positions", ["rope", "learned"])
+def test_causal(positions):
+  cfg = dataclasses.replace(get_preset("tiny"), positions=positions)
+  apply_fn, params = init_model(cfg, 0)
+  a = jnp.array([[1, 2, 3, 4, 5, 6]])
+  b = a.at[0, 4].set(9)
+  la, lb = apply_fn(params, a), apply_fn(params, b)
+  np.testing.assert_allclose(la[0, :4], lb[0, :4], atol=1e-6)
+  assert not np.allclose(la[0, 4:], lb[0, 4:])
+
+
+def test_flops_per_token_closed_form():
+  cfg = ModelConfig(vocab_size=10, d_model=8, n_layers=2, n_heads=2, d_ff=16)
+  # matmul params: 2 x (attention 256 + MLP 384) + head 80 = 1360; attention 12 L h d_h T
+  assert flops_per_token(cfg, seq_len=4) == 6 * 1360 + 12 * 2 * 2 * 4 * 4
+
+
+def test_config_errors():
+  with pytest.raises(ValueError, match="ModelConfig.positions must be one of"):
+    ModelConfig(positions="alibi")
+  with pytest.raises(ValueError, match="must be divisible by n_heads"):
+    ModelConfig(d_model=10, n_heads=4)
+  with pytest.raises(ValueError, match="built-in Transformer is dense"):
+    init_model(ModelConfig(num_experts=4, experts_per_token=2), 0)
