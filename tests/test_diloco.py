@@ -255,3 +255,23 @@ def test_bytes_vanilla_and_streaming_totals_equal_peak_ratio_p():
                layer_mask=mask)
   fp4.init(params)
   assert fp4.bytes_sent(6) == (6 * 4 + 32 + 12 * 4 + 32) / 8  # 4 bits each + one fp32 scale per tensor
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "fp4", "e3m0"])
+def test_compressed_pseudo_gradients_and_error_feedback(fmt):
+  """Δ = mean_m Q(Δ_m + e_m) in float32; e_m keeps what the wire dropped (SPEC.md)."""
+  from diloco_core import quantize
+  x = jnp.array([[0.3, -1.7, 0.05], [2.2, 0.4, -0.9]])
+  cfg = DiLoCoConfig(replicas=2, sync_every=1, outer_lr=1.0, outer_momentum=0.0, compression=fmt,
+                     error_feedback=True)
+  _, hist = run(DiLoCo(quad_loss, optax.sgd(0.5), cfg), jnp.zeros(3), [x, x])
+  # step 1: replicas 0.5 x; Δ_m = -0.5 x_m; e_m = Δ_m - Q(Δ_m)
+  delta1 = -0.5 * np.asarray(x)
+  sent1 = np.stack([np.asarray(quantize(jnp.asarray(d), fmt)) for d in delta1])
+  np.testing.assert_allclose(hist[0].global_params, -sent1.mean(0), rtol=1e-6)
+  np.testing.assert_allclose(hist[0].ef_residual, delta1 - sent1, rtol=1e-6, atol=1e-7)
+  # step 2: from g1 every replica moves half way to x_m; it sends Q(Δ_m + e_m)
+  g1 = -sent1.mean(0)
+  delta2 = g1 - (0.5 * g1 + 0.5 * np.asarray(x))
+  sent2 = np.stack([np.asarray(quantize(jnp.asarray(d + e), fmt)) for d, e in zip(delta2, delta1 - sent1)])
+  np.testing.assert_allclose(hist[1].global_params, g1 - sent2.mean(0), rtol=1e-5, atol=1e-6)
