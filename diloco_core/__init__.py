@@ -35,3 +35,5 @@ from diloco_core.data import make_dataset
 from diloco_core.mesh import initialize_distributed
 from diloco_core.mesh import make_mesh
 from diloco_core.mesh import parse_mesh
+from diloco_core.checkpoint import export_params
+from diloco_core.checkpoint import load_params

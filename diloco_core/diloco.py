@@ -24,7 +24,10 @@ Fragments in flight. Because τ < H, fragment p is merged before it is sent agai
 holds exactly the value computed at the send. The in-flight set is therefore fully
 described by ``(global_params, step)``, which the state holds (and checkpoints), and no
 second copy of the model is kept (DESIGN.md proposed one; it would cost one model of
-memory for nothing).
+memory for nothing). With replica drops (the ``participation`` mask of :meth:`DiLoCo.step`)
+the state also holds, per replica and fragment, whether it took part in that fragment's
+latest sync (``participants``, [M, P], sharded like the replicas so that reading it at the
+merge needs no communication), so the merge knows whom to heal; a checkpoint holds that too.
 """
 
 from __future__ import annotations
@@ -58,6 +61,9 @@ class DiLoCoState(struct.PyTreeNode):
     outer_state: the outer optimizer state (the Nesterov momentum v), shaped like θ_g.
     ef_residual: every replica's error-feedback residual (leading axis M), or None.
     step: inner steps done (int32 scalar).
+    participants: float32 [M, P]: entry (m, p) says how replica m took part in fragment
+      p's latest sync: 1 present, 0 dropped (its merge heals m), -1 nobody was present
+      (its merge leaves m alone). All ones unless :meth:`DiLoCo.step` gets a mask.
   """
 
   params: Any
@@ -66,6 +72,7 @@ class DiLoCoState(struct.PyTreeNode):
   outer_state: Any
   ef_residual: Any
   step: jax.Array
+  participants: jax.Array
 
 
 def inner_update(loss_fn: LossFn, optimizer: optax.GradientTransformation, params, opt_state, batch):
@@ -123,7 +130,7 @@ class DiLoCo(MeshPlacement):
     self.fragments: Fragments | None = None
     self._step = None
 
-  replica_fields = ("params", "opt_state", "ef_residual")
+  replica_fields = ("params", "opt_state", "ef_residual", "participants")
 
   # ---- set-up ------------------------------------------------------------------------------
   def _build(self, params) -> None:
@@ -162,29 +169,55 @@ class DiLoCo(MeshPlacement):
     state = self._place_state(DiLoCoState(
         params=replicas, opt_state=opt_state, global_params=params,
         outer_state=self.outer_optimizer.init(params), ef_residual=residual,
-        step=jnp.zeros((), jnp.int32)))
+        step=jnp.zeros((), jnp.int32),
+        participants=jnp.ones((cfg.replicas, cfg.fragments), jnp.float32)))
     self._step = self._jit_step(drjax.program(diloco=cfg.replicas)(self._step_impl), state)
     return state
 
   # ---- the step ------------------------------------------------------------------------------
-  def step(self, state: DiLoCoState, batch) -> tuple[DiLoCoState, dict[str, jax.Array]]:
+  def step(self, state: DiLoCoState, batch, participation=None
+           ) -> tuple[DiLoCoState, dict[str, jax.Array]]:
     """One inner step on every replica, then the due send and merge (jitted).
 
     Args:
       state: the current state (donated: do not reuse it after the call).
       batch: a pytree whose leaves have a leading axis M (one batch per replica).
+      participation: optional float32 [M] mask of the replicas that take part in the sync
+        sent at this step (1 present, 0 dropped; ignored when nothing is sent). Dropped
+        replicas are left out of the average (it is renormalised over the present ones)
+        and healed at that fragment's merge: their fragment is *replaced* by the new
+        global one (α does not apply to them). If nobody is present, the fragment's outer
+        update is skipped and its merge leaves every replica alone. None (the default)
+        means everyone and runs exactly the unmasked computation; an all-ones mask gives
+        the same numbers bit for bit (one more compiled program).
 
     Returns:
       The new state and metrics ``{"loss": [M] per-replica train loss before the update,
       "sent": bool, "merged": bool}``, all on device.
+
+    Examples:
+      Replica 1 misses the first sync (η = 1, μ = 0): the global copy is replica 0's
+      params alone, and replica 1 is then replaced by it:
+
+      >>> cfg = DiLoCoConfig(replicas=2, sync_every=1, outer_lr=1.0, outer_momentum=0.0)
+      >>> algo = DiLoCo(lambda w, x: jnp.sum((w - x) ** 2), optax.sgd(0.25), cfg)
+      >>> state = algo.init(jnp.zeros(()))
+      >>> state, _ = algo.step(state, jnp.array([1.0, 3.0]), jnp.array([1.0, 0.0]))
+      >>> float(state.global_params), state.params.tolist(), state.participants.tolist()
+      (0.5, [0.5, 0.5], [[1.0], [0.0]])
     """
     if self._step is None:
       raise RuntimeError("call init(params) before step().")
     with jax.set_mesh(self.mesh):
-      return self._step(state, batch)
+      if participation is None:
+        return self._step(state, batch)
+      return self._step(state, batch, jnp.asarray(participation, jnp.float32))
 
-  def _send(self, branch, k, g, outer, r, ef):
-    """Outer update of one fragment; returns the new (global, outer, residual) leaf lists."""
+  def _send(self, branch, k, g, outer, r, ef, present=None):
+    """Outer update of one fragment; returns the new (global, outer, residual) leaf lists.
+
+    ``present`` ([M] float, or None for everyone) masks out dropped replicas.
+    """
     cfg, frag = self.config, self.fragments
     g_sub = frag.take(g, self._kinds, branch, k, axis=0)
     r_sub = frag.take(r, self._kinds, branch, k, axis=1)
@@ -196,8 +229,21 @@ class DiLoCo(MeshPlacement):
         return compression.quantize_tree(delta, cfg.compression, block_size=cfg.compression_block), None
       return compression.error_feedback(delta, e_m, cfg.compression, block_size=cfg.compression_block)
 
-    sent, e_sub = drjax.map_fn(pseudo_gradient, (drjax.broadcast(g_sub), r_sub, e_sub))
-    delta = drjax.reduce_mean(sent)  # float32: the only cross-replica collective
+    sent, e_new = drjax.map_fn(pseudo_gradient, (drjax.broadcast(g_sub), r_sub, e_sub))
+    if present is None:
+      delta = drjax.reduce_mean(sent)  # float32: the only cross-replica collective
+      e_sub = e_new
+    else:
+      # Mean over the present replicas only: zero the others (where, not a product, so a
+      # dropped replica's non-finite Δ cannot leak in) and rescale by M / count, which is
+      # exactly 1 with everyone present (then bit-identical to the unmasked mean).
+      on = present > 0
+      kept = drjax.map_fn(lambda s, o: [jnp.where(o, x, 0.0) for x in s], (sent, on))
+      scale = cfg.replicas / jnp.maximum(jnp.sum(present), 1.0)
+      delta = [x * scale for x in drjax.reduce_mean(kept)]
+      if e_sub is not None:
+        e_sub = drjax.map_fn(lambda a, b, o: [jnp.where(o, x, y) for x, y in zip(a, b)],
+                             (e_new, e_sub, on))
     o_sub = frag.take(outer, self._outer_kinds, branch, k, axis=0)
     sub_def = jax.tree.structure(jax.eval_shape(self.outer_optimizer.init, g_sub))
     updates, new_outer = self.outer_optimizer.update(
@@ -209,16 +255,26 @@ class DiLoCo(MeshPlacement):
       ef = frag.put(ef, self._kinds, branch, e_sub, k, axis=1)
     return g, outer, ef
 
-  def _merge(self, branch, k, g, r):
-    """Blends one fragment of every replica towards the global copy; returns new replica leaves."""
+  def _merge(self, branch, k, g, r, how):
+    """Blends one fragment of every replica towards the global copy; returns new replica leaves.
+
+    ``how`` ([M], placed) is how each replica took part in that fragment's sync (see
+    ``DiLoCoState.participants``): present ones blend, dropped ones are replaced by the
+    global copy (healed), and if nobody took part nothing changes.
+    """
     frag, alpha = self.fragments, self.config.alpha
     g_sub = frag.take(g, self._kinds, branch, k, axis=0)
     r_sub = frag.take(r, self._kinds, branch, k, axis=1)
-    blend = lambda loc, glob: [(alpha * a + (1 - alpha) * b).astype(a.dtype) for a, b in zip(loc, glob)]
-    merged = drjax.map_fn(blend, (r_sub, drjax.broadcast(g_sub)))
+
+    def blend(loc, glob, h):
+      # where(True, x, ·) is x bit for bit: with everyone present this is the plain blend.
+      return [jnp.where(h > 0, (alpha * a + (1 - alpha) * b).astype(a.dtype),
+                        jnp.where(h == 0, b.astype(a.dtype), a)) for a, b in zip(loc, glob)]
+
+    merged = drjax.map_fn(blend, (r_sub, drjax.broadcast(g_sub), how))
     return frag.put(r, self._kinds, branch, merged, k, axis=1)
 
-  def _step_impl(self, state: DiLoCoState, batch):
+  def _step_impl(self, state: DiLoCoState, batch, participation=None):
     cfg = self.config
     update = functools.partial(inner_update, self.loss_fn, self.inner_optimizer)
     params, opt_state, loss = drjax.map_fn(update, (state.params, state.opt_state, batch))
@@ -230,24 +286,33 @@ class DiLoCo(MeshPlacement):
     ef = None if state.ef_residual is None else jax.tree.leaves(state.ef_residual)
 
     is_send, p_send = sent_fragment(t, cfg.sync_every, cfg.fragments)
+    # A sync that nobody takes part in is skipped: no outer update for that fragment.
+    is_update = is_send if participation is None else is_send & (jnp.sum(participation) > 0)
     g, outer, ef = jax.lax.cond(
-        is_send,
+        is_update,
         lambda ops: self.fragments.switch(p_send, lambda b, k: self._send(b, k, *ops)),
         lambda ops: ops[:2] + (ops[3],),
-        (g, outer, r, ef))
+        (g, outer, r, ef, participation))
+    # How each replica took part in each fragment's latest sync (its merge heals the dropped
+    # ones). Per replica, so the merge reads it without communication.
+    present = jnp.ones((cfg.replicas,), jnp.float32) if participation is None else participation
+    code = jnp.where(jnp.sum(present) > 0, present, -1.0)  # -1: the sync was skipped
+    participants = drjax.map_fn(
+        lambda row, c: jnp.where(is_send, row.at[p_send].set(c), row), (state.participants, code))
 
     is_merge, p_merge = merged_fragment(t, cfg.sync_every, cfg.fragments, cfg.overlap)
+    how = drjax.map_fn(lambda row: row[p_merge], participants)
     r = jax.lax.cond(
         is_merge,
         lambda ops: self.fragments.switch(p_merge, lambda b, k: self._merge(b, k, *ops)),
         lambda ops: ops[1],
-        (g, r))
+        (g, r, how))
 
     unflat = functools.partial(jax.tree.unflatten, self._treedef)
     new_state = DiLoCoState(
         params=unflat(r), opt_state=opt_state, global_params=unflat(g),
         outer_state=jax.tree.unflatten(jax.tree.structure(state.outer_state), outer),
-        ef_residual=None if ef is None else unflat(ef), step=t)
+        ef_residual=None if ef is None else unflat(ef), step=t, participants=participants)
     return new_state, {"loss": loss, "sent": is_send, "merged": is_merge}
 
   # ---- accounting and views ------------------------------------------------------------------

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from typing import Any
@@ -26,6 +27,7 @@ import optax
 import pandas as pd
 from tqdm.auto import tqdm
 
+from diloco_core import checkpoint as ckpt
 from diloco_core.config import ALGORITHMS, COMPRESSIONS, FRAGMENT_PATTERNS, DiLoCoConfig
 from diloco_core.data import DataConfig, make_dataset
 from diloco_core.diloco import DiLoCo
@@ -33,6 +35,7 @@ from diloco_core.dp import DataParallel
 from diloco_core.mesh import check_mesh, fetch, initialize_distributed, make_mesh, parse_mesh
 from diloco_core.model import init_model, layer_mask, lm_loss
 from diloco_core.model_config import PRESETS, get_preset, param_count
+from diloco_core.schedule import sent_fragment
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +64,12 @@ class TrainConfig:
   overwrite: bool = False  # allow writing into a directory that already holds a run
   progress: bool = True  # show a tqdm progress bar
   mesh: str | None = None  # device mesh, e.g. "diloco=2,data=4" (product = devices); None: one device
+  checkpoint_every: int = 0  # save <out>/checkpoints/<step> every this many steps (a multiple of log_every; 0: never)
+  keep_checkpoints: int = 3  # keep the newest k checkpoints
+  resume: bool = False  # continue from the newest valid checkpoint in <out>/checkpoints
+  init_from: str | None = None  # start from a plain params checkpoint (e.g. a DP run's <out>/final_params)
+  drop_schedule: tuple = ()  # simulated replica drops: ((step, replica), ...), steps with a sync
+  drop_prob: float = 0.0  # simulated drops: each replica misses each sync with this probability (seeded)
 
   def validate(self) -> None:
     """Raises a one-line ``ValueError`` for any invalid option, before anything compiles."""
@@ -86,8 +95,49 @@ class TrainConfig:
     self.algo.validate(num_layers=self.model_config().n_layers)
     if self.mesh is not None:
       check_mesh(parse_mesh(self.mesh), replicas=self.algo.replicas, batch_size=self.batch_size)
+    self._validate_checkpointing()
     if self.out is not None:
-      _check_out_dir(self.out, self.overwrite)
+      _check_out_dir(self.out, self.overwrite, self.resume)
+
+  def _validate_checkpointing(self) -> None:
+    ce = self.checkpoint_every
+    if not isinstance(ce, int) or isinstance(ce, bool) or ce < 0:
+      raise ValueError(f"checkpoint_every must be an integer >= 0 (0: no checkpoints), got {ce!r}.")
+    if ce and self.out is None:
+      raise ValueError("checkpoint_every needs --out: checkpoints go to <out>/checkpoints/<step>.")
+    if ce % self.log_every:
+      raise ValueError(
+          f"checkpoint_every ({ce}) must be a multiple of log_every ({self.log_every}) so every"
+          f" checkpoint falls on a log row; e.g. --checkpoint-every {-(-ce // self.log_every) * self.log_every}.")
+    k = self.keep_checkpoints
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+      raise ValueError(f"keep_checkpoints must be an integer >= 1, got {k!r}.")
+    if not isinstance(self.resume, bool):
+      raise ValueError(f"resume must be True or False, got {self.resume!r}.")
+    if self.resume and self.out is None:
+      raise ValueError("resume needs --out: the directory of the run to continue.")
+    if self.init_from is not None and (not isinstance(self.init_from, str) or not self.init_from):
+      raise ValueError(f"init_from must be a path to a params checkpoint directory, got {self.init_from!r}.")
+    p = self.drop_prob
+    if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0 <= p < 1:
+      raise ValueError(f"drop_prob must be a number in [0, 1), got {p!r}.")
+    if (self.drop_schedule or p) and self.algo.algorithm == "dp":
+      raise ValueError("drop_schedule / drop_prob simulate replicas missing a DiLoCo sync; algorithm"
+                       " 'dp' has none to miss: use --algorithm diloco or streaming.")
+    M, dh = self.algo.replicas, self.algo.sync_interval
+    for entry in self.drop_schedule:
+      if (not isinstance(entry, (tuple, list)) or len(entry) != 2
+          or not all(isinstance(x, int) and not isinstance(x, bool) for x in entry)):
+        raise ValueError(f"drop_schedule entries must be (step, replica) integer pairs, got {entry!r}.")
+      s, r = entry
+      if not 0 <= r < M:
+        raise ValueError(f"drop_schedule: replica {r} (at step {s}) is not in [0, replicas={M}).")
+      if not 1 <= s <= self.steps:
+        raise ValueError(f"drop_schedule: step {s} is not in [1, steps={self.steps}].")
+      if s % dh:
+        raise ValueError(
+            f"drop_schedule: no sync after step {s} (syncs every H/P = {dh} steps); use a multiple"
+            f" of {dh}, e.g. {max(dh, s - s % dh)}.")
 
   @property
   def warmup(self) -> int:
@@ -107,14 +157,23 @@ class TrainConfig:
     return dataclasses.replace(base, **changes)
 
 
-def _check_out_dir(out: str, overwrite: bool) -> None:
+def _check_out_dir(out: str, overwrite: bool, resume: bool = False) -> None:
   if os.path.exists(out) and not os.path.isdir(out):
     raise ValueError(f"out={out!r} is a file; give a directory path.")
   if os.path.isdir(out):
     if not os.access(out, os.W_OK):
       raise ValueError(f"out={out!r} is not writable; choose another directory.")
-    if os.path.exists(os.path.join(out, "summary.json")) and not overwrite:
-      raise ValueError(f"out={out!r} already holds a finished run; pass --overwrite or choose another directory.")
+    if overwrite or resume:
+      return
+    if os.path.exists(os.path.join(out, "summary.json")):
+      raise ValueError(f"out={out!r} already holds a finished run; pass --overwrite, --resume (with more"
+                       " --steps), or choose another directory.")
+    if ckpt.finalized_steps(out):
+      raise ValueError(f"out={out!r} holds checkpoints of an unfinished run; pass --resume to continue"
+                       " it, --overwrite to start over, or choose another directory.")
+    if os.path.exists(os.path.join(out, "metrics.jsonl")):
+      raise ValueError(f"out={out!r} holds metrics.jsonl of an unfinished run (no checkpoint); pass"
+                       " --overwrite to start over or choose another directory.")
   else:
     parent = os.path.dirname(os.path.abspath(out))
     while not os.path.exists(parent):
@@ -167,32 +226,65 @@ def train(cfg: TrainConfig) -> TrainResult:
   data = make_dataset(cfg.data, replicas=M, batch_size=b, seq_len=T, model_vocab_size=cfg.vocab_size)
   model_cfg = cfg.model_config(vocab_size=data.vocab_size)
   apply_fn, params = init_model(model_cfg, cfg.seed)
+  if cfg.init_from is not None and not cfg.resume:  # bootstrap: broadcast to replicas, fresh outer state
+    try:
+      params = ckpt.load_params(cfg.init_from, like=params)
+    except ValueError as e:
+      raise ValueError(f"init_from: {e}") from None
   loss_fn = lambda p, tokens: lm_loss(apply_fn, p, tokens)
   algo = make_algorithm(cfg, loss_fn, params)
   state = algo.init(params)
+  resumed = ckpt.restore_latest(cfg.out, state, _config_dict(cfg)) if cfg.resume else None
+  if resumed is not None:
+    if cfg.steps < resumed.step:
+      raise ValueError(f"steps ({cfg.steps}) is below the checkpoint's step {resumed.step} in"
+                       f" {resumed.path}; pass --steps >= {resumed.step}.")
+    state = resumed.state
   eval_tokens = algo.place_replicated(data.eval_batch())
   eval_fn = jax.jit(loss_fn)
 
   writer = jax.process_index() == 0  # in multi-process runs only process 0 writes files
   if cfg.out is not None and writer:
     os.makedirs(cfg.out, exist_ok=True)
-    metrics_file = open(os.path.join(cfg.out, "metrics.jsonl"), "w")
+    if cfg.overwrite and not cfg.resume:  # starting over: nothing of the old run may mix in
+      for name in (ckpt.CHECKPOINTS, ckpt.FINAL_PARAMS):
+        shutil.rmtree(os.path.join(cfg.out, name), ignore_errors=True)
+      if os.path.exists(os.path.join(cfg.out, "summary.json")):
+        os.remove(os.path.join(cfg.out, "summary.json"))
+    metrics_file = _open_metrics(cfg.out, None if resumed is None else resumed.meta["metrics"]["rows"])
   else:
     metrics_file = None
+  checkpoints = ckpt.CheckpointWriter(cfg.out, cfg.keep_checkpoints) if cfg.checkpoint_every else None
+  last_checkpoint = None if resumed is None else resumed.path
 
   rows: list[dict] = []
   pending: list = []
+  syncs: list = []  # with drops: [step, present replicas] of each sync since the last row
   tokens_per_step = M * b * T
   total_bytes, peak_bytes, since_log_bytes = 0.0, 0.0, 0.0
+  first = 1
+  if resumed is not None:  # checkpoints fall on log rows: nothing is pending
+    rows = resumed.meta["metrics"]["rows"]
+    total_bytes = resumed.meta["metrics"]["total_bytes_sent"]
+    peak_bytes = resumed.meta["metrics"]["peak_bytes_per_step"]
+    first = resumed.step + 1
   start = time.perf_counter()
   compile_time = None
-  bar = tqdm(total=cfg.steps, disable=not (cfg.progress and writer), desc=cfg.algo.algorithm, unit="step")
-  last_eval = float(eval_fn(algo.eval_params(state), eval_tokens))
-  rows.append(_row(0, None, last_eval, 0, 0.0, 0.0, 0.0))
+  bar = tqdm(total=cfg.steps, initial=first - 1, disable=not (cfg.progress and writer),
+             desc=cfg.algo.algorithm, unit="step")
+  if resumed is None:
+    last_eval = float(eval_fn(algo.eval_params(state), eval_tokens))
+    rows.append(_row(0, None, last_eval, 0, 0.0, 0.0, 0.0))
   try:
-    for t in range(1, cfg.steps + 1):
+    for t in range(first, cfg.steps + 1):
       batch = algo.place_batch(data.train_batch(t - 1))
-      state, m = algo.step(state, batch)
+      present = participation(cfg, t)
+      if present is None:
+        state, m = algo.step(state, batch)
+      else:
+        state, m = algo.step(state, batch, algo.place_replicated(present))
+        if sent_fragment(t, cfg.algo.sync_every, cfg.algo.fragments)[0]:
+          syncs.append([t, [i for i in range(M) if present[i]]])
       if compile_time is None:
         jax.block_until_ready(m["loss"])
         compile_time = time.perf_counter() - start
@@ -203,18 +295,21 @@ def train(cfg: TrainConfig) -> TrainResult:
       peak_bytes = max(peak_bytes, sent)
       do_eval = t % cfg.eval_every == 0 or t == cfg.steps
       if t % cfg.log_every == 0 or do_eval:
-        losses = fetch(jnp.stack(pending)).mean(axis=0)
-        if not np.all(np.isfinite(losses)):
-          bad = [i for i, x in enumerate(losses) if not np.isfinite(x)]
-          raise FloatingPointError(f"non-finite training loss at step {t} on replica(s) {bad}; lower inner_lr.")
+        step_losses = fetch(jnp.stack(pending))
+        _check_finite(step_losses, t, state, last_checkpoint)
+        losses = step_losses.mean(axis=0)
         pending = []
         eval_loss = float(eval_fn(algo.eval_params(state), eval_tokens)) if do_eval else None
         wall = time.perf_counter() - start
         rows.append(_row(t, losses, eval_loss, t * tokens_per_step, since_log_bytes, total_bytes, wall))
+        if cfg.drop_schedule or cfg.drop_prob:
+          rows[-1]["participants"], syncs = syncs, []
         since_log_bytes = 0.0
         if metrics_file is not None:
           metrics_file.write(json.dumps(rows[-1]) + "\n")
           metrics_file.flush()
+        if checkpoints is not None and (t % cfg.checkpoint_every == 0 or t == cfg.steps):
+          last_checkpoint = checkpoints.save(t, state, _checkpoint_meta(cfg, t, rows, total_bytes, peak_bytes))
         bar.update(t - bar.n)
         tok_s = (t - 1) * tokens_per_step / max(wall - compile_time, 1e-9) if t > 1 else 0.0
         bar.set_postfix(loss=f"{losses.mean():.3f}", tok_s=f"{tok_s:,.0f}")
@@ -222,7 +317,13 @@ def train(cfg: TrainConfig) -> TrainResult:
     bar.close()
     if metrics_file is not None:
       metrics_file.close()
+    if checkpoints is not None:
+      checkpoints.close()
+  final_params = None
+  if cfg.out is not None:  # a plain checkpoint of the global params: diloco_core.load_params(path)
+    final_params = ckpt.export_params(algo.eval_params(state), os.path.join(cfg.out, ckpt.FINAL_PARAMS))
   wall = time.perf_counter() - start
+  compile_time = 0.0 if compile_time is None else compile_time  # resumed at the last step: no step ran
   metrics = pd.DataFrame(rows)
   final_eval = float(metrics["eval_loss"].dropna().iloc[-1])
   floor = data.loss_floor
@@ -236,10 +337,12 @@ def train(cfg: TrainConfig) -> TrainResult:
       "wall_time_s": wall,
       "compile_time_s": compile_time,
       "tokens": cfg.steps * tokens_per_step,
-      "tokens_per_s": (cfg.steps - 1) * tokens_per_step / max(wall - compile_time, 1e-9),
+      "tokens_per_s": max(cfg.steps - first, 0) * tokens_per_step / max(wall - compile_time, 1e-9),
       "params": param_count(model_cfg),
       "data": data.describe(),
       "config": _config_dict(cfg),
+      "final_params": final_params,
+      "resumed_from": None if resumed is None else resumed.path,
   }
   if cfg.out is not None and writer:
     with open(os.path.join(cfg.out, "summary.json"), "w") as f:
@@ -262,6 +365,124 @@ def _row(t, losses, eval_loss, tokens, step_bytes, total_bytes, wall) -> dict:
 
 def _config_dict(cfg: TrainConfig) -> dict:
   return dataclasses.asdict(cfg)
+
+
+_DROP_STREAM = 0x64726F70  # "drop": keeps the drop draws apart from every other use of the seed
+
+
+def participation(cfg: TrainConfig, t: int) -> np.ndarray | None:
+  """Which replicas take part in the sync after step ``t`` (simulated drops), or None.
+
+  A pure function of ``(cfg, t)`` (``--drop-prob`` draws from ``(seed, t)``), so a resumed
+  run drops exactly the same replicas as an uninterrupted one.
+
+  Args:
+    cfg: the run (``drop_schedule``, ``drop_prob``, ``seed``).
+    t: the inner step just done (1-based).
+
+  Returns:
+    None when no drops are configured, else a float32 [M] mask (1 present, 0 dropped;
+    all ones at steps without a sync).
+
+  Examples:
+    >>> cfg = TrainConfig(algo=DiLoCoConfig(replicas=3, sync_every=4), steps=8, drop_schedule=((4, 1),))
+    >>> participation(cfg, 4).tolist(), participation(cfg, 8).tolist()
+    ([1.0, 0.0, 1.0], [1.0, 1.0, 1.0])
+  """
+  if not cfg.drop_schedule and not cfg.drop_prob:
+    return None
+  present = np.ones(cfg.algo.replicas, np.float32)
+  if not sent_fragment(t, cfg.algo.sync_every, cfg.algo.fragments)[0]:
+    return present
+  for step, replica in cfg.drop_schedule:
+    if step == t:
+      present[replica] = 0.0
+  if cfg.drop_prob:
+    u = np.random.default_rng([_DROP_STREAM, cfg.seed, t]).random(cfg.algo.replicas)
+    present[u < cfg.drop_prob] = 0.0
+  return present
+
+
+def parse_drop_schedule(text: str | None) -> tuple:
+  """Parses ``"4:1,8:0"`` (step:replica, comma-separated) into ``((4, 1), (8, 0))``.
+
+  Examples:
+    >>> parse_drop_schedule("4:1, 8:0")
+    ((4, 1), (8, 0))
+    >>> parse_drop_schedule("4-1")
+    Traceback (most recent call last):
+    ...
+    ValueError: drop_schedule entry '4-1' must look like step:replica, e.g. --drop-schedule 4:1,8:0.
+  """
+  if text is None or not text.strip():
+    return ()
+  out = []
+  for part in text.split(","):
+    step, sep, replica = part.strip().partition(":")
+    try:
+      if not sep:
+        raise ValueError
+      out.append((int(step), int(replica)))
+    except ValueError:
+      raise ValueError(f"drop_schedule entry {part.strip()!r} must look like step:replica,"
+                       " e.g. --drop-schedule 4:1,8:0.") from None
+  return tuple(out)
+
+
+@jax.jit
+def _finite_flags(state):
+  """(per-replica all-finite [M] or [1], global all-finite) of a DiLoCoState / DPState."""
+  def all_finite(tree, axis0):
+    flags = [jnp.all(jnp.isfinite(x).reshape(x.shape[0], -1), axis=1) if axis0 else jnp.all(jnp.isfinite(x))[None]
+             for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.all(jnp.stack(flags), axis=0)
+  if hasattr(state, "global_params"):
+    return all_finite(state.params, True), all_finite(state.global_params, False)[0]
+  return all_finite(state.params, False), all_finite(state.params, False)[0]
+
+
+def _check_finite(step_losses: np.ndarray, t: int, state, last_checkpoint: str | None) -> None:
+  """Raises FloatingPointError naming the first bad step and replica (losses [n, M], params)."""
+  keep = f" (the last good checkpoint, {last_checkpoint}, is intact)" if last_checkpoint else ""
+  bad_steps = np.flatnonzero(~np.all(np.isfinite(step_losses), axis=1))
+  if bad_steps.size:
+    i = int(bad_steps[0])
+    bad = [m for m, x in enumerate(step_losses[i]) if not np.isfinite(x)]
+    raise FloatingPointError(
+        f"non-finite training loss at step {t - len(step_losses) + 1 + i} on replica(s) {bad};"
+        f" lower --inner-lr{keep}.")
+  replicas, glob = (fetch(x) for x in _finite_flags(state))
+  if not hasattr(state, "global_params"):  # DP: one model
+    if not glob:
+      raise FloatingPointError(f"non-finite params after step {t}; lower --inner-lr{keep}.")
+    return
+  if not replicas.all():
+    bad = [m for m, ok in enumerate(replicas) if not ok]
+    raise FloatingPointError(f"non-finite params after step {t} on replica(s) {bad}; lower --inner-lr{keep}.")
+  if not glob:
+    raise FloatingPointError(f"non-finite global params after step {t}; lower --outer-lr{keep}.")
+
+
+def _checkpoint_meta(cfg: TrainConfig, t: int, rows: list, total_bytes: float, peak_bytes: float) -> dict:
+  """Everything but the arrays that a resumed run needs to continue exactly."""
+  return {
+      "algorithm": cfg.algo.algorithm,
+      "config": _config_dict(cfg),
+      "data_position": [t] * cfg.algo.replicas,  # batches are a pure function of (seed, replica, step)
+      "seeds": {"model_init": cfg.seed, "data": cfg.data.seed, "drops": cfg.seed},  # no other RNG state
+      "metrics": {"rows": rows, "total_bytes_sent": total_bytes, "peak_bytes_per_step": peak_bytes},
+  }
+
+
+def _open_metrics(out: str, rows: list | None):
+  """metrics.jsonl for writing; on resume, rewritten (atomically) to the checkpoint's rows first."""
+  path = os.path.join(out, "metrics.jsonl")
+  if rows is None:
+    return open(path, "w")
+  with open(path + ".tmp", "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in rows[1:])  # the step-0 row is not in the file
+  os.replace(path + ".tmp", path)
+  return open(path, "a")
 
 
 # ---- CLI ------------------------------------------------------------------------------------
@@ -311,6 +532,13 @@ def build_parser() -> argparse.ArgumentParser:
   g.add_argument("--out", default=None, help="output directory for metrics.jsonl and summary.json")
   g.add_argument("--overwrite", action="store_true", help="allow --out to hold a finished run")
   g.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+  g = p.add_argument_group("checkpoints and failures")
+  g.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, help="save <out>/checkpoints/<step> every N steps (a multiple of --log-every; 0: never)")
+  g.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints, help="keep the newest k checkpoints")
+  g.add_argument("--resume", action="store_true", help="continue the run in --out from its newest valid checkpoint")
+  g.add_argument("--init-from", default=None, help="start from a plain params checkpoint (e.g. a DP run's <out>/final_params): broadcast to the replicas, fresh outer state")
+  g.add_argument("--drop-schedule", default=None, help="simulated replica drops 'step:replica,...' at sync steps (0-based replicas)")
+  g.add_argument("--drop-prob", type=float, default=d.drop_prob, help="simulated drops: each replica misses each sync with this probability (seeded by --seed)")
   g = p.add_argument_group("devices and processes")
   g.add_argument("--mesh", default=None, help="device mesh 'diloco=D,data=B' (D*B = devices, D | M, B | batch); default: one device")
   g.add_argument("--coordinator", default=None, help="multi-process: host:port of process 0 (or JAX_COORDINATOR_ADDRESS)")
@@ -333,19 +561,26 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
       batch_size=args.batch_size, seq_len=args.seq_len, steps=args.steps, inner_lr=args.inner_lr,
       warmup_steps=args.warmup_steps, weight_decay=args.weight_decay, grad_clip=args.grad_clip,
       eval_every=args.eval_every, log_every=args.log_every, seed=args.seed, out=args.out,
-      overwrite=args.overwrite, progress=not args.no_progress, mesh=args.mesh)
+      overwrite=args.overwrite, progress=not args.no_progress, mesh=args.mesh,
+      checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints, resume=args.resume,
+      init_from=args.init_from, drop_schedule=parse_drop_schedule(args.drop_schedule), drop_prob=args.drop_prob)
 
 
 def main(argv: list[str] | None = None) -> int:
   """CLI entry point: one-line errors on stderr and exit code 2 for bad input."""
-  args = build_parser().parse_args(argv)
+  parser = build_parser()
+  parser.error = lambda message: parser.exit(2, f"error: {message} (see --help).\n")
+  try:
+    args = parser.parse_args(argv)
+  except SystemExit as e:  # --help (0) or a malformed flag (2, one line above)
+    return int(e.code or 0)
   try:
     initialize_distributed(args.coordinator, args.num_processes, args.process_id)
     cfg = config_from_args(args)
     cfg.validate()
     result = train(cfg)
-  except (ValueError, FileNotFoundError, FloatingPointError) as e:
-    print(f"error: {e}", file=sys.stderr)
+  except (ValueError, OSError, FloatingPointError) as e:
+    print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
     return 2
   s = result.summary
   floor = "n/a" if s["loss_floor"] is None else f"{s['loss_floor']:.4f}"
