@@ -1,0 +1,178 @@
+"""The built site in a real browser (headless Chromium) and a check of every internal link.
+
+Needs Debian's ``chromium`` (``apt-get install -y chromium``); the browser checks are
+skipped when it is missing, the link check is not. The site is built once
+(``tests/test_docs.py::build_site``) or reused from ``_build/html``, served on localhost by
+``http.server``, and the landing page, the theory page and one notebook page are loaded:
+MathJax must have rendered the math (``mjx-container`` elements, no raw ``$$`` left in the
+text) and every figure image must load. Screenshots go to ``_build/screenshots/`` (kept as
+CI artifacts).
+"""
+
+from __future__ import annotations
+
+import functools
+import html.parser
+import http.server
+import pathlib
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+import urllib.parse
+
+import pytest
+
+from test_docs import HTML, ROOT, build_site
+
+SHOTS = ROOT / "_build" / "screenshots"
+PAGES = {
+    "landing": "docs/index.html",
+    "theory": "docs/theory.html",
+    "notebook": "notebooks/02_dp_vs_diloco.html",
+}
+
+pytestmark = pytest.mark.slow
+
+
+def chromium() -> str | None:
+  for name in ("chromium", "chromium-browser", "google-chrome"):
+    path = shutil.which(name)
+    if path:
+      return path
+  return None
+
+
+@pytest.fixture(scope="module")
+def site():
+  build_site()
+  if not (HTML / "docs" / "index.html").exists():
+    pytest.fail(f"the site did not build; see {ROOT / '_build' / 'build.log'}")
+  return HTML
+
+
+@pytest.fixture(scope="module")
+def server(site):
+  handler = functools.partial(QuietHandler, directory=str(site))
+  httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+  thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+  thread.start()
+  yield f"http://127.0.0.1:{httpd.server_address[1]}"
+  httpd.shutdown()
+  httpd.server_close()
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+  def log_message(self, *args):
+    pass
+
+
+def run_chromium(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+  exe = chromium()
+  if exe is None:
+    pytest.skip("chromium is not installed (apt-get install -y chromium)")
+  with tempfile.TemporaryDirectory() as profile:
+    cmd = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           "--disable-dev-shm-usage", "--hide-scrollbars", f"--user-data-dir={profile}",
+           "--virtual-time-budget=15000", "--run-all-compositor-stages-before-draw", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def rendered_dom(url: str) -> str:
+  proc = run_chromium("--dump-dom", url)
+  assert proc.returncode == 0 and "<html" in proc.stdout, proc.stderr[-2000:]
+  return proc.stdout
+
+
+class _Text(html.parser.HTMLParser):
+  """Visible text of a page: skips scripts, styles and MathJax's own output."""
+
+  def __init__(self):
+    super().__init__()
+    self.parts, self._skip = [], 0
+
+  def handle_starttag(self, tag, attrs):
+    if tag in ("script", "style", "mjx-container", "mjx-assistive-mml"):
+      self._skip += 1
+
+  def handle_endtag(self, tag):
+    if tag in ("script", "style", "mjx-container", "mjx-assistive-mml") and self._skip:
+      self._skip -= 1
+
+  def handle_data(self, data):
+    if not self._skip:
+      self.parts.append(data)
+
+
+def visible_text(dom: str) -> str:
+  p = _Text()
+  p.feed(dom)
+  return " ".join(p.parts)
+
+
+@pytest.mark.parametrize("page", list(PAGES))
+def test_page_renders_with_math_and_figures(server, page):
+  url = f"{server}/{PAGES[page]}"
+  dom = rendered_dom(url)
+  text = visible_text(dom)
+  assert "Traceback (most recent call last)" not in text, f"{page}: an error was rendered"
+  if page in ("landing", "theory"):
+    n_math = dom.count("<mjx-container")
+    assert n_math > (20 if page == "theory" else 3), f"{page}: MathJax rendered {n_math} formulas"
+    assert "$$" not in text and "\\[" not in text, f"{page}: raw TeX left in the page"
+  imgs = re.findall(r'<img[^>]+src="([^"]+)"', dom)
+  figures = [src for src in imgs if "_images/" in src]
+  assert figures, f"{page}: no figure"
+  base = HTML / PAGES[page]
+  for src in figures:
+    path = (base.parent / urllib.parse.unquote(src.split("?")[0])).resolve()
+    assert path.is_file() and path.stat().st_size > 1000, f"{page}: figure {src} missing or empty"
+  SHOTS.mkdir(parents=True, exist_ok=True)
+  shot = SHOTS / f"{page}.png"
+  proc = run_chromium(f"--screenshot={shot}", "--window-size=1280,2400", url)
+  assert proc.returncode == 0 and shot.exists() and shot.stat().st_size > 10_000, proc.stderr[-2000:]
+
+
+class _Links(html.parser.HTMLParser):
+  def __init__(self):
+    super().__init__()
+    self.links, self.ids = [], set()
+
+  def handle_starttag(self, tag, attrs):
+    a = dict(attrs)
+    if a.get("id"):
+      self.ids.add(a["id"])
+    if tag == "a" and a.get("name"):
+      self.ids.add(a["name"])
+    for attr in ("href", "src"):
+      if a.get(attr) and tag in ("a", "img", "link", "script"):
+        self.links.append(a[attr])
+
+
+def test_no_broken_internal_links(site):
+  pages = {p: _parse(p) for p in site.rglob("*.html") if "_static" not in p.parts}
+  broken = []
+  for page, parser in pages.items():
+    for link in parser.links:
+      parts = urllib.parse.urlsplit(link)
+      if parts.scheme or link.startswith(("//", "mailto:", "javascript:", "data:")):
+        continue
+      target = page if not parts.path else (page.parent / urllib.parse.unquote(parts.path)).resolve()
+      if target.is_dir():
+        target = target / "index.html"
+      if not target.exists():
+        broken.append(f"{page.relative_to(site)}: {link}")
+        continue
+      if parts.fragment and target.suffix == ".html":
+        ids = pages[target].ids if target in pages else _parse(target).ids
+        if parts.fragment not in ids:
+          broken.append(f"{page.relative_to(site)}: {link} (no anchor)")
+  assert not broken, "\n".join(broken[:50])
+
+
+def _parse(path: pathlib.Path) -> _Links:
+  p = _Links()
+  p.feed(path.read_text(errors="replace"))
+  return p
