@@ -104,6 +104,18 @@ def _groups(df: pd.DataFrame, hue: str | Sequence[str] | None):
     yield name, df[keys == k]
 
 
+def _finish(fig, ax, x: str, y: str, *, title, floor, legend: bool):
+  """Floor line, axis labels, title and legend shared by the sweep plots."""
+  _floor_line(ax, floor)
+  ax.set_xlabel(label(x))
+  ax.set_ylabel(label(y))
+  if title:
+    ax.set_title(title)
+  if legend:
+    ax.legend(fontsize=8)
+  return _done(fig)
+
+
 def plot_curves(curves: pd.DataFrame, *, x: str = "step", y: str = "eval_loss",
                 hue: str | Sequence[str] | None = "algorithm", floor: float | None = None,
                 logy: bool = False, title: str | None = None, ax=None):
@@ -181,14 +193,7 @@ def plot_metric(df: pd.DataFrame, *, x: str, y: str = "final_eval_loss",
     ax.set_xticks(ticks, [_fmt(t) for t in ticks])
   if logy:
     ax.set_yscale("log")
-  _floor_line(ax, floor)
-  ax.set_xlabel(label(x))
-  ax.set_ylabel(label(y))
-  if title:
-    ax.set_title(title)
-  if hue is not None or floor is not None:
-    ax.legend(fontsize=8)
-  return _done(fig)
+  return _finish(fig, ax, x, y, title=title, floor=floor, legend=hue is not None or floor is not None)
 
 
 def plot_tradeoff(df: pd.DataFrame, *, x: str = "total_bytes_per_replica",
@@ -266,14 +271,7 @@ def plot_bars(df: pd.DataFrame, *, x: str, y: str = "final_eval_loss",
     hi = np.nanmax(df[y].values)
     pad = 0.1 * (hi - lo) if hi > lo else 0.05 * abs(hi) + 1e-3
     ax.set_ylim(lo - pad, hi + pad)
-  _floor_line(ax, floor)
-  ax.set_xlabel(label(x))
-  ax.set_ylabel(label(y))
-  if title:
-    ax.set_title(title)
-  if hue is not None or floor is not None:
-    ax.legend(fontsize=8)
-  return _done(fig)
+  return _finish(fig, ax, x, y, title=title, floor=floor, legend=hue is not None or floor is not None)
 
 
 def plot_lines(df: pd.DataFrame, *, x: str, y: str | Sequence[str], hue: str | None = None,

@@ -18,6 +18,7 @@ import pytest
 from diloco_core import DataConfig, DiLoCo, DiLoCoConfig, load_params
 from diloco_core import checkpoint as ckpt
 from diloco_core.train import TrainConfig, build_parser, config_from_args, main, participation, train
+from tiny_run import tiny
 
 BASE = ["--model", "tiny", "--batch-size", "2", "--seq-len", "8", "--data-vocab", "16", "--data-order", "1",
         "--warmup-steps", "1", "--log-every", "2", "--eval-every", "6", "--no-progress"]
@@ -69,17 +70,6 @@ def rows(path):
 def same_summary(a, b):
   keys = ["final_eval_loss", "loss_floor", "total_bytes_per_replica", "peak_bytes_per_step", "tokens", "params"]
   return {k: a[k] for k in keys} == {k: b[k] for k in keys}
-
-
-def tiny(algo="diloco", **kw):
-  algo_kw = {k: kw.pop(k) for k in list(kw) if k in DiLoCoConfig.__dataclass_fields__}
-  algo_kw.setdefault("replicas", 2)
-  if algo != "dp":
-    algo_kw.setdefault("sync_every", 4)
-  base = dict(model="tiny", data=DataConfig(vocab_size=16, order=1), batch_size=2, seq_len=8,
-              steps=8, eval_every=4, log_every=2, warmup_steps=1, progress=False)
-  base.update(kw)
-  return TrainConfig(algo=DiLoCoConfig(algorithm=algo, **algo_kw), **base)
 
 
 # ---- exact resume after SIGKILL ----------------------------------------------------------------

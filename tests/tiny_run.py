@@ -1,0 +1,15 @@
+"""The tiny training run the trainer and checkpoint tests share (a few seconds on CPU)."""
+
+from diloco_core import DataConfig, DiLoCoConfig
+from diloco_core.train import TrainConfig
+
+
+def tiny(algo="diloco", **kw):
+  algo_kw = {k: kw.pop(k) for k in list(kw) if k in DiLoCoConfig.__dataclass_fields__}
+  algo_kw.setdefault("replicas", 2)
+  if algo != "dp":
+    algo_kw.setdefault("sync_every", 4)
+  base = dict(model="tiny", data=DataConfig(vocab_size=16, order=1), batch_size=2, seq_len=8,
+              steps=8, eval_every=4, log_every=2, warmup_steps=1, progress=False)
+  base.update(kw)
+  return TrainConfig(algo=DiLoCoConfig(algorithm=algo, **algo_kw), **base)
