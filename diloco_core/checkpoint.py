@@ -299,20 +299,17 @@ def _quiet_orbax_failed_reads() -> None:
   reported in one line by the caller, so those errors (and only those) are dropped.
   Installed before reading, because the callbacks may fire before the failure surfaces."""
   closed = lambda e: isinstance(e, RuntimeError) and "Event loop is closed" in str(e)
-  previous = sys.unraisablehook
-  if not getattr(previous, "_diloco_quiet", False):
-    def hook(unraisable):
-      if not closed(unraisable.exc_value):
-        previous(unraisable)
+  for owner, name in ((sys, "unraisablehook"), (threading, "excepthook")):
+    previous = getattr(owner, name)
+    if getattr(previous, "_diloco_quiet", False):
+      continue
+
+    def hook(info, previous=previous):  # both hooks' arguments carry .exc_value
+      if not closed(info.exc_value):
+        previous(info)
+
     hook._diloco_quiet = True
-    sys.unraisablehook = hook
-  previous_thread = threading.excepthook
-  if not getattr(previous_thread, "_diloco_quiet", False):
-    def thread_hook(args):
-      if not closed(args.exc_value):
-        previous_thread(args)
-    thread_hook._diloco_quiet = True
-    threading.excepthook = thread_hook
+    setattr(owner, name, hook)
 
 
 def _reason(e: Exception) -> str:
