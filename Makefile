@@ -28,6 +28,7 @@ docs: $(VENV)/.installed  ## the site, every notebook executed, warnings are err
 bench: $(VENV)/.installed  ## benchmarks that print measured ratios
 	$(PY) benchmarks/step_time.py
 	$(PY) benchmarks/mesh_scaling.py
+	$(PY) benchmarks/sweep_reuse.py
 
 clean:
 	rm -rf _build runs .cache

@@ -13,12 +13,15 @@ the trainer, reruns exactly the runs it affects. Results are written to a tempor
 folder and renamed into place, so an interrupted sweep never leaves half a run behind
 and two processes may share one cache.
 
-Compiled steps. Runs are trained one after the other in this process; with
-``compilation_cache=True`` JAX's persistent compilation cache is switched on (in a
-``jax`` folder beside the sweep cache), so runs whose compiled step is identical
-(same shapes and constants, e.g. seeds of one config, or a rerun) compile once. The
-trainer bakes the outer hyperparameters into the program as constants, so a change of
-η, μ or α compiles a new step.
+Compiled steps. Runs are trained one after the other in this process. The trainer
+feeds η, μ, α, the inner learning rate, weight decay and clipping norm to its compiled
+step as inputs and keeps the last programs it built
+(:func:`diloco_core.train.program_key`), so runs that differ only in those values or in
+seeds compile once; :func:`run_sweep` trains runs that share a program back to back (and
+returns rows in the order given). With ``compilation_cache=True`` JAX's persistent
+compilation cache is also switched on (in a ``jax`` folder beside the sweep cache), so a
+later process (another notebook, a rebuild) skips XLA compilation of programs already
+built.
 """
 
 from __future__ import annotations
@@ -282,18 +285,42 @@ def run_sweep(configs: Iterable, *, cache: str | os.PathLike | None | bool = Non
   root = None if cache is False else cache_dir(None if cache is True else cache)
   if compilation_cache and root is not None:
     _enable_compilation_cache(root)
-  rows = []
+  rows: list[dict | None] = [None] * len(configs)
   quiet = not progress or os.environ.get("TQDM_DISABLE", "") not in ("", "0")
-  bar = tqdm(configs, desc=desc, unit="run", disable=quiet)
-  for cfg in bar:
+  bar = tqdm(total=len(configs), desc=desc, unit="run", disable=quiet)
+  for i in training_order(configs):
+    cfg = configs[i]
     start = time.perf_counter()
     summary, _, cached = run_one(cfg, cache=False if root is None else root, rerun=rerun)
     row = flat_config(cfg)
     row.update({c: summary.get(c) for c in SUMMARY_COLUMNS})
     row.update(key=config_key(cfg), cached=cached, run_s=time.perf_counter() - start)
-    rows.append(row)
+    rows[i] = row
+    bar.update(1)
     bar.set_postfix(loss=f"{summary['final_eval_loss']:.3f}", cached=cached)
+  bar.close()
   return pd.DataFrame(rows)
+
+
+def training_order(configs: Sequence) -> list[int]:
+  """Indices of ``configs`` with runs sharing a compiled program next to each other.
+
+  Groups keep the order of their first run, and runs keep their order within a group.
+
+  Examples:
+    >>> from diloco_core.train import TrainConfig
+    >>> cfgs = grid(TrainConfig(model="tiny"), sync_every=[2, 4], outer_lr=[0.5, 0.7])
+    >>> [(c.algo.sync_every, c.algo.outer_lr) for c in cfgs]
+    [(2, 0.5), (2, 0.7), (4, 0.5), (4, 0.7)]
+    >>> mixed = [cfgs[0], cfgs[2], cfgs[1], cfgs[3]]  # H = 2, 4, 2, 4
+    >>> training_order(mixed)  # both H = 2 runs, then both H = 4 runs
+    [0, 2, 1, 3]
+  """
+  train = _train_module()
+  groups: dict[str, list[int]] = {}
+  for i, cfg in enumerate(configs):
+    groups.setdefault(train.program_key(cfg, cfg.model_config()), []).append(i)
+  return [i for members in groups.values() for i in members]
 
 
 def sweep_curves(df: pd.DataFrame, configs: Iterable | None = None, *,

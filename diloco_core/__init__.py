@@ -12,6 +12,10 @@ from diloco_core.config import DiLoCoConfig
 from diloco_core.config import FRAGMENT_PATTERNS
 from diloco_core.diloco import DiLoCo
 from diloco_core.diloco import DiLoCoState
+from diloco_core.diloco import OUTER_HYPERPARAMS
+from diloco_core.diloco import default_outer_optimizer
+from diloco_core.hyperparams import TracedHyperparams
+from diloco_core.hyperparams import resolve_optimizer
 from diloco_core.dp import DataParallel
 from diloco_core.dp import DPState
 from diloco_core.fragments import Fragments

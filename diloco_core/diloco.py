@@ -19,6 +19,12 @@ Send and merge run under :func:`jax.lax.cond` inside the same jitted function, a
 fragment is a traced index (:class:`~diloco_core.Fragments`), so there is one compiled
 program for every step and every P.
 
+Hyperparameters are inputs, not constants. η, μ, α (and any named hyperparameter of the
+optimizers, e.g. the inner learning rate) enter the compiled step as float32 scalars, so
+runs that differ only in them share one program: :meth:`DiLoCo.with_hyperparams` returns
+a copy that reuses the compiled step (a sweep over η compiles once). The optimizers may
+be given as factories ``hparams -> optax.GradientTransformation`` for that purpose.
+
 Fragments in flight. Because τ < H, fragment p is merged before it is sent again, and
 :math:`\\theta_g[p]` only changes at p's sends; so at merge time :math:`\\theta_g[p]` still
 holds exactly the value computed at the send. The in-flight set is therefore fully
@@ -45,10 +51,14 @@ from flax import struct
 from diloco_core import compression
 from diloco_core.config import DiLoCoConfig
 from diloco_core.fragments import LAYER, OTHER, SHARED, Fragments, leaf_paths
+from diloco_core.hyperparams import Optimizer, TracedHyperparams, check_hyperparams
+from diloco_core.hyperparams import resolve_optimizer
 from diloco_core.mesh import MeshPlacement, make_mesh
 from diloco_core.schedule import merged_fragment, sent_fragment
 
 LossFn = Callable[[Any, Any], jax.Array]
+#: The config fields that are traced inputs of the step rather than compiled-in constants.
+OUTER_HYPERPARAMS = ("outer_lr", "outer_momentum", "alpha")
 
 
 class DiLoCoState(struct.PyTreeNode):
@@ -82,12 +92,17 @@ def inner_update(loss_fn: LossFn, optimizer: optax.GradientTransformation, param
   return optax.apply_updates(params, updates), opt_state, loss
 
 
+def default_outer_optimizer(hparams: dict) -> optax.GradientTransformation:
+  """SPEC.md's outer optimizer: ``optax.sgd(η, μ, nesterov=True)`` from ``hparams``."""
+  return optax.sgd(hparams["outer_lr"], momentum=hparams["outer_momentum"], nesterov=True)
+
+
 def stack_replicas(tree, replicas: int):
   """Copies every leaf of ``tree`` M times along a new leading axis (identical replicas)."""
   return jax.tree.map(lambda x: jnp.broadcast_to(x, (replicas, *x.shape)), tree)
 
 
-class DiLoCo(MeshPlacement):
+class DiLoCo(TracedHyperparams, MeshPlacement):
   """DiLoCo (P = 1) and Streaming DiLoCo (any P) for any params pytree.
 
   Args:
@@ -96,11 +111,15 @@ class DiLoCo(MeshPlacement):
     config: the outer-loop settings; ``algorithm`` must be ``"diloco"`` or ``"streaming"``.
     layer_mask: a pytree of bools shaped like the params marking the stacked-layer
       leaves (leading axis L). Needed when P > 1; everything else is fragment 0.
-    outer_optimizer: defaults to ``optax.sgd(outer_lr, outer_momentum, nesterov=True)``.
-      Any optax optimizer whose state holds params-shaped trees works; each fragment
-      updates only its slice of them.
+    outer_optimizer: defaults to ``optax.sgd(outer_lr, outer_momentum, nesterov=True)``
+      with η and μ traced (:func:`default_outer_optimizer`). Any optax optimizer (or
+      factory ``hparams -> optimizer``) whose state holds params-shaped trees works;
+      each fragment updates only its slice of them.
     mesh: a mesh with a ``diloco`` axis (replicas) and a ``data`` axis (sequences within
       a replica), see :mod:`diloco_core.mesh`; default: one device.
+    hyperparams: extra named hyperparameters (floats) for optimizer factories, e.g.
+      ``{"inner_lr": 3e-3}``; with η, μ, α they form the dict
+      (:attr:`hyperparams`) the factories receive, as float32 scalars inside the step.
 
   Examples:
     Two replicas minimising :math:`(w - x)^2` on their own targets; after one sync with
@@ -112,25 +131,32 @@ class DiLoCo(MeshPlacement):
     >>> state, metrics = algo.step(state, jnp.array([1.0, 3.0]))
     >>> state.params.tolist(), float(state.global_params)
     ([1.0, 1.0], 1.0)
+
+    The same compiled step with another outer learning rate (η = 0.5: halfway to the mean):
+
+    >>> algo2 = algo.with_hyperparams(outer_lr=0.5)
+    >>> state2, _ = algo2.step(algo2.init(jnp.zeros(())), jnp.array([1.0, 3.0]))
+    >>> float(state2.global_params), algo2._step is algo._step
+    (0.5, True)
   """
 
-  def __init__(self, loss_fn: LossFn, inner_optimizer: optax.GradientTransformation,
-               config: DiLoCoConfig, *, layer_mask: Any = None,
-               outer_optimizer: optax.GradientTransformation | None = None, mesh=None):
+  def __init__(self, loss_fn: LossFn, inner_optimizer: Optimizer, config: DiLoCoConfig, *,
+               layer_mask: Any = None, outer_optimizer: Optimizer | None = None, mesh=None,
+               hyperparams: dict[str, float] | None = None):
     if config.algorithm not in ("diloco", "streaming"):
       raise ValueError(f"DiLoCo needs algorithm 'diloco' or 'streaming', got {config.algorithm!r};"
                        " use DataParallel for 'dp'.")
     self.config = config
     self.loss_fn = loss_fn
     self.inner_optimizer = inner_optimizer
-    self.outer_optimizer = outer_optimizer or optax.sgd(
-        config.outer_lr, momentum=config.outer_momentum, nesterov=True)
+    self.outer_optimizer = default_outer_optimizer if outer_optimizer is None else outer_optimizer
+    self.extra_hyperparams = check_hyperparams(OUTER_HYPERPARAMS, hyperparams)
     self.layer_mask = layer_mask
     self.mesh = make_mesh() if mesh is None else mesh
     self.fragments: Fragments | None = None
-    self._step = None
 
   replica_fields = ("params", "opt_state", "ef_residual", "participants")
+  config_hyperparams = OUTER_HYPERPARAMS
 
   # ---- set-up ------------------------------------------------------------------------------
   def _build(self, params) -> None:
@@ -147,9 +173,10 @@ class DiLoCo(MeshPlacement):
                                cfg.fragment_pattern, paths=leaf_paths(params))
     self._kinds = [LAYER if m else OTHER for m in is_layer]
     kinds_tree = jax.tree.unflatten(self._treedef, self._kinds)
-    abstract = jax.eval_shape(self.outer_optimizer.init, params)
+    outer_opt = resolve_optimizer(self.outer_optimizer, self.hyperparams)
+    abstract = jax.eval_shape(outer_opt.init, params)
     self._outer_kinds = jax.tree.leaves(optax.tree_utils.tree_map_params(
-        self.outer_optimizer, lambda _, kind: kind, abstract, kinds_tree,
+        outer_opt, lambda _, kind: kind, abstract, kinds_tree,
         transform_non_params=lambda _: SHARED))
     bits = [sum(compression.wire_bits(int(np.prod(s)), cfg.compression,
                                       block_size=cfg.compression_block)
@@ -157,21 +184,27 @@ class DiLoCo(MeshPlacement):
     self.fragment_bytes = [b / 8 for b in bits]
 
   def init(self, params) -> DiLoCoState:
-    """The initial state: every replica and the global copy start from ``params``."""
-    self._build(params)
-    cfg = self.config
+    """The initial state: every replica and the global copy start from ``params``.
+
+    Compiles nothing if this object (or the one it was copied from by
+    :meth:`with_hyperparams`) already holds a step for params of this structure.
+    """
+    cfg, hp = self.config, self.hyperparams
     params = jax.tree.map(lambda x: jnp.array(x, copy=True), params)  # state is donated
     replicas = stack_replicas(params, cfg.replicas)
-    opt_state = stack_replicas(self.inner_optimizer.init(params), cfg.replicas)
+    opt_state = stack_replicas(resolve_optimizer(self.inner_optimizer, hp).init(params),
+                               cfg.replicas)
     residual = None
     if cfg.error_feedback:
       residual = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), replicas)
     state = self._place_state(DiLoCoState(
         params=replicas, opt_state=opt_state, global_params=params,
-        outer_state=self.outer_optimizer.init(params), ef_residual=residual,
-        step=jnp.zeros((), jnp.int32),
+        outer_state=resolve_optimizer(self.outer_optimizer, hp).init(params),
+        ef_residual=residual, step=jnp.zeros((), jnp.int32),
         participants=jnp.ones((cfg.replicas, cfg.fragments), jnp.float32)))
-    self._step = self._jit_step(drjax.program(diloco=cfg.replicas)(self._step_impl), state)
+    if self._needs_compile(state):
+      self._build(params)
+      self._step = self._jit_step(drjax.program(diloco=cfg.replicas)(self._step_impl), state)
     return state
 
   # ---- the step ------------------------------------------------------------------------------
@@ -209,11 +242,12 @@ class DiLoCo(MeshPlacement):
     if self._step is None:
       raise RuntimeError("call init(params) before step().")
     with jax.set_mesh(self.mesh):
+      hp = self._device_hyperparams()
       if participation is None:
-        return self._step(state, batch)
-      return self._step(state, batch, jnp.asarray(participation, jnp.float32))
+        return self._step(state, batch, hp)
+      return self._step(state, batch, hp, jnp.asarray(participation, jnp.float32))
 
-  def _send(self, branch, k, g, outer, r, ef, present=None):
+  def _send(self, branch, k, g, outer, r, ef, hp, present=None):
     """Outer update of one fragment; returns the new (global, outer, residual) leaf lists.
 
     ``present`` ([M] float, or None for everyone) masks out dropped replicas.
@@ -245,8 +279,9 @@ class DiLoCo(MeshPlacement):
         e_sub = drjax.map_fn(lambda a, b, o: [jnp.where(o, x, y) for x, y in zip(a, b)],
                              (e_new, e_sub, on))
     o_sub = frag.take(outer, self._outer_kinds, branch, k, axis=0)
-    sub_def = jax.tree.structure(jax.eval_shape(self.outer_optimizer.init, g_sub))
-    updates, new_outer = self.outer_optimizer.update(
+    outer_opt = resolve_optimizer(self.outer_optimizer, hp)
+    sub_def = jax.tree.structure(jax.eval_shape(outer_opt.init, g_sub))
+    updates, new_outer = outer_opt.update(
         delta, jax.tree.unflatten(sub_def, o_sub), g_sub)
     new_g = optax.apply_updates(g_sub, updates)
     g = frag.put(g, self._kinds, branch, new_g, k, axis=0)
@@ -255,28 +290,29 @@ class DiLoCo(MeshPlacement):
       ef = frag.put(ef, self._kinds, branch, e_sub, k, axis=1)
     return g, outer, ef
 
-  def _merge(self, branch, k, g, r, how):
+  def _merge(self, branch, k, g, r, how, alpha):
     """Blends one fragment of every replica towards the global copy; returns new replica leaves.
 
     ``how`` ([M], placed) is how each replica took part in that fragment's sync (see
     ``DiLoCoState.participants``): present ones blend, dropped ones are replaced by the
     global copy (healed), and if nobody took part nothing changes.
     """
-    frag, alpha = self.fragments, self.config.alpha
+    frag = self.fragments
     g_sub = frag.take(g, self._kinds, branch, k, axis=0)
     r_sub = frag.take(r, self._kinds, branch, k, axis=1)
 
     def blend(loc, glob, h):
       # where(True, x, ·) is x bit for bit: with everyone present this is the plain blend.
-      return [jnp.where(h > 0, (alpha * a + (1 - alpha) * b).astype(a.dtype),
+      return [jnp.where(h > 0, (alpha.astype(a.dtype) * a + (1 - alpha.astype(a.dtype)) * b
+                                ).astype(a.dtype),
                         jnp.where(h == 0, b.astype(a.dtype), a)) for a, b in zip(loc, glob)]
 
     merged = drjax.map_fn(blend, (r_sub, drjax.broadcast(g_sub), how))
     return frag.put(r, self._kinds, branch, merged, k, axis=1)
 
-  def _step_impl(self, state: DiLoCoState, batch, participation=None):
-    cfg = self.config
-    update = functools.partial(inner_update, self.loss_fn, self.inner_optimizer)
+  def _step_impl(self, state: DiLoCoState, batch, hp, participation=None):
+    cfg = self.config  # only its structural fields: η, μ, α come in ``hp`` (traced)
+    update = functools.partial(inner_update, self.loss_fn, resolve_optimizer(self.inner_optimizer, hp))
     params, opt_state, loss = drjax.map_fn(update, (state.params, state.opt_state, batch))
     t = state.step + 1
 
@@ -290,7 +326,7 @@ class DiLoCo(MeshPlacement):
     is_update = is_send if participation is None else is_send & (jnp.sum(participation) > 0)
     g, outer, ef = jax.lax.cond(
         is_update,
-        lambda ops: self.fragments.switch(p_send, lambda b, k: self._send(b, k, *ops)),
+        lambda ops: self.fragments.switch(p_send, lambda b, k: self._send(b, k, *ops[:4], hp, ops[4])),
         lambda ops: ops[:2] + (ops[3],),
         (g, outer, r, ef, participation))
     # How each replica took part in each fragment's latest sync (its merge heals the dropped
@@ -304,7 +340,7 @@ class DiLoCo(MeshPlacement):
     how = drjax.map_fn(lambda row: row[p_merge], participants)
     r = jax.lax.cond(
         is_merge,
-        lambda ops: self.fragments.switch(p_merge, lambda b, k: self._merge(b, k, *ops)),
+        lambda ops: self.fragments.switch(p_merge, lambda b, k: self._merge(b, k, *ops, hp["alpha"])),
         lambda ops: ops[1],
         (g, r, how))
 

@@ -18,6 +18,8 @@ import optax
 from flax import struct
 
 from diloco_core.config import DiLoCoConfig
+from diloco_core.hyperparams import Optimizer, TracedHyperparams, check_hyperparams
+from diloco_core.hyperparams import resolve_optimizer
 from diloco_core.mesh import MeshPlacement, make_mesh
 
 
@@ -29,14 +31,17 @@ class DPState(struct.PyTreeNode):
   step: jax.Array
 
 
-class DataParallel(MeshPlacement):
+class DataParallel(TracedHyperparams, MeshPlacement):
   """Synchronous data parallelism with the same interface as :class:`~diloco_core.DiLoCo`.
 
   Args:
     loss_fn: ``loss_fn(params, batch) -> scalar`` for one replica's batch.
-    inner_optimizer: the optax optimizer of the single model.
+    inner_optimizer: the optax optimizer of the single model, or a factory
+      ``hparams -> optimizer`` (see :mod:`diloco_core.hyperparams`).
     config: only ``replicas`` is used.
     mesh: a mesh with a ``diloco`` axis (replicas) and a ``data`` axis; default: one device.
+    hyperparams: named hyperparameters (floats) the factory receives as traced float32
+      scalars; :meth:`with_hyperparams` changes them without recompiling.
 
   Examples:
     >>> dp = DataParallel(lambda w, x: jnp.sum((w - x) ** 2), optax.sgd(0.25),
@@ -47,13 +52,13 @@ class DataParallel(MeshPlacement):
     1.0
   """
 
-  def __init__(self, loss_fn, inner_optimizer: optax.GradientTransformation, config: DiLoCoConfig,
-               mesh=None):
+  def __init__(self, loss_fn, inner_optimizer: Optimizer, config: DiLoCoConfig, mesh=None,
+               hyperparams: dict[str, float] | None = None):
     self.config = config
     self.mesh = make_mesh() if mesh is None else mesh
     self.loss_fn = loss_fn
     self.inner_optimizer = inner_optimizer
-    self._step = None
+    self.extra_hyperparams = check_hyperparams(self.config_hyperparams, hyperparams)
     self.grad_bytes = 0.0
 
   def init(self, params) -> DPState:
@@ -61,16 +66,19 @@ class DataParallel(MeshPlacement):
     params = jax.tree.map(lambda x: jnp.array(x, copy=True), params)  # state is donated
     # DP all-reduces float32 gradients: every element of the model, every step.
     self.grad_bytes = float(sum(np.size(x) for x in jax.tree.leaves(params)) * 4)
-    state = self._place_state(DPState(params=params, opt_state=self.inner_optimizer.init(params),
+    opt = resolve_optimizer(self.inner_optimizer, self.hyperparams)
+    state = self._place_state(DPState(params=params, opt_state=opt.init(params),
                                       step=jnp.zeros((), jnp.int32)))
-    self._step = self._jit_step(drjax.program(diloco=self.config.replicas)(self._step_impl), state)
+    if self._needs_compile(state):
+      self._step = self._jit_step(drjax.program(diloco=self.config.replicas)(self._step_impl), state)
     return state
 
-  def _step_impl(self, state: DPState, batch):
+  def _step_impl(self, state: DPState, batch, hp):
     grad_fn = jax.value_and_grad(self.loss_fn)
     loss, grads = drjax.map_fn(grad_fn, (drjax.broadcast(state.params), batch))
     grads = drjax.reduce_mean(grads)
-    updates, opt_state = self.inner_optimizer.update(grads, state.opt_state, state.params)
+    opt = resolve_optimizer(self.inner_optimizer, hp)
+    updates, opt_state = opt.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     true = jnp.ones((), bool)
     return DPState(params, opt_state, state.step + 1), {"loss": loss, "sent": true, "merged": true}
@@ -80,7 +88,7 @@ class DataParallel(MeshPlacement):
     if self._step is None:
       raise RuntimeError("call init(params) before step().")
     with jax.set_mesh(self.mesh):
-      return self._step(state, batch)
+      return self._step(state, batch, self._device_hyperparams())
 
   def bytes_sent(self, t: int) -> float:
     """Bytes each replica sends per step: the full float32 gradient."""

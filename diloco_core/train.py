@@ -11,6 +11,7 @@ log line, not per step); the progress bar updates at the same cadence.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import json
 import math
@@ -182,12 +183,99 @@ def _check_out_dir(out: str, overwrite: bool, resume: bool = False) -> None:
       raise ValueError(f"out={out!r} cannot be created ({parent!r} is not writable).")
 
 
+#: TrainConfig fields that are traced inputs of the inner optimizer (not compiled in).
+INNER_HYPERPARAMS = ("inner_lr", "weight_decay", "grad_clip")
+END_LR_FRACTION = 0.1  # the cosine decay ends at this fraction of the peak learning rate
+
+
+def inner_hyperparams(cfg: TrainConfig) -> dict[str, float]:
+  """The inner optimizer's hyperparameters of ``cfg`` (fed to the step as float32 scalars)."""
+  return {k: float(getattr(cfg, k)) for k in INNER_HYPERPARAMS}
+
+
+def inner_optimizer_factory(steps: int, warmup: int, clip: bool):
+  """``hp -> AdamW`` with linear warmup, cosine decay to 10% of the peak, global-norm clipping.
+
+  Only the schedule's shape (``steps``, ``warmup``) and whether to clip are fixed; the peak
+  learning rate ``hp["inner_lr"]``, ``hp["weight_decay"]`` and ``hp["grad_clip"]`` are read
+  from the hyperparameters dict, traced inside the step, so runs that differ only in them
+  share one compiled program (:mod:`diloco_core.hyperparams`).
+  """
+
+  def factory(hp):
+    lr = hp["inner_lr"]
+    # optax.warmup_cosine_decay_schedule(0, lr, warmup, steps, end_value=0.1 lr), written
+    # out because that one branches in Python on the (here traced) peak value.
+    schedule = optax.join_schedules(
+        [optax.linear_schedule(0.0, lr, warmup),
+         optax.cosine_decay_schedule(lr, steps - warmup, alpha=END_LR_FRACTION)], [warmup])
+    adamw = optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=hp["weight_decay"])
+    return optax.chain(optax.clip_by_global_norm(hp["grad_clip"]), adamw) if clip else adamw
+
+  return factory
+
+
 def inner_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
   """AdamW with linear warmup and cosine decay to 10% of the peak, after global-norm clipping."""
-  schedule = optax.warmup_cosine_decay_schedule(
-      0.0, cfg.inner_lr, cfg.warmup, cfg.steps, end_value=0.1 * cfg.inner_lr)
-  adamw = optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=cfg.weight_decay)
-  return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), adamw) if cfg.grad_clip else adamw
+  return inner_optimizer_factory(cfg.steps, cfg.warmup, bool(cfg.grad_clip))(inner_hyperparams(cfg))
+
+
+# Compiled programs kept for the next train() call in this process: program key -> (algorithm,
+# jitted eval loss). A sweep over learning rates, η, μ or α compiles once.
+_PROGRAMS: "collections.OrderedDict[str, tuple]" = collections.OrderedDict()
+PROGRAM_CACHE_SIZE = 4
+
+
+def program_key(cfg: TrainConfig, model_cfg) -> str:
+  """What the compiled step of ``cfg`` depends on: every option but the traced hyperparameters.
+
+  Examples:
+    >>> a = TrainConfig(inner_lr=1e-3, algo=DiLoCoConfig(outer_lr=0.5))
+    >>> b = TrainConfig(inner_lr=3e-3, algo=DiLoCoConfig(outer_lr=0.9), seed=7)
+    >>> program_key(a, a.model_config()) == program_key(b, b.model_config())
+    True
+  """
+  algo = {k: v for k, v in dataclasses.asdict(cfg.algo).items() if k not in DiLoCo.config_hyperparams}
+  return json.dumps({"algo": algo, "model": dataclasses.asdict(model_cfg), "batch_size": cfg.batch_size,
+                     "seq_len": cfg.seq_len, "steps": cfg.steps, "warmup": cfg.warmup,
+                     "clip": bool(cfg.grad_clip), "mesh": cfg.mesh}, sort_keys=True, default=str)
+
+
+def clear_program_cache() -> None:
+  """Forgets the compiled programs :func:`train` keeps for later runs in this process."""
+  _PROGRAMS.clear()
+
+
+def make_algorithm(cfg: TrainConfig, loss_fn, params, model_cfg=None):
+  """The DataParallel or DiLoCo object for ``cfg.algo`` (``params`` gives the layer mask).
+
+  With ``model_cfg`` given, reuses (a copy of) the object of an earlier run of the same
+  program (:func:`program_key`) with this run's hyperparameters, so nothing recompiles.
+  """
+  hp = inner_hyperparams(cfg)
+  if model_cfg is not None:
+    key = program_key(cfg, model_cfg)
+    if key in _PROGRAMS:
+      _PROGRAMS.move_to_end(key)
+      algo, _ = _PROGRAMS[key]
+      outer = {k: getattr(cfg.algo, k) for k in algo.config_hyperparams}
+      return algo.with_hyperparams(**outer, **hp)
+  opt = inner_optimizer_factory(cfg.steps, cfg.warmup, bool(cfg.grad_clip))
+  mesh = make_mesh(parse_mesh(cfg.mesh))
+  if cfg.algo.algorithm == "dp":
+    algo = DataParallel(loss_fn, opt, cfg.algo, mesh=mesh, hyperparams=hp)
+  else:
+    algo = DiLoCo(loss_fn, opt, cfg.algo, layer_mask=layer_mask(params), mesh=mesh, hyperparams=hp)
+  if model_cfg is not None:
+    _PROGRAMS[program_key(cfg, model_cfg)] = (algo, jax.jit(loss_fn))
+    while len(_PROGRAMS) > PROGRAM_CACHE_SIZE:
+      _PROGRAMS.popitem(last=False)
+  return algo
+
+
+def _eval_fn(cfg: TrainConfig, model_cfg, loss_fn):
+  entry = _PROGRAMS.get(program_key(cfg, model_cfg))
+  return jax.jit(loss_fn) if entry is None else entry[1]
 
 
 @dataclasses.dataclass
@@ -198,15 +286,6 @@ class TrainResult:
   summary: dict  # same as summary.json
   params: Any  # the final global params
   state: Any  # the final training state (DiLoCoState / DPState)
-
-
-def make_algorithm(cfg: TrainConfig, loss_fn, params):
-  """The DataParallel or DiLoCo object for ``cfg.algo`` (``params`` gives the layer mask)."""
-  opt = inner_optimizer(cfg)
-  mesh = make_mesh(parse_mesh(cfg.mesh))
-  if cfg.algo.algorithm == "dp":
-    return DataParallel(loss_fn, opt, cfg.algo, mesh=mesh)
-  return DiLoCo(loss_fn, opt, cfg.algo, layer_mask=layer_mask(params), mesh=mesh)
 
 
 def train(cfg: TrainConfig) -> TrainResult:
@@ -232,7 +311,7 @@ def train(cfg: TrainConfig) -> TrainResult:
     except ValueError as e:
       raise ValueError(f"init_from: {e}") from None
   loss_fn = lambda p, tokens: lm_loss(apply_fn, p, tokens)
-  algo = make_algorithm(cfg, loss_fn, params)
+  algo = make_algorithm(cfg, loss_fn, params, model_cfg)  # reuses an earlier run's program
   state = algo.init(params)
   resumed = ckpt.restore_latest(cfg.out, state, _config_dict(cfg)) if cfg.resume else None
   if resumed is not None:
@@ -241,7 +320,7 @@ def train(cfg: TrainConfig) -> TrainResult:
                        f" {resumed.path}; pass --steps >= {resumed.step}.")
     state = resumed.state
   eval_tokens = algo.place_replicated(data.eval_batch())
-  eval_fn = jax.jit(loss_fn)
+  eval_fn = _eval_fn(cfg, model_cfg, loss_fn)
 
   writer = jax.process_index() == 0  # in multi-process runs only process 0 writes files
   if cfg.out is not None and writer:

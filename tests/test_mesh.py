@@ -119,7 +119,7 @@ def _compiled_step(fragments, mesh_shape, params, mask):
   state = algo.init(params)
   batch = algo.place_batch(jax.tree.map(lambda x: np.ones((2, 4, *x.shape), np.float32), params))
   with jax.set_mesh(mesh):
-    return algo._step.lower(state, batch).compile().as_text(), algo
+    return algo._step.lower(state, batch, algo._device_hyperparams()).compile().as_text(), algo
 
 
 @pytest.mark.parametrize("fragments", [1, 3])
