@@ -1,8 +1,9 @@
 """analysis: a roofline calculator and a compute-utilization simulator for DP and DiLoCo.
 
 numpy / pandas code (no JAX calls): hardware and model catalogs (:mod:`analysis.hardware`,
-:mod:`analysis.models`), closed-form rooflines (:mod:`analysis.roofline`) and a
-discrete-event simulator of datacenters joined by a WAN link (:mod:`analysis.simulate`).
+:mod:`analysis.models`), closed-form rooflines (:mod:`analysis.roofline`), a
+discrete-event simulator of datacenters joined by a WAN link (:mod:`analysis.simulate`),
+and a planner that picks H, P and τ for a link (:mod:`analysis.plan`).
 Command line: ``python -m analysis --help``.
 """
 
@@ -16,6 +17,8 @@ from analysis.models import fragment_sizes
 from analysis.models import get_model
 from analysis.models import model_stats
 from analysis.models import model_table
+from analysis.plan import Plan
+from analysis.plan import plan_run
 from analysis.roofline import ReplicaMemory
 from analysis.roofline import allreduce_factor
 from analysis.roofline import arithmetic_intensity

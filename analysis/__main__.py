@@ -1,8 +1,10 @@
-"""Command line: ``python -m analysis {roofline,simulate,hardware,models} --help``.
+"""Command line: ``python -m analysis {roofline,plan,simulate,hardware,models} --help``.
 
 Examples::
 
   python -m analysis roofline --hardware v5p --model 8B --global-batch-tokens 4194304 --slices 4
+  python -m analysis plan --model qwen3-8b --hardware v5p --slices 2 --chips-per-slice 64 \\
+      --seq-len 4096 --global-batch-tokens 2097152 --mfu 0.5 --target 0.95 --link-gbps 100
   python -m analysis simulate --model 1B --method streaming --overlap 1 --bits 4 --target 0.95
   python -m analysis simulate --table
 
@@ -17,6 +19,7 @@ import time
 
 import pandas as pd
 
+from analysis import plan as plan_lib
 from analysis import roofline as rl
 from analysis import simulate as sim
 from analysis.hardware import HARDWARE
@@ -124,6 +127,30 @@ def _roofline(a) -> None:
       memory_gb_per_chip=lambda v: f"{v:,.2f}")))
 
 
+def _plan(a) -> None:
+  kw = {} if a.overlaps is None else dict(overlaps=a.overlaps)
+  p = plan_lib.plan_run(a.model, a.hardware, slices=a.slices, chips_per_slice=a.chips_per_slice,
+                        seq_len=a.seq_len, global_batch_tokens=a.global_batch_tokens,
+                        link_gbps=a.link_gbps, mfu=a.mfu, target=a.target, bits=a.bits,
+                        sync_every=a.sync_every, **kw)
+  hw = get_hardware(a.hardware)
+  print(f"model {a.model}: {p.params:,} parameters ({p.active_params:,} active), {p.layers} "
+        f"layers; {hw.name}, {p.slices} slices x {p.chips_per_slice} chips")
+  print(f"run: {p.global_batch_tokens:,} tokens per step, {p.tokens_per_slice:,.0f} per slice, "
+        f"seq_len {p.seq_len}; step time {p.step_time:.4g} s at MFU {p.mfu:g}; DP across "
+        f"slices is compute-bound above {p.dp_critical_tokens:,.0f} tokens per slice")
+  print(f"network per slice: link {p.link_gbps:,.4g} Gbit/s, in-pod DCN {p.dcn_gbps:,.4g} Gbit/s;"
+        f" {p.bits:g}-bit payload; Gbit/s per slice: blocking transfers at {p.target:.0%} "
+        f"utilization (tau = 0) or every fragment hidden behind tau steps (tau >= 1)")
+  print()
+  fmt = {"Gbit/s per slice": _fmt, "GB per sync": lambda v: f"{v:,.3g}",
+         "memory GB/replica": lambda v: f"{v:,.0f}", "memory GB/chip": lambda v: f"{v:,.2f}"}
+  print(p.table.drop(columns=["method"]).to_string(formatters=fmt))
+  print()
+  print(f"choice: {p.choice if p.choice is not None else 'none'}")
+  print(f"reason: {p.reason}")
+
+
 def _simulate(a) -> None:
   common = dict(replicas=a.replicas, sync_every=a.sync_every,
                 fragment_layers=a.fragment_layers, latency=a.latency)
@@ -205,6 +232,34 @@ def build_parser() -> argparse.ArgumentParser:
                  help="target compute utilization for the bandwidth column (0.95)")
   r.add_argument("--latency", type=float, default=0.0, help="seconds per transfer (0)")
   r.set_defaults(func=_roofline)
+
+  q = sub.add_parser("plan", help="candidate H, P, tau for a link, and a suggestion",
+                     description="Plan a run across slices: for DP, DiLoCo and Streaming "
+                                 "DiLoCo candidates (H, P, tau valid under SPEC.md), the "
+                                 "bandwidth per slice and memory each needs, and the one "
+                                 "suggested for the link (see analysis.plan.plan_run).")
+  q.add_argument("--model", required=True,
+                 help=f"model: one of {sorted(MODELS)}, or 8B, 70B, 405B, 30B-A3B")
+  q.add_argument("--hardware", required=True,
+                 help=f"chip: one of {sorted(HARDWARE)} (also ironwood, trillium)")
+  q.add_argument("--slices", type=int, required=True, help="M, slices (replicas) over the link")
+  q.add_argument("--chips-per-slice", type=int, required=True, help="chips in one slice")
+  q.add_argument("--seq-len", type=int, required=True, help="context length (attention FLOPs)")
+  q.add_argument("--global-batch-tokens", type=int, required=True,
+                 help="tokens per step over all slices")
+  q.add_argument("--link-gbps", type=float, required=True,
+                 help="the cross-slice link per slice, Gbit/s")
+  q.add_argument("--mfu", type=float, default=0.5, help="model FLOPs utilization (0.5)")
+  q.add_argument("--target", type=float, default=0.95,
+                 help="compute utilization for blocking transfers (0.95)")
+  q.add_argument("--bits", type=float, default=16, help="bits per value on the wire (16)")
+  q.add_argument("--sync-every", type=int, nargs="+", default=None,
+                 help="H candidates (default: L + 1 and "
+                      f"{' '.join(map(str, plan_lib.SYNC_EVERY_LADDER))})")
+  q.add_argument("--overlaps", type=int, nargs="+", default=None,
+                 help=f"tau candidates for Streaming (default: "
+                      f"{' '.join(map(str, plan_lib.OVERLAPS))})")
+  q.set_defaults(func=_plan)
 
   s = sub.add_parser("simulate", help="simulated utilization and bandwidth for a target",
                      description="Discrete-event simulation of M datacenters on one WAN link; "

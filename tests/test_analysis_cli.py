@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from analysis import __main__ as cli
+from analysis import plan as pl
 from analysis import roofline as rl
 from analysis import simulate as sim
 
@@ -26,6 +27,18 @@ def test_roofline_command():
   m = rl.max_slices(4194304, "v5p", model="8B")
   assert f"{b:,.0f}" in r.stdout and f" {m} " in r.stdout
   assert "Streaming H=100 P=5 tau=1" in r.stdout
+
+
+def test_plan_command():
+  p = pl.plan_run("qwen3-8b", "v5p", slices=2, chips_per_slice=64, seq_len=4096,
+                  global_batch_tokens=2097152, link_gbps=100)
+  r = _run(*p.command()[3:])
+  assert r.returncode == 0, r.stderr
+  assert "8,190,726,144 parameters" in r.stdout and f"step time {p.step_time:.4g} s" in r.stdout
+  assert f"compute-bound above {p.dp_critical_tokens:,.0f} tokens per slice" in r.stdout
+  assert f"choice: {p.choice}\n" in r.stdout and f"reason: {p.reason}\n" in r.stdout
+  dp = next(l for l in r.stdout.splitlines() if l.startswith("DP "))
+  assert f"{p.table.loc['DP', 'Gbit/s per slice']:,.4g}" in dp
 
 
 def test_simulate_command_prints_exact_and_grid_values():
@@ -53,6 +66,14 @@ def test_simulate_table_command():
     (("roofline", "--hardware", "v9", "--model", "8B", "--global-batch-tokens", "1",
       "--slices", "2"), "hardware must be one of"),
     (("simulate", "--target", "1.5"), "target must be strictly between 0 and 1"),
+    (("plan", "--model", "qwen3-8b", "--hardware", "v5p", "--slices", "2", "--chips-per-slice",
+      "64", "--seq-len", "4096", "--global-batch-tokens", "2097152", "--link-gbps", "100",
+      "--mfu", "1.5"), "mfu must be in (0, 1], got 1.5."),
+    (("plan", "--model", "qwen3-8b", "--hardware", "v5p", "--slices", "2", "--chips-per-slice",
+      "64", "--seq-len", "4096", "--global-batch-tokens", "2097152", "--link-gbps", "100",
+      "--sync-every", "0"), "sync_every must be a positive integer, got 0."),
+    (("plan", "--model", "qwen3-8b", "--hardware", "v5p", "--slices", "2.5"),
+     "argument --slices: invalid int value: '2.5'"),
 ])
 def test_errors_are_one_line_exit_2(args, message):
   r = _run(*args)
@@ -74,6 +95,9 @@ def test_in_process_errors_and_help(capsys):
       ("roofline", ["--hardware", "--model", "--global-batch-tokens", "--slices",
                     "--chips-per-slice", "--seq-len", "--bits", "--sync-every", "--fragments",
                     "--overlap", "--mfu", "--target", "--latency"]),
+      ("plan", ["--model", "--hardware", "--slices", "--chips-per-slice", "--seq-len",
+                "--global-batch-tokens", "--link-gbps", "--mfu", "--target", "--bits",
+                "--sync-every", "--overlaps"]),
       ("simulate", ["--model", "--method", "--step-time", "--replicas", "--sync-every",
                     "--fragment-layers", "--overlap", "--bits", "--latency", "--target",
                     "--bandwidth", "--table", "--rounding"])]:

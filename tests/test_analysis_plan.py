@@ -1,0 +1,188 @@
+"""analysis.plan: candidates, numbers by hand, the selection rule, the CLI round trip, errors."""
+
+import math
+
+import pytest
+
+from analysis import __main__ as cli
+from analysis import plan as pl
+from analysis.hardware import HardwareSpec
+from diloco_core.model_config import ModelConfig
+
+# N = 2 * 10 * 8 (embeddings, head) + 2 * 656 (layers) + 8 (final norm) = 1480; fragment 0
+# (everything outside the layers) = 168. FLOPs per token at T = 4: 6 * (2 * 640 + 80) matmul
+# weights + 12 * L * h * d_h * T = 8160 + 768 = 8928.
+TINY = ModelConfig(vocab_size=10, d_model=8, n_layers=2, n_heads=2, d_ff=16)
+N, LAYER, FRAG0, FLOPS_TOKEN = 1480, 656, 168, 8928
+# One chip per slice at C = 2 * 8928 * 1000 FLOP/s: at MFU 0.5 a step of 1000 tokens takes 1 s.
+TOY = HardwareSpec(name="toy", peak_flops=2.0 * FLOPS_TOKEN * 1000, hbm_bytes=1e9,
+                   hbm_bandwidth=1e9, ici_bandwidth=1e9, dcn_bandwidth_per_host=1e3,
+                   chips_per_host=1)
+U = 0.95
+GBPS = 8 / 1e9  # Gbit/s in one byte/s
+V = N * 2  # bytes each of M = 2 replicas sends per all-reduce of the model in bf16 (a(2) = 1)
+
+
+def toy_plan(link_bytes_per_s, **kw):
+  args = dict(slices=2, chips_per_slice=1, seq_len=4, global_batch_tokens=2000,
+              link_gbps=link_bytes_per_s * GBPS, mfu=0.5, target=U)
+  return pl.plan_run(TINY, TOY, **{**args, **kw})
+
+
+def test_numbers_by_hand():
+  p = toy_plan(1e9)
+  assert p.step_time == pytest.approx(FLOPS_TOKEN * 1000 / (1 * TOY.peak_flops * 0.5)) == 1.0
+  assert p.tokens_per_slice == 1000.0 and p.params == p.active_params == N and p.layers == 2
+  assert p.dcn_gbps == pytest.approx(1e3 * GBPS)
+  # B* = a(M) (b/8) N C / (f F_token W_dcn), f = 2/3 (the backward pass).
+  assert p.dp_critical_tokens == pytest.approx(1 * 2 * N * TOY.peak_flops
+                                               / (2 / 3 * FLOPS_TOKEN * 1e3))
+  t = p.table
+  slack = 1.0 * (1 - U) / U  # seconds of idle allowed per step of T = 1 s
+  # Candidates: H in {L + 1 = 3, 10, ..., 1000}; P = 3 for H = 3 (one layer per fragment),
+  # else P = 2 (3 does not divide those H); tau in {0, 1, 5} below H.
+  assert list(t.index[:6]) == ["DP", "DiLoCo H=3", "Streaming H=3 P=3 tau=0",
+                               "Streaming H=3 P=3 tau=1", "DiLoCo H=10",
+                               "Streaming H=10 P=2 tau=0"]
+  assert len(t) == 1 + 3 + 7 * 4
+  expect = {  # label: (Gbit/s, GB per sync, memory bytes)
+      "DP": (V / slack, V, N * 16),
+      "DiLoCo H=3": (V / (3 * slack), V, N * 28),
+      "Streaming H=3 P=3 tau=0": (V / (3 * slack), 2 * LAYER, N * 24 + 1 * LAYER * 4),
+      # hidden: the largest fragment (a layer, 1312 bytes) in min(tau, H/P) = 1 step;
+      # ceil((tau + 1) / (H/P)) = 2 fragments in flight.
+      "Streaming H=3 P=3 tau=1": (2 * LAYER / 1.0, 2 * LAYER, N * 24 + 2 * LAYER * 4),
+      "DiLoCo H=10": (V / (10 * slack), V, N * 28),
+      # P = 2: fragment 1 holds both layers (2624 bytes), larger than fragment 0 (336).
+      "Streaming H=10 P=2 tau=1": (2 * 2 * LAYER / 1.0, 4 * LAYER, N * 24 + 2 * LAYER * 4),
+      "Streaming H=10 P=2 tau=5": (2 * 2 * LAYER / 5.0, 4 * LAYER, N * 24 + 2 * 2 * LAYER * 4),
+      "Streaming H=1000 P=2 tau=0": (V / (1000 * slack), 4 * LAYER, N * 24 + 2 * LAYER * 4),
+  }
+  for label, (bw, sync, mem) in expect.items():
+    row = t.loc[label]
+    assert row["Gbit/s per slice"] == pytest.approx(bw * GBPS), label
+    assert row["GB per sync"] == pytest.approx(sync / 1e9), label
+    assert row["memory GB/replica"] == pytest.approx(mem / 1e9), label
+    assert row["memory GB/chip"] == pytest.approx(mem / 1e9), label
+    assert row["fits DCN"] == (bw <= 1e3), label
+  assert FRAG0 * 2 < 2 * LAYER  # fragment 0 is not the largest here
+
+
+@pytest.mark.parametrize("link, choice", [
+    (V / ((1 - U) / U), "DP"),  # exactly what DP needs
+    (3000.0, "Streaming H=3 P=3 tau=1"),  # the smallest H fits only with overlap
+    (1000.0, "Streaming H=10 P=2 tau=5"),  # H = 3 needs 1312 B/s, H = 10 fits with tau = 5
+    (100.0, "Streaming H=1000 P=2 tau=0"),  # only H = 1000 fits; P = 2 beats DiLoCo's P = 1
+    (10.0, None),
+])
+def test_selection_rule(link, choice):
+  p = toy_plan(link * (1 + 1e-12))
+  assert p.choice == choice
+  t = p.table
+  fits = t[t["fits link"] & (t["method"] != "dp")]
+  if choice == "DP":
+    assert "no reason to trade quality" in p.reason
+  elif choice is None:
+    assert fits.empty and "No candidate fits" in p.reason
+    least = t.loc[t["method"] != "dp", "Gbit/s per slice"].min()
+    assert least == pytest.approx(V / (1000 * (1 - U) / U) * GBPS)
+    assert f"{least:,.4g} Gbit/s" in p.reason
+  else:
+    row = t.loc[choice]
+    assert row["H"] == fits["H"].min()
+    same_h = fits[fits["H"] == row["H"]]
+    assert row["tau"] == same_h["tau"].min()
+    assert row["P"] == same_h[same_h["tau"] == row["tau"]]["P"].max()
+    assert choice in p.reason and f"{row['Gbit/s per slice']:,.4g} Gbit/s" in p.reason
+
+
+def test_huge_link_is_dp_and_tiny_link_is_none_for_the_recipes():
+  kw = dict(hardware="v5p", slices=2, chips_per_slice=64, seq_len=4096,
+            global_batch_tokens=2**21)
+  for model in ("qwen3-8b", "qwen3-30b-a3b"):
+    assert pl.plan_run(model, link_gbps=1e5, **kw).choice == "DP"
+    assert pl.plan_run(model, link_gbps=1e-3, **kw).choice is None
+    p = pl.plan_run(model, link_gbps=100, **kw)
+    assert p.choice is not None and p.choice != "DP"
+    assert p.table.loc[p.choice, "Gbit/s per slice"] <= 100
+
+
+@pytest.mark.parametrize("model", ["qwen3-8b", "qwen3-30b-a3b", "llama3-70b", TINY])
+def test_every_candidate_is_a_valid_trainer_config(model):
+  p = pl.plan_run(model, "v5p", slices=4, chips_per_slice=16, seq_len=512,
+                  global_batch_tokens=2**20, link_gbps=10)
+  L = p.layers
+  for _, row in p.table.iterrows():
+    h, f, tau = int(row["H"]), int(row["P"]), int(row["tau"])
+    assert h % f == 0 and (f == 1 or L % (f - 1) == 0) and 0 <= tau < h
+  # MaxText's H = P = L + 1 (one layer per fragment) is among the candidates.
+  assert f"Streaming H={L + 1} P={L + 1} tau=1" in p.table.index
+
+
+def test_largest_fragments():
+  assert pl.largest_fragments(37, 36) == 37 and pl.largest_fragments(100, 36) == 10
+  assert pl.largest_fragments(7, 4) == 1  # 7 is prime and 7 - 1 does not divide 4
+  for h in range(1, 60):
+    for layers in (1, 2, 12, 36, 48):
+      p = pl.largest_fragments(h, layers)
+      valid = [q for q in range(1, h + 1) if h % q == 0 and (q == 1 or layers % (q - 1) == 0)]
+      assert p == max(valid)
+
+
+def test_custom_candidates_and_no_rounding():
+  p = toy_plan(1e9, sync_every=(20, 6), overlaps=2, global_batch_tokens=2001)
+  assert p.tokens_per_slice == 1000.5  # not rounded to a whole number of tokens
+  assert list(p.table.index) == ["DP", "DiLoCo H=6", "Streaming H=6 P=3 tau=2", "DiLoCo H=20",
+                                 "Streaming H=20 P=2 tau=2"]
+  assert p.sync_every == (6, 20) and p.overlaps == (2,)
+
+
+def test_command_round_trip(capsys):
+  p = pl.plan_run("qwen3-30b-a3b", "v5p", slices=2, chips_per_slice=64, seq_len=4096,
+                  global_batch_tokens=2**21, link_gbps=100, sync_every=[10, 49, 100],
+                  overlaps=(0, 1))
+  argv = p.command()
+  assert argv[:4] == ["python", "-m", "analysis", "plan"]
+  assert argv[argv.index("--sync-every") + 1:argv.index("--overlaps")] == ["10", "49", "100"]
+  assert cli.main(argv[3:]) == 0
+  out = capsys.readouterr().out
+  assert f"choice: {p.choice}\n" in out and f"reason: {p.reason}\n" in out
+  for label in p.table.index:
+    assert label in out
+  default = pl.plan_run("qwen3-8b", "v5p", slices=2, chips_per_slice=64, seq_len=4096,
+                        global_batch_tokens=2**21, link_gbps=0.5, mfu=0.4, bits=4)
+  assert "--sync-every" not in default.command() and "--overlaps" not in default.command()
+  assert cli.main(default.command()[3:]) == 0
+  assert f"choice: {default.choice or 'none'}\n" in capsys.readouterr().out
+  with pytest.raises(ValueError, match="Plan.command\\(\\) needs a catalog name for model"):
+    toy_plan(1.0).command()
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(model="gpt-9"), r"model must be one of \["),
+    (dict(hardware="v9"), r"hardware must be one of \["),
+    (dict(slices=0), "slices must be a positive integer, got 0."),
+    (dict(slices=2.0), "slices must be a positive integer, got 2.0."),
+    (dict(chips_per_slice=-1), "chips_per_slice must be a positive integer, got -1."),
+    (dict(seq_len=True), "seq_len must be a positive integer, got True."),
+    (dict(global_batch_tokens=1.5e6), "global_batch_tokens must be a positive integer"),
+    (dict(mfu=0), r"mfu must be > 0, got 0."),
+    (dict(mfu=1.5), r"mfu must be in \(0, 1\], got 1.5."),
+    (dict(mfu="high"), "mfu must be a number, got 'high'."),
+    (dict(target=1.0), "target must be strictly between 0 and 1, got 1.0."),
+    (dict(link_gbps=-1), "link_gbps must be > 0, got -1."),
+    (dict(link_gbps=math.nan), "link_gbps must be > 0, got nan."),
+    (dict(bits=0), "bits must be > 0, got 0."),
+    (dict(sync_every=[10, 0]), "sync_every must be a positive integer, got 0."),
+    (dict(sync_every="10"), "sync_every must be an integer or a sequence of integers"),
+    (dict(sync_every=[]), "sync_every must not be empty."),
+    (dict(overlaps=[0, -1]), "overlaps must be a non-negative integer, got -1."),
+    (dict(overlaps=[1.5]), "overlaps must be a non-negative integer, got 1.5."),
+])
+def test_bad_input_is_one_line_naming_the_option(change, message):
+  args = dict(model="qwen3-8b", hardware="v5p", slices=2, chips_per_slice=64, seq_len=4096,
+              global_batch_tokens=2**21, link_gbps=100)
+  args.update(change)
+  with pytest.raises(ValueError, match=message) as e:
+    pl.plan_run(args.pop("model"), args.pop("hardware"), **args)
+  assert "\n" not in str(e.value)
