@@ -369,9 +369,11 @@ def train(cfg: TrainConfig) -> TrainResult:
         compile_time = time.perf_counter() - start
       pending.append(m["loss"])
       sent = algo.bytes_sent(t)
+      peak_bytes = max(peak_bytes, sent)  # what one present replica puts on the wire
+      if present is not None:
+        sent *= float(np.mean(present))  # a dropped replica sends nothing: the mean over replicas
       total_bytes += sent
       since_log_bytes += sent
-      peak_bytes = max(peak_bytes, sent)
       do_eval = t % cfg.eval_every == 0 or t == cfg.steps
       if t % cfg.log_every == 0 or do_eval:
         step_losses = fetch(jnp.stack(pending))
@@ -436,8 +438,8 @@ def _row(t, losses, eval_loss, tokens, step_bytes, total_bytes, wall) -> dict:
       "replica_loss": None if losses is None else [float(x) for x in losses],
       "eval_loss": eval_loss,
       "tokens": tokens,
-      "bytes_sent": step_bytes,  # per replica, since the previous row
-      "total_bytes_sent": total_bytes,  # per replica, since the start
+      "bytes_sent": step_bytes,  # per replica (mean over replicas), since the previous row
+      "total_bytes_sent": total_bytes,  # per replica (mean over replicas), since the start
       "wall_time_s": wall,
   }
 

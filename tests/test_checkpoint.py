@@ -292,6 +292,14 @@ def test_trainer_drop_schedule_records_participants_and_changes_only_later_rows(
   np.testing.assert_array_equal(a[:k], b[:k])  # identical up to the drop (the mask path is exact)
   assert a[k, 0] == b[k, 0] and a[k + 1, 1] != b[k + 1, 1]  # same loss at step 28, eval at 30 differs
   assert a[-1, 1] != b[-1, 1]
+  # Bytes: a dropped replica sends nothing, so each of the two syncs with one of M = 2 replicas
+  # missing counts half a fragment per replica; the peak is still one whole fragment.
+  per_sync = plain.summary["peak_bytes_per_step"]
+  cfg = config("diloco")
+  assert plain.summary["total_bytes_per_replica"] == per_sync * (cfg.steps // cfg.algo.sync_every)
+  assert dropped.summary["total_bytes_per_replica"] == plain.summary["total_bytes_per_replica"] - per_sync
+  assert dropped.summary["peak_bytes_per_step"] == per_sync
+  assert m["bytes_sent"].sum() == dropped.summary["total_bytes_per_replica"]
   prob = tiny(replicas=4, drop_prob=0.5, seed=3)
   assert participation(prob, 4).tolist() == participation(prob, 4).tolist()  # seeded: pure in (seed, step)
   assert participation(prob, 3).tolist() == [1.0] * 4  # no sync after step 3
