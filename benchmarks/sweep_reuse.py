@@ -1,10 +1,10 @@
 """Sweep benchmark: runs that differ only in hyperparameters share one compiled step.
 
-Trains the same small grid twice in one process: over the outer learning rate η and the
-outer momentum μ, then over the inner learning rate and α (Streaming), once with the
+Trains the same small grids twice in one process: over H, the outer learning rate η and
+the outer momentum μ, then over the inner learning rate, τ and α (Streaming), once with the
 program cache of :func:`diloco_core.train.train` (the hyperparameters are traced inputs,
 so the grid compiles once) and once with the cache cleared before every run (each run
-compiles, as it would if η, μ, α and the learning rate were baked-in constants). JAX's
+compiles, as it would if H, τ, η, μ, α and the learning rate were baked-in constants). JAX's
 persistent compilation cache is off in both. Prints seconds per run, compile seconds per
 run and the ratios measured in this run; the target is a compile-time ratio well below
 1 / 2. Not a test: the numbers are measured, never asserted.
@@ -32,13 +32,14 @@ def grids(steps: int):
   """Two grids of runs differing only in hyperparameters."""
   base = TrainConfig(model="tiny", steps=steps, batch_size=4, seq_len=32, eval_every=steps,
                      log_every=10, progress=False, data=DataConfig(vocab_size=32))
-  diloco = [dataclasses.replace(base, algo=DiLoCoConfig(sync_every=10, outer_lr=lr,
+  diloco = [dataclasses.replace(base, algo=DiLoCoConfig(sync_every=h, outer_lr=lr,
                                                         outer_momentum=mu))
-            for lr in (0.3, 0.5, 0.7, 0.9) for mu in (0.0, 0.9)]
+            for h in (5, 10) for lr in (0.5, 0.9) for mu in (0.0, 0.9)]
   stream = [dataclasses.replace(base, inner_lr=ilr, algo=DiLoCoConfig(
-      algorithm="streaming", sync_every=10, fragments=2, overlap=1, alpha=a))
-            for ilr in (1e-3, 3e-3) for a in (0.0, 0.5)]
-  return {"DiLoCo: eta x mu (8 runs)": diloco, "Streaming: inner LR x alpha (4 runs)": stream}
+      algorithm="streaming", sync_every=10, fragments=2, overlap=tau, alpha=a))
+            for ilr in (1e-3, 3e-3) for tau in (0, 1) for a in (0.0, 0.5)]
+  return {"DiLoCo: H x eta x mu (8 runs)": diloco,
+          "Streaming: inner LR x tau x alpha (8 runs)": stream}
 
 
 def run_grid(configs, reuse: bool):

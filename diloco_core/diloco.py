@@ -57,8 +57,9 @@ from diloco_core.mesh import MeshPlacement, make_mesh
 from diloco_core.schedule import merged_fragment, sent_fragment
 
 LossFn = Callable[[Any, Any], jax.Array]
-#: The config fields that are traced inputs of the step rather than compiled-in constants.
-OUTER_HYPERPARAMS = ("outer_lr", "outer_momentum", "alpha")
+#: The config fields that are traced inputs of the step rather than compiled-in constants
+#: (none of them changes a shape): H and τ (int32), η, μ and α (float32).
+CONFIG_HYPERPARAMS = ("sync_every", "overlap", "outer_lr", "outer_momentum", "alpha")
 
 
 class DiLoCoState(struct.PyTreeNode):
@@ -118,8 +119,9 @@ class DiLoCo(TracedHyperparams, MeshPlacement):
     mesh: a mesh with a ``diloco`` axis (replicas) and a ``data`` axis (sequences within
       a replica), see :mod:`diloco_core.mesh`; default: one device.
     hyperparams: extra named hyperparameters (floats) for optimizer factories, e.g.
-      ``{"inner_lr": 3e-3}``; with η, μ, α they form the dict
-      (:attr:`hyperparams`) the factories receive, as float32 scalars inside the step.
+      ``{"inner_lr": 3e-3}``; with H, τ, η, μ, α (:data:`CONFIG_HYPERPARAMS`) they form
+      the dict (:attr:`hyperparams`) the step receives as scalars (int32 for H and τ,
+      float32 otherwise) and the factories are built from.
 
   Examples:
     Two replicas minimising :math:`(w - x)^2` on their own targets; after one sync with
@@ -132,7 +134,8 @@ class DiLoCo(TracedHyperparams, MeshPlacement):
     >>> state.params.tolist(), float(state.global_params)
     ([1.0, 1.0], 1.0)
 
-    The same compiled step with another outer learning rate (η = 0.5: halfway to the mean):
+    The same compiled step with another outer learning rate (η = 0.5: halfway to the mean);
+    H, τ, μ and α can change the same way:
 
     >>> algo2 = algo.with_hyperparams(outer_lr=0.5)
     >>> state2, _ = algo2.step(algo2.init(jnp.zeros(())), jnp.array([1.0, 3.0]))
@@ -150,13 +153,14 @@ class DiLoCo(TracedHyperparams, MeshPlacement):
     self.loss_fn = loss_fn
     self.inner_optimizer = inner_optimizer
     self.outer_optimizer = default_outer_optimizer if outer_optimizer is None else outer_optimizer
-    self.extra_hyperparams = check_hyperparams(OUTER_HYPERPARAMS, hyperparams)
+    self.extra_hyperparams = check_hyperparams(CONFIG_HYPERPARAMS, hyperparams)
     self.layer_mask = layer_mask
     self.mesh = make_mesh() if mesh is None else mesh
     self.fragments: Fragments | None = None
 
   replica_fields = ("params", "opt_state", "ef_residual", "participants")
-  config_hyperparams = OUTER_HYPERPARAMS
+  config_hyperparams = CONFIG_HYPERPARAMS
+  integer_hyperparams = ("sync_every", "overlap")
 
   # ---- set-up ------------------------------------------------------------------------------
   def _build(self, params) -> None:
@@ -311,7 +315,7 @@ class DiLoCo(TracedHyperparams, MeshPlacement):
     return frag.put(r, self._kinds, branch, merged, k, axis=1)
 
   def _step_impl(self, state: DiLoCoState, batch, hp, participation=None):
-    cfg = self.config  # only its structural fields: η, μ, α come in ``hp`` (traced)
+    cfg = self.config  # only its structural fields: H, τ, η, μ, α come in ``hp`` (traced)
     update = functools.partial(inner_update, self.loss_fn, resolve_optimizer(self.inner_optimizer, hp))
     params, opt_state, loss = drjax.map_fn(update, (state.params, state.opt_state, batch))
     t = state.step + 1
@@ -321,7 +325,8 @@ class DiLoCo(TracedHyperparams, MeshPlacement):
     r = jax.tree.leaves(params)
     ef = None if state.ef_residual is None else jax.tree.leaves(state.ef_residual)
 
-    is_send, p_send = sent_fragment(t, cfg.sync_every, cfg.fragments)
+    h, tau = hp["sync_every"], hp["overlap"]
+    is_send, p_send = sent_fragment(t, h, cfg.fragments)
     # A sync that nobody takes part in is skipped: no outer update for that fragment.
     is_update = is_send if participation is None else is_send & (jnp.sum(participation) > 0)
     g, outer, ef = jax.lax.cond(
@@ -336,7 +341,7 @@ class DiLoCo(TracedHyperparams, MeshPlacement):
     participants = drjax.map_fn(
         lambda row, c: jnp.where(is_send, row.at[p_send].set(c), row), (state.participants, code))
 
-    is_merge, p_merge = merged_fragment(t, cfg.sync_every, cfg.fragments, cfg.overlap)
+    is_merge, p_merge = merged_fragment(t, h, cfg.fragments, tau)
     how = drjax.map_fn(lambda row: row[p_merge], participants)
     r = jax.lax.cond(
         is_merge,

@@ -72,17 +72,19 @@ class TracedHyperparams:
   """
 
   config_hyperparams: tuple[str, ...] = ()
+  integer_hyperparams: tuple[str, ...] = ()  # of those, the ones passed as int32
   extra_hyperparams: dict[str, float]
   _step = None
   _step_key = None
   _hp_arrays = None
 
   @property
-  def hyperparams(self) -> dict[str, float]:
+  def hyperparams(self) -> dict[str, float | int]:
     """The step's traced hyperparameters: the config's, then the extra ones."""
     cfg = self.config
-    return {**{k: float(getattr(cfg, k)) for k in self.config_hyperparams},
-            **self.extra_hyperparams}
+    conf = {k: int(getattr(cfg, k)) if k in self.integer_hyperparams else float(getattr(cfg, k))
+            for k in self.config_hyperparams}
+    return {**conf, **self.extra_hyperparams}
 
   def with_hyperparams(self, **changes: float):
     """A copy with other hyperparameter values that shares the compiled step.
@@ -110,10 +112,11 @@ class TracedHyperparams:
     return new
 
   def _device_hyperparams(self) -> dict[str, jax.Array]:
-    """The hyperparameters as float32 scalars replicated on the mesh (made once)."""
+    """The hyperparameters as int32 / float32 scalars replicated on the mesh (made once)."""
     if self._hp_arrays is None:
       self._hp_arrays = self.place_replicated(
-          {k: np.float32(v) for k, v in self.hyperparams.items()})
+          {k: np.int32(v) if k in self.integer_hyperparams else np.float32(v)
+           for k, v in self.hyperparams.items()})
     return self._hp_arrays
 
   def _needs_compile(self, state) -> bool:

@@ -44,7 +44,8 @@ STREAMING = dict(algorithm="streaming", replicas=2, sync_every=6, fragments=3, o
 
 
 @pytest.mark.parametrize("changes", [dict(outer_lr=0.3), dict(outer_momentum=0.0),
-                                     dict(alpha=0.5), dict(outer_lr=1.0, outer_momentum=0.5, alpha=0.25)])
+                                     dict(alpha=0.5), dict(outer_lr=1.0, outer_momentum=0.5, alpha=0.25),
+                                     dict(sync_every=3), dict(overlap=0), dict(sync_every=9, overlap=2)])
 def test_with_hyperparams_shares_the_program_and_equals_a_fresh_trainer(changes):
   """A copy with new η / μ / α runs the first object's compiled step (one compile in all) and
   gives bit for bit the numbers of a trainer built from scratch with those values."""
@@ -95,16 +96,18 @@ def test_new_shapes_compile_a_new_step():
 @pytest.mark.parametrize("changes,match", [
     (dict(alpha=2.0), r"alpha \(α\) must be in \[0, 1\], got 2.0"),
     (dict(outer_momentum=1.0), r"outer_momentum \(μ\) must be in \[0, 1\)"),
-    (dict(inner_lr=0.1), r"unknown hyperparameter\(s\) \['inner_lr'\]; allowed: \['alpha', 'outer_lr', 'outer_momentum'\]"),
+    (dict(sync_every=4), r"sync_every \(H=4\) must be a multiple of fragments \(P=3\)"),
+    (dict(overlap=6), r"overlap \(τ\) must be an integer with 0 <= τ < sync_every \(H=6\), got 6"),
+    (dict(inner_lr=0.1), r"unknown hyperparameter\(s\) \['inner_lr'\]; allowed: \['alpha', 'outer_lr', 'outer_momentum', 'overlap', 'sync_every'\]"),
 ])
 def test_with_hyperparams_bad_values(changes, match):
-  algo = DiLoCo(quad_loss, optax.sgd(0.1), DiLoCoConfig())
+  algo = DiLoCo(quad_loss, optax.sgd(0.1), DiLoCoConfig(**STREAMING))
   with pytest.raises(ValueError, match=match):
     algo.with_hyperparams(**changes)
 
 
 @pytest.mark.parametrize("extra,match", [
-    ({"outer_lr": 1.0}, r"names must be strings other than \['alpha', 'outer_lr', 'outer_momentum'\], got 'outer_lr'"),
+    ({"outer_lr": 1.0}, r"names must be strings other than \['alpha', 'outer_lr', 'outer_momentum', 'overlap', 'sync_every'\], got 'outer_lr'"),
     ({"lr": float("nan")}, r"hyperparams\['lr'\] must be a finite number, got nan"),
     ({"lr": True}, r"hyperparams\['lr'\] must be a finite number, got True"),
 ])
@@ -116,10 +119,12 @@ def test_bad_extra_hyperparams(extra, match):
 def test_program_key_ignores_exactly_the_traced_values():
   a = tiny()
   same = [dataclasses.replace(a, inner_lr=1e-2, weight_decay=0.0, grad_clip=0.5, seed=3),
-          dataclasses.replace(a, algo=dataclasses.replace(a.algo, outer_lr=0.1, outer_momentum=0.0, alpha=0.5))]
+          dataclasses.replace(a, algo=dataclasses.replace(a.algo, outer_lr=0.1, outer_momentum=0.0, alpha=0.5)),
+          dataclasses.replace(a, algo=dataclasses.replace(a.algo, sync_every=2, overlap=1))]
   different = [dataclasses.replace(a, grad_clip=0.0), dataclasses.replace(a, steps=10),
-               dataclasses.replace(a, batch_size=4),
-               dataclasses.replace(a, algo=dataclasses.replace(a.algo, sync_every=2))]
+               dataclasses.replace(a, batch_size=4), dataclasses.replace(a, n_layers=4),
+               dataclasses.replace(a, algo=dataclasses.replace(a.algo, replicas=4)),
+               dataclasses.replace(a, algo=dataclasses.replace(a.algo, compression="fp8"))]
   key = program_key(a, a.model_config())
   assert all(program_key(c, c.model_config()) == key for c in same)
   assert all(program_key(c, c.model_config()) != key for c in different)
@@ -132,7 +137,7 @@ def test_train_reuses_the_program_with_identical_numbers(algo):
   kw = dict(fragments=3, sync_every=6, overlap=1, n_layers=2, steps=12) if algo == "streaming" else {}
   a = tiny(algo, **kw)
   b = dataclasses.replace(a, inner_lr=1e-2, weight_decay=0.0,
-                          algo=dataclasses.replace(a.algo, outer_lr=0.5, alpha=0.5)
+                          algo=dataclasses.replace(a.algo, outer_lr=0.5, alpha=0.5, overlap=2)
                           if algo != "dp" else a.algo)
   clear_program_cache()
   train(a)
