@@ -200,6 +200,13 @@ def _models(a) -> None:
   print(model_table(a.seq_len).to_string(float_format=lambda v: f"{v:.4g}"))
 
 
+def _add_hardware_and_model(parser) -> None:
+  parser.add_argument("--hardware", required=True,
+                      help=f"chip: one of {sorted(HARDWARE)} (also ironwood, trillium)")
+  parser.add_argument("--model", required=True,
+                      help=f"model: one of {sorted(MODELS)}, or 8B, 70B, 405B, 30B-A3B")
+
+
 def build_parser() -> argparse.ArgumentParser:
   p = _Parser(prog="python -m analysis",
               description="Roofline calculator and compute-utilization simulator for DP, "
@@ -210,10 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
                      description="Roofline numbers for one run: critical batch sizes, the "
                                  "largest number of slices, cross-slice bandwidth for a "
                                  "target utilization and memory per chip.")
-  r.add_argument("--hardware", required=True,
-                 help=f"chip: one of {sorted(HARDWARE)} (also ironwood, trillium)")
-  r.add_argument("--model", required=True,
-                 help=f"model: one of {sorted(MODELS)}, or 8B, 70B, 405B, 30B-A3B")
+  _add_hardware_and_model(r)
   r.add_argument("--global-batch-tokens", type=int, required=True,
                  help="tokens per step over all slices")
   r.add_argument("--slices", type=int, required=True, help="M, slices (replicas) over DCN")
@@ -238,10 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  "DiLoCo candidates (H, P, tau valid under SPEC.md), the "
                                  "bandwidth per slice and memory each needs, and the one "
                                  "suggested for the link (see analysis.plan.plan_run).")
-  q.add_argument("--model", required=True,
-                 help=f"model: one of {sorted(MODELS)}, or 8B, 70B, 405B, 30B-A3B")
-  q.add_argument("--hardware", required=True,
-                 help=f"chip: one of {sorted(HARDWARE)} (also ironwood, trillium)")
+  _add_hardware_and_model(q)
   q.add_argument("--slices", type=int, required=True, help="M, slices (replicas) over the link")
   q.add_argument("--chips-per-slice", type=int, required=True, help="chips in one slice")
   q.add_argument("--seq-len", type=int, required=True, help="context length (attention FLOPs)")
