@@ -19,11 +19,12 @@ Send and merge run under :func:`jax.lax.cond` inside the same jitted function, a
 fragment is a traced index (:class:`~diloco_core.Fragments`), so there is one compiled
 program for every step and every P.
 
-Hyperparameters are inputs, not constants. η, μ, α (and any named hyperparameter of the
-optimizers, e.g. the inner learning rate) enter the compiled step as float32 scalars, so
-runs that differ only in them share one program: :meth:`DiLoCo.with_hyperparams` returns
-a copy that reuses the compiled step (a sweep over η compiles once). The optimizers may
-be given as factories ``hparams -> optax.GradientTransformation`` for that purpose.
+Hyperparameters are inputs, not constants. H, τ, η, μ, α (and any named hyperparameter
+of the optimizers, e.g. the inner learning rate) enter the compiled step as scalars, so
+runs that differ only in them share one program:
+:meth:`~diloco_core.hyperparams.TracedHyperparams.with_hyperparams` returns a copy that
+reuses the compiled step (a sweep over η compiles once). The optimizers may be given as
+factories ``hparams -> optax.GradientTransformation`` for that purpose.
 
 Fragments in flight. Because τ < H, fragment p is merged before it is sent again, and
 :math:`\\theta_g[p]` only changes at p's sends; so at merge time :math:`\\theta_g[p]` still
@@ -120,8 +121,9 @@ class DiLoCo(TracedHyperparams, MeshPlacement):
       a replica), see :mod:`diloco_core.mesh`; default: one device.
     hyperparams: extra named hyperparameters (floats) for optimizer factories, e.g.
       ``{"inner_lr": 3e-3}``; with H, τ, η, μ, α (:data:`CONFIG_HYPERPARAMS`) they form
-      the dict (:attr:`hyperparams`) the step receives as scalars (int32 for H and τ,
-      float32 otherwise) and the factories are built from.
+      the dict (:attr:`~diloco_core.hyperparams.TracedHyperparams.hyperparams`) the step
+      receives as scalars (int32 for H and τ, float32 otherwise) and the factories are
+      built from.
 
   Examples:
     Two replicas minimising :math:`(w - x)^2` on their own targets; after one sync with
@@ -191,7 +193,8 @@ class DiLoCo(TracedHyperparams, MeshPlacement):
     """The initial state: every replica and the global copy start from ``params``.
 
     Compiles nothing if this object (or the one it was copied from by
-    :meth:`with_hyperparams`) already holds a step for params of this structure.
+    :meth:`~diloco_core.hyperparams.TracedHyperparams.with_hyperparams`) already holds a
+    step for params of this structure.
     """
     cfg, hp = self.config, self.hyperparams
     params = jax.tree.map(lambda x: jnp.array(x, copy=True), params)  # state is donated

@@ -41,7 +41,8 @@ class DataParallel(TracedHyperparams, MeshPlacement):
     config: only ``replicas`` is used.
     mesh: a mesh with a ``diloco`` axis (replicas) and a ``data`` axis; default: one device.
     hyperparams: named hyperparameters (floats) the factory receives as traced float32
-      scalars; :meth:`with_hyperparams` changes them without recompiling.
+      scalars; :meth:`~diloco_core.hyperparams.TracedHyperparams.with_hyperparams`
+      changes them without recompiling.
 
   Examples:
     >>> dp = DataParallel(lambda w, x: jnp.sum((w - x) ** 2), optax.sgd(0.25),

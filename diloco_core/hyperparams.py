@@ -68,7 +68,7 @@ class TracedHyperparams:
   The class names the fields of its ``config`` that are hyperparameters
   (``config_hyperparams``); the instance holds extra ones (``extra_hyperparams``). The
   subclass passes ``self._device_hyperparams()`` to its jitted step and builds the step
-  once per state structure (:meth:`_needs_compile`).
+  once per state structure (``_needs_compile``).
   """
 
   config_hyperparams: tuple[str, ...] = ()
@@ -96,7 +96,9 @@ class TracedHyperparams:
     Returns:
       A copy; its ``init`` compiles nothing when the params have the structure and
       shapes this object was initialised with. Its ``step`` also accepts a state of
-      this object (e.g. to change a learning rate in the middle of a run).
+      this object (e.g. to change a learning rate in the middle of a run; a new H or τ
+      in the middle of a DiLoCo run is only meaningful at a step with no fragment in
+      flight, since the schedule of the fragments already sent changes with them).
     """
     allowed = sorted(self.hyperparams)
     unknown = sorted(set(changes) - set(allowed))
