@@ -467,7 +467,8 @@ def base_config(scale: str = "cpu", **changes):
 
 
 def _seeds(scale: str) -> list[int]:
-  return [0, 1] if scale == "cpu" else [0, 1, 2]
+  """Model seeds per configuration (three at both scales: a median and a spread)."""
+  return [0, 1, 2]
 
 
 def methods_configs(scale: str = "cpu") -> list:
@@ -579,8 +580,8 @@ def named_sweep(name: str, scale: str = "cpu") -> list:
   """The configs of one docs sweep (see :data:`SWEEPS`) at a scale.
 
   Examples:
-    >>> len(named_sweep("compression"))  # 9 (format, error feedback) pairs x 2 seeds
-    18
+    >>> len(named_sweep("compression"))  # 9 (format, error feedback) pairs x 3 seeds
+    27
   """
   if name not in SWEEPS:
     raise ValueError(f"sweep must be one of {sorted(SWEEPS)}, got {name!r}.")
