@@ -309,11 +309,11 @@ def training_order(configs: Sequence) -> list[int]:
 
   Examples:
     >>> from diloco_core.train import TrainConfig
-    >>> cfgs = grid(TrainConfig(model="tiny"), sync_every=[2, 4], outer_lr=[0.5, 0.7])
-    >>> [(c.algo.sync_every, c.algo.outer_lr) for c in cfgs]
-    [(2, 0.5), (2, 0.7), (4, 0.5), (4, 0.7)]
-    >>> mixed = [cfgs[0], cfgs[2], cfgs[1], cfgs[3]]  # H = 2, 4, 2, 4
-    >>> training_order(mixed)  # both H = 2 runs, then both H = 4 runs
+    >>> cfgs = grid(TrainConfig(model="tiny"), replicas=[2, 4], sync_every=[2, 4])
+    >>> [(c.algo.replicas, c.algo.sync_every) for c in cfgs]
+    [(2, 2), (2, 4), (4, 2), (4, 4)]
+    >>> mixed = [cfgs[0], cfgs[2], cfgs[1], cfgs[3]]  # M = 2, 4, 2, 4 (H is an input, M a shape)
+    >>> training_order(mixed)  # both M = 2 runs, then both M = 4 runs
     [0, 2, 1, 3]
   """
   train = _train_module()

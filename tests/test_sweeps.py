@@ -135,7 +135,9 @@ def test_cpu_sweeps_fit_the_docs_budget():
         keys.add(sweeps.config_key(c))
         tiny += c.model == "tiny"
         assert c.steps <= 600
-  assert len(keys) <= 160
+  # 172 runs with three seeds built the whole site in 9.5 min on 2 cores (2026-11-30; runs that
+  # differ only in H, tau, learning rates or seeds share a compiled step); the limit is 20 min.
+  assert len(keys) <= 200
   assert len(keys) - tiny <= 3  # the `small` runs: the three-method comparison only
 
 
