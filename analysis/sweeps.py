@@ -14,7 +14,7 @@ folder and renamed into place, so an interrupted sweep never leaves half a run b
 and two processes may share one cache.
 
 Compiled steps. Runs are trained one after the other in this process. The trainer
-feeds η, μ, α, the inner learning rate, weight decay and clipping norm to its compiled
+feeds H, τ, η, μ, α, the inner learning rate, weight decay and clipping norm to its compiled
 step as inputs and keeps the last programs it built
 (:func:`diloco_core.train.program_key`), so runs that differ only in those values or in
 seeds compile once; :func:`run_sweep` trains runs that share a program back to back (and

@@ -209,9 +209,11 @@ class DiLoCo(TracedHyperparams, MeshPlacement):
         outer_state=resolve_optimizer(self.outer_optimizer, hp).init(params),
         ef_residual=residual, step=jnp.zeros((), jnp.int32),
         participants=jnp.ones((cfg.replicas, cfg.fragments), jnp.float32)))
-    if self._needs_compile(state):
+    def make_step():
       self._build(params)
-      self._step = self._jit_step(drjax.program(diloco=cfg.replicas)(self._step_impl), state)
+      return self._jit_step(drjax.program(diloco=cfg.replicas)(self._step_impl), state)
+
+    self._compile_once(state, make_step)
     return state
 
   # ---- the step ------------------------------------------------------------------------------
@@ -254,7 +256,7 @@ class DiLoCo(TracedHyperparams, MeshPlacement):
         return self._step(state, batch, hp)
       return self._step(state, batch, hp, jnp.asarray(participation, jnp.float32))
 
-  def _send(self, branch, k, g, outer, r, ef, hp, present=None):
+  def _send(self, branch, k, hp, g, outer, r, ef, present=None):
     """Outer update of one fragment; returns the new (global, outer, residual) leaf lists.
 
     ``present`` ([M] float, or None for everyone) masks out dropped replicas.
@@ -297,7 +299,7 @@ class DiLoCo(TracedHyperparams, MeshPlacement):
       ef = frag.put(ef, self._kinds, branch, e_sub, k, axis=1)
     return g, outer, ef
 
-  def _merge(self, branch, k, g, r, how, alpha):
+  def _merge(self, branch, k, alpha, g, r, how):
     """Blends one fragment of every replica towards the global copy; returns new replica leaves.
 
     ``how`` ([M], placed) is how each replica took part in that fragment's sync (see
@@ -310,9 +312,12 @@ class DiLoCo(TracedHyperparams, MeshPlacement):
 
     def blend(loc, glob, h):
       # where(True, x, ·) is x bit for bit: with everyone present this is the plain blend.
-      return [jnp.where(h > 0, (alpha.astype(a.dtype) * a + (1 - alpha.astype(a.dtype)) * b
-                                ).astype(a.dtype),
-                        jnp.where(h == 0, b.astype(a.dtype), a)) for a, b in zip(loc, glob)]
+      out = []
+      for a, b in zip(loc, glob):
+        al = alpha.astype(a.dtype)
+        out.append(jnp.where(h > 0, (al * a + (1 - al) * b).astype(a.dtype),
+                             jnp.where(h == 0, b.astype(a.dtype), a)))
+      return out
 
     merged = drjax.map_fn(blend, (r_sub, drjax.broadcast(g_sub), how))
     return frag.put(r, self._kinds, branch, merged, k, axis=1)
@@ -334,7 +339,7 @@ class DiLoCo(TracedHyperparams, MeshPlacement):
     is_update = is_send if participation is None else is_send & (jnp.sum(participation) > 0)
     g, outer, ef = jax.lax.cond(
         is_update,
-        lambda ops: self.fragments.switch(p_send, lambda b, k: self._send(b, k, *ops[:4], hp, ops[4])),
+        lambda ops: self.fragments.switch(p_send, lambda b, k: self._send(b, k, hp, *ops)),
         lambda ops: ops[:2] + (ops[3],),
         (g, outer, r, ef, participation))
     # How each replica took part in each fragment's latest sync (its merge heals the dropped
@@ -348,7 +353,7 @@ class DiLoCo(TracedHyperparams, MeshPlacement):
     how = drjax.map_fn(lambda row: row[p_merge], participants)
     r = jax.lax.cond(
         is_merge,
-        lambda ops: self.fragments.switch(p_merge, lambda b, k: self._merge(b, k, *ops, hp["alpha"])),
+        lambda ops: self.fragments.switch(p_merge, lambda b, k: self._merge(b, k, hp["alpha"], *ops)),
         lambda ops: ops[1],
         (g, r, how))
 

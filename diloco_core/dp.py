@@ -70,8 +70,8 @@ class DataParallel(TracedHyperparams, MeshPlacement):
     opt = resolve_optimizer(self.inner_optimizer, self.hyperparams)
     state = self._place_state(DPState(params=params, opt_state=opt.init(params),
                                       step=jnp.zeros((), jnp.int32)))
-    if self._needs_compile(state):
-      self._step = self._jit_step(drjax.program(diloco=self.config.replicas)(self._step_impl), state)
+    self._compile_once(state, lambda: self._jit_step(
+        drjax.program(diloco=self.config.replicas)(self._step_impl), state))
     return state
 
   def _step_impl(self, state: DPState, batch, hp):

@@ -68,7 +68,7 @@ class TracedHyperparams:
   The class names the fields of its ``config`` that are hyperparameters
   (``config_hyperparams``); the instance holds extra ones (``extra_hyperparams``). The
   subclass passes ``self._device_hyperparams()`` to its jitted step and builds the step
-  once per state structure (``_needs_compile``).
+  once per state structure (``_compile_once``).
   """
 
   config_hyperparams: tuple[str, ...] = ()
@@ -121,10 +121,9 @@ class TracedHyperparams:
            for k, v in self.hyperparams.items()})
     return self._hp_arrays
 
-  def _needs_compile(self, state) -> bool:
-    """True (and remembers ``state``'s structure) unless a step for it is already built."""
+  def _compile_once(self, state, make_step) -> None:
+    """Sets ``_step = make_step()`` unless a step for ``state``'s structure is already built."""
     key = structure_key(state)
-    if self._step is not None and self._step_key == key:
-      return False
-    self._step_key = key
-    return True
+    if self._step is None or self._step_key != key:
+      self._step = make_step()
+      self._step_key = key

@@ -215,13 +215,8 @@ def inner_optimizer_factory(steps: int, warmup: int, clip: bool):
   return factory
 
 
-def inner_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
-  """AdamW with linear warmup and cosine decay to 10% of the peak, after global-norm clipping."""
-  return inner_optimizer_factory(cfg.steps, cfg.warmup, bool(cfg.grad_clip))(inner_hyperparams(cfg))
-
-
 # Compiled programs kept for the next train() call in this process: program key -> (algorithm,
-# jitted eval loss). A sweep over learning rates, η, μ or α compiles once.
+# jitted eval loss). A sweep over H, τ, η, μ, α or the learning rate compiles once.
 _PROGRAMS: "collections.OrderedDict[str, tuple]" = collections.OrderedDict()
 PROGRAM_CACHE_SIZE = 4
 
@@ -246,36 +241,29 @@ def clear_program_cache() -> None:
   _PROGRAMS.clear()
 
 
-def make_algorithm(cfg: TrainConfig, loss_fn, params, model_cfg=None):
-  """The DataParallel or DiLoCo object for ``cfg.algo`` (``params`` gives the layer mask).
-
-  With ``model_cfg`` given, reuses (a copy of) the object of an earlier run of the same
-  program (:func:`program_key`) with this run's hyperparameters, so nothing recompiles.
-  """
+def make_algorithm(cfg: TrainConfig, loss_fn, params):
+  """A new DataParallel or DiLoCo object for ``cfg.algo`` (``params`` gives the layer mask)."""
   hp = inner_hyperparams(cfg)
-  if model_cfg is not None:
-    key = program_key(cfg, model_cfg)
-    if key in _PROGRAMS:
-      _PROGRAMS.move_to_end(key)
-      algo, _ = _PROGRAMS[key]
-      outer = {k: getattr(cfg.algo, k) for k in algo.config_hyperparams}
-      return algo.with_hyperparams(**outer, **hp)
   opt = inner_optimizer_factory(cfg.steps, cfg.warmup, bool(cfg.grad_clip))
   mesh = make_mesh(parse_mesh(cfg.mesh))
   if cfg.algo.algorithm == "dp":
-    algo = DataParallel(loss_fn, opt, cfg.algo, mesh=mesh, hyperparams=hp)
-  else:
-    algo = DiLoCo(loss_fn, opt, cfg.algo, layer_mask=layer_mask(params), mesh=mesh, hyperparams=hp)
-  if model_cfg is not None:
-    _PROGRAMS[program_key(cfg, model_cfg)] = (algo, jax.jit(loss_fn))
-    while len(_PROGRAMS) > PROGRAM_CACHE_SIZE:
-      _PROGRAMS.popitem(last=False)
-  return algo
+    return DataParallel(loss_fn, opt, cfg.algo, mesh=mesh, hyperparams=hp)
+  return DiLoCo(loss_fn, opt, cfg.algo, layer_mask=layer_mask(params), mesh=mesh, hyperparams=hp)
 
 
-def _eval_fn(cfg: TrainConfig, model_cfg, loss_fn):
-  entry = _PROGRAMS.get(program_key(cfg, model_cfg))
-  return jax.jit(loss_fn) if entry is None else entry[1]
+def _program(cfg: TrainConfig, loss_fn, params, model_cfg):
+  """(algorithm, jitted eval loss) for ``cfg``: those of an earlier run of the same program
+  (:func:`program_key`), with this run's hyperparameters, or new ones that are kept."""
+  key = program_key(cfg, model_cfg)
+  if key in _PROGRAMS:
+    _PROGRAMS.move_to_end(key)
+    algo, eval_fn = _PROGRAMS[key]
+    outer = {k: getattr(cfg.algo, k) for k in algo.config_hyperparams}
+    return algo.with_hyperparams(**outer, **inner_hyperparams(cfg)), eval_fn
+  _PROGRAMS[key] = make_algorithm(cfg, loss_fn, params), jax.jit(loss_fn)
+  while len(_PROGRAMS) > PROGRAM_CACHE_SIZE:
+    _PROGRAMS.popitem(last=False)
+  return _PROGRAMS[key]
 
 
 @dataclasses.dataclass
@@ -311,7 +299,7 @@ def train(cfg: TrainConfig) -> TrainResult:
     except ValueError as e:
       raise ValueError(f"init_from: {e}") from None
   loss_fn = lambda p, tokens: lm_loss(apply_fn, p, tokens)
-  algo = make_algorithm(cfg, loss_fn, params, model_cfg)  # reuses an earlier run's program
+  algo, eval_fn = _program(cfg, loss_fn, params, model_cfg)  # reuses an earlier run's program
   state = algo.init(params)
   resumed = ckpt.restore_latest(cfg.out, state, _config_dict(cfg)) if cfg.resume else None
   if resumed is not None:
@@ -320,7 +308,6 @@ def train(cfg: TrainConfig) -> TrainResult:
                        f" {resumed.path}; pass --steps >= {resumed.step}.")
     state = resumed.state
   eval_tokens = algo.place_replicated(data.eval_batch())
-  eval_fn = _eval_fn(cfg, model_cfg, loss_fn)
 
   writer = jax.process_index() == 0  # in multi-process runs only process 0 writes files
   if cfg.out is not None and writer:
