@@ -8,19 +8,13 @@ rounded: ``sync_every=10, fragments=3`` is an error, not ``Δh = 3``.
 from __future__ import annotations
 
 import dataclasses
-import math
+
+from diloco_core import validity as v
+from diloco_core.compression import FORMATS
 
 ALGORITHMS = ("dp", "diloco", "streaming")
-FRAGMENT_PATTERNS = ("strided", "sequential")
-COMPRESSIONS = ("none", "bf16", "fp8", "fp4", "e3m0")
-
-
-def _is_int(x) -> bool:
-  return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_real(x) -> bool:
-  return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+FRAGMENT_PATTERNS = v.FRAGMENT_PATTERNS
+COMPRESSIONS = FORMATS  # the wire formats of diloco_core.compression
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,48 +58,24 @@ class DiLoCoConfig:
       ...
       ValueError: sync_every (H=10) must be a multiple of fragments (P=3): choose H in {9, 12, ...} or P among the divisors of 10 [1, 2, 5, 10].
     """
-    if self.algorithm not in ALGORITHMS:
-      raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}.")
-    if not _is_int(self.replicas) or self.replicas < 1:
-      raise ValueError(f"replicas (M) must be an integer >= 1, got {self.replicas!r}.")
-    if not _is_int(self.sync_every) or self.sync_every < 1:
-      raise ValueError(f"sync_every (H) must be an integer >= 1, got {self.sync_every!r}.")
-    if not _is_real(self.outer_lr) or self.outer_lr < 0:
-      raise ValueError(f"outer_lr (η) must be a finite number >= 0, got {self.outer_lr!r}.")
-    if not _is_real(self.outer_momentum) or not 0 <= self.outer_momentum < 1:
-      raise ValueError(f"outer_momentum (μ) must be in [0, 1), got {self.outer_momentum!r}.")
-    if not _is_int(self.fragments) or self.fragments < 1:
-      raise ValueError(f"fragments (P) must be an integer >= 1, got {self.fragments!r}.")
+    v.check_choice("algorithm", self.algorithm, ALGORITHMS)
+    v.check_int("replicas (M)", self.replicas)
+    v.check_int("sync_every (H)", self.sync_every)
+    v.check_real("outer_lr (η)", self.outer_lr, low=0.0)
+    v.check_real("outer_momentum (μ)", self.outer_momentum, low=0.0, high=1.0)
+    v.check_int("fragments (P)", self.fragments)
     if self.algorithm == "diloco" and self.fragments != 1:
       raise ValueError(
           f"fragments (P={self.fragments}) needs algorithm='streaming'; 'diloco' is P = 1.")
-    if self.sync_every % self.fragments:
-      h, p = self.sync_every, self.fragments
-      divisors = [d for d in range(1, h + 1) if h % d == 0]
-      lo = (h // p) * p
-      raise ValueError(
-          f"sync_every (H={h}) must be a multiple of fragments (P={p}): choose H in"
-          f" {{{lo or p}, {lo + p}, ...}} or P among the divisors of {h} {divisors}.")
-    if self.fragment_pattern not in FRAGMENT_PATTERNS:
-      raise ValueError(
-          f"fragment_pattern must be one of {FRAGMENT_PATTERNS}, got {self.fragment_pattern!r}.")
-    if not _is_int(self.overlap) or not 0 <= self.overlap < self.sync_every:
-      raise ValueError(
-          f"overlap (τ) must be an integer with 0 <= τ < sync_every (H={self.sync_every}),"
-          f" got {self.overlap!r}.")
-    if not _is_real(self.alpha) or not 0 <= self.alpha <= 1:
-      raise ValueError(f"alpha (α) must be in [0, 1], got {self.alpha!r}.")
-    if self.compression not in COMPRESSIONS:
-      raise ValueError(f"compression must be one of {COMPRESSIONS}, got {self.compression!r}.")
-    if not isinstance(self.error_feedback, bool):
-      raise ValueError(f"error_feedback must be True or False, got {self.error_feedback!r}.")
+    v.check_sync_every_fragments(self.sync_every, self.fragments)
+    v.check_choice("fragment_pattern", self.fragment_pattern, FRAGMENT_PATTERNS)
+    v.check_overlap(self.overlap, self.sync_every)
+    v.check_real("alpha (α)", self.alpha, low=0.0, high=1.0, high_open=False)
+    v.check_choice("compression", self.compression, COMPRESSIONS)
+    v.check_bool("error_feedback", self.error_feedback)
     if self.compression_block is not None and (
-        not _is_int(self.compression_block) or self.compression_block < 1):
-      raise ValueError(
-          f"compression_block must be None (per tensor) or an integer >= 1,"
-          f" got {self.compression_block!r}.")
-    if num_layers is not None and self.fragments > 1 and num_layers % (self.fragments - 1):
-      ok = [p + 1 for p in range(1, num_layers + 1) if num_layers % p == 0]
-      raise ValueError(
-          f"fragments (P={self.fragments}): P - 1 must divide the number of layers"
-          f" (L={num_layers}); allowed P for this model: {[1] + ok}.")
+        not v.is_int(self.compression_block) or self.compression_block < 1):
+      raise ValueError(f"compression_block must be None (per tensor) or an integer >= 1,"
+                       f" got {self.compression_block!r}.")
+    if num_layers is not None:
+      v.check_fragments_divide_layers(self.fragments, num_layers)

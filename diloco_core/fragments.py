@@ -22,6 +22,8 @@ from typing import Any, Sequence
 
 import jax
 
+from diloco_core.validity import FRAGMENT_PATTERNS, check_choice, check_fragments_divide_layers
+
 OTHER, LAYER, SHARED = 0, 1, 2
 
 
@@ -61,13 +63,8 @@ class Fragments:
       if self.num_layers == 0:
         raise ValueError(
             f"fragments (P={fragments}) > 1 needs stacked-layer leaves; mark them with layer_mask.")
-      if self.num_layers % (fragments - 1):
-        ok = [p + 1 for p in range(1, self.num_layers + 1) if self.num_layers % p == 0]
-        raise ValueError(
-            f"fragments (P={fragments}): P - 1 must divide the number of layers"
-            f" (L={self.num_layers}); allowed P for this model: {[1] + ok}.")
-    if pattern not in ("strided", "sequential"):
-      raise ValueError(f"fragment_pattern must be one of ('strided', 'sequential'), got {pattern!r}.")
+      check_fragments_divide_layers(fragments, self.num_layers)
+    check_choice("fragment_pattern", pattern, FRAGMENT_PATTERNS)
 
   # ---- host-side description -------------------------------------------------------------
   def layers_of(self, p: int) -> list[int]:

@@ -62,7 +62,7 @@ def test_training_approaches_the_floor():
     (["--replicas", "0"], "replicas (M) must be an integer >= 1"),
     (["--sync-every", "0"], "sync_every (H) must be an integer >= 1"),
     (["--outer-lr", "-1"], "outer_lr (η) must be a finite number >= 0"),
-    (["--outer-momentum", "1"], "outer_momentum (μ) must be in [0, 1)"),
+    (["--outer-momentum", "1"], "outer_momentum (μ) must be a finite number in [0, 1)"),
     (["--batch-size", "0"], "batch_size must be an integer >= 1"),
     (["--seq-len", "0"], "seq_len must be an integer >= 1"),
     (["--steps", "0"], "steps must be an integer >= 1"),
