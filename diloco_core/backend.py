@@ -29,10 +29,14 @@ import dataclasses
 import os
 import warnings
 
-from diloco_core.model_config import ModelConfig
+from diloco_core.model_config import COMPUTE_DTYPES, ModelConfig
+from diloco_core.validity import check_choice
 
 #: Setting this environment variable to 1 keeps XLA's fast non-deterministic GPU kernels.
 NONDETERMINISTIC_ENV = "DILOCO_NONDETERMINISTIC"
+#: "float32" or "bfloat16": overrides the backend's default compute dtype (a config that
+#: names one wins). The test suite sets float32, so its exact numbers hold on every backend.
+COMPUTE_DTYPE_ENV = "DILOCO_COMPUTE_DTYPE"
 DETERMINISTIC_FLAG = "--xla_gpu_deterministic_ops=true"
 ACCELERATORS = ("gpu", "tpu")
 
@@ -48,27 +52,47 @@ def on_accelerator() -> bool:
   return platform() in ACCELERATORS
 
 
-def default_compute_dtype() -> str:
+def default_compute_dtype(platform_name: str | None = None) -> str:
   """The forward pass's dtype when the config leaves it None: bfloat16 on GPU/TPU, float32 on CPU.
 
+  The environment variable ``DILOCO_COMPUTE_DTYPE`` (``float32`` or ``bfloat16``), when
+  set, overrides the platform's default.
+
+  Args:
+    platform_name: ``"cpu"``, ``"gpu"`` or ``"tpu"``; default: JAX's default backend.
+
   Examples:
-    >>> default_compute_dtype()  # the tests run on CPU
+    >>> saved = os.environ.pop(COMPUTE_DTYPE_ENV, None)
+    >>> default_compute_dtype("cpu"), default_compute_dtype("gpu"), default_compute_dtype("tpu")
+    ('float32', 'bfloat16', 'bfloat16')
+    >>> os.environ[COMPUTE_DTYPE_ENV] = "float32"  # the test suite's setting
+    >>> default_compute_dtype("gpu")
     'float32'
+    >>> _ = os.environ.pop(COMPUTE_DTYPE_ENV) if saved is None else os.environ.update(
+    ...     {COMPUTE_DTYPE_ENV: saved})
   """
-  return "bfloat16" if on_accelerator() else "float32"
+  override = os.environ.get(COMPUTE_DTYPE_ENV)
+  if override:
+    return check_choice(COMPUTE_DTYPE_ENV, override, COMPUTE_DTYPES)
+  name = platform() if platform_name is None else platform_name
+  return "bfloat16" if name in ACCELERATORS else "float32"
 
 
-def default_demo_steps() -> int:
+def default_demo_steps(platform_name: str | None = None) -> int:
   """Inner steps of the main job (``diloco_core.compare``): 3000 on GPU/TPU, 600 on CPU.
 
   At 600 steps (12 outer steps at H = 50) the outer loop has barely started; an accelerator
   runs 3000 steps (60 outer steps) in about the time a CPU takes for 600.
 
+  Args:
+    platform_name: ``"cpu"``, ``"gpu"`` or ``"tpu"``; default: JAX's default backend.
+
   Examples:
-    >>> default_demo_steps()
-    600
+    >>> default_demo_steps("cpu"), default_demo_steps("gpu")
+    (600, 3000)
   """
-  return 3000 if on_accelerator() else 600
+  name = platform() if platform_name is None else platform_name
+  return 3000 if name in ACCELERATORS else 600
 
 
 def attention_implementation(cfg: ModelConfig, platform_name: str | None = None) -> str:
@@ -94,7 +118,7 @@ def attention_implementation(cfg: ModelConfig, platform_name: str | None = None)
     ('cudnn', 'xla')
   """
   name = platform() if platform_name is None else platform_name
-  dtype = cfg.compute_dtype or ("bfloat16" if name in ACCELERATORS else "float32")
+  dtype = cfg.compute_dtype or default_compute_dtype(name)
   problem = None
   if name != "gpu":
     problem = f"it runs on a GPU only (this backend is {name!r})"
@@ -109,19 +133,24 @@ def attention_implementation(cfg: ModelConfig, platform_name: str | None = None)
   return "cudnn"
 
 
-def resolve_model_config(cfg: ModelConfig) -> ModelConfig:
+def resolve_model_config(cfg: ModelConfig, platform_name: str | None = None) -> ModelConfig:
   """``cfg`` with the backend's defaults filled in: a concrete compute dtype and attention kernel.
 
   Runs print and record this resolved config, so that a run says what it computed with.
 
+  Args:
+    cfg: the model config (``compute_dtype`` None and ``attention="auto"`` get resolved).
+    platform_name: ``"cpu"``, ``"gpu"`` or ``"tpu"``; default: JAX's default backend.
+
   Examples:
-    >>> resolved = resolve_model_config(ModelConfig())
-    >>> resolved.compute_dtype, resolved.attention
-    ('float32', 'xla')
+    >>> cfg = ModelConfig(compute_dtype="bfloat16")
+    >>> [(c.compute_dtype, c.attention) for c in (resolve_model_config(cfg, "cpu"),
+    ...                                           resolve_model_config(cfg, "gpu"))]
+    [('bfloat16', 'xla'), ('bfloat16', 'cudnn')]
   """
-  dtype = cfg.compute_dtype or default_compute_dtype()
-  cfg = dataclasses.replace(cfg, compute_dtype=dtype)
-  return dataclasses.replace(cfg, attention=attention_implementation(cfg))
+  name = platform() if platform_name is None else platform_name
+  cfg = dataclasses.replace(cfg, compute_dtype=cfg.compute_dtype or default_compute_dtype(name))
+  return dataclasses.replace(cfg, attention=attention_implementation(cfg, name))
 
 
 def jax_started() -> bool:

@@ -16,13 +16,27 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 FLAG = "--xla_gpu_deterministic_ops=true"
 
 
-def test_cpu_defaults():
-  assert backend.platform() == "cpu" and not backend.on_accelerator()
-  assert backend.default_compute_dtype() == "float32"
-  assert backend.default_demo_steps() == 600
-  resolved = backend.resolve_model_config(get_preset("small"))
+def test_defaults_by_platform(monkeypatch):
+  monkeypatch.delenv(backend.COMPUTE_DTYPE_ENV)  # the suite pins float32 (conftest.py)
+  assert [backend.default_compute_dtype(p) for p in ("cpu", "gpu", "tpu")] == ["float32", "bfloat16", "bfloat16"]
+  assert [backend.default_demo_steps(p) for p in ("cpu", "gpu", "tpu")] == [600, 3000, 3000]
+  resolved = backend.resolve_model_config(get_preset("small"), "cpu")
   assert (resolved.compute_dtype, resolved.attention) == ("float32", "xla")
   assert dataclasses.replace(resolved, compute_dtype=None, attention="auto") == get_preset("small")
+  resolved = backend.resolve_model_config(get_preset("base"), "gpu")  # d_h = 32
+  assert (resolved.compute_dtype, resolved.attention) == ("bfloat16", "cudnn")
+  # The running backend follows the same table.
+  assert backend.default_compute_dtype() == backend.default_compute_dtype(backend.platform())
+  assert backend.default_demo_steps() == backend.default_demo_steps(backend.platform())
+
+
+def test_compute_dtype_override_and_config_win_in_that_order(monkeypatch):
+  monkeypatch.setenv(backend.COMPUTE_DTYPE_ENV, "bfloat16")
+  assert backend.resolve_model_config(ModelConfig(), "cpu").compute_dtype == "bfloat16"
+  assert backend.resolve_model_config(ModelConfig(compute_dtype="float32"), "gpu").compute_dtype == "float32"
+  monkeypatch.setenv(backend.COMPUTE_DTYPE_ENV, "fp16")
+  with pytest.raises(ValueError, match=r"DILOCO_COMPUTE_DTYPE must be one of \('float32', 'bfloat16'\), got 'fp16'"):
+    backend.default_compute_dtype("cpu")
 
 
 @pytest.mark.parametrize("platform, changes, expected", [
@@ -36,8 +50,9 @@ def test_cpu_defaults():
     ("cpu", {"compute_dtype": "bfloat16"}, "xla"),
     ("gpu", {"compute_dtype": "bfloat16", "attention": "cudnn"}, "cudnn"),
 ])
-def test_attention_auto_picks_cudnn_only_where_it_applies(platform, changes, expected):
+def test_attention_auto_picks_cudnn_only_where_it_applies(platform, changes, expected, monkeypatch):
   cfg = dataclasses.replace(ModelConfig(d_model=256, n_heads=4), **changes)  # d_h = 64
+  monkeypatch.delenv(backend.COMPUTE_DTYPE_ENV)
   assert backend.attention_implementation(cfg, platform) == expected
 
 
@@ -45,7 +60,8 @@ def test_attention_auto_picks_cudnn_only_where_it_applies(platform, changes, exp
     ("cpu", {"compute_dtype": "bfloat16"}, "it runs on a GPU only"),
     ("tpu", {"compute_dtype": "bfloat16"}, "it runs on a GPU only"),
     ("gpu", {"compute_dtype": "float32"}, "it needs compute_dtype 'bfloat16'"),
-    ("gpu", {"compute_dtype": "bfloat16", "d_head": 12}, "it needs a head dimension that is a multiple of 8 and <= 128, got 12"),
+    ("gpu", {"compute_dtype": "bfloat16", "d_head": 12},
+     "it needs a head dimension that is a multiple of 8 and <= 128, got 12"),
 ])
 def test_cudnn_where_it_cannot_run_is_a_one_line_error(platform, changes, reason):
   cfg = dataclasses.replace(ModelConfig(d_model=256, n_heads=4, attention="cudnn"), **changes)

@@ -42,9 +42,11 @@ def _primitives(jaxpr):
 # ------------------------------------------------------------------ 1. mixed precision
 
 
-def test_cpu_default_is_float32_and_bf16_is_opt_in():
-  assert Transformer(get_preset("tiny"), rngs=nnx.Rngs(0)).cfg.compute_dtype == "float32"
-  assert ModelConfig().compute_dtype is None  # resolved by the backend (float32 here)
+def test_the_model_resolves_its_compute_dtype_and_refuses_others():
+  assert ModelConfig().compute_dtype is None  # the backend's default (float32 on CPU)
+  resolved = Transformer(get_preset("tiny"), rngs=nnx.Rngs(0)).cfg
+  assert resolved.compute_dtype == "float32" and resolved.attention == "xla"  # suite: float32
+  assert Transformer(BF16, rngs=nnx.Rngs(0)).cfg.compute_dtype == "bfloat16"
   with pytest.raises(ValueError, match=r"ModelConfig.compute_dtype must be one of \('float32', 'bfloat16'\)"):
     ModelConfig(compute_dtype="float16")
 
@@ -148,9 +150,10 @@ def test_fused_attention_matches_explicit_attention(changes):
   np.testing.assert_allclose(np.asarray(new), np.asarray(old), rtol=1e-6, atol=1e-6)
 
 
-def test_cudnn_attention_is_refused_off_gpu_before_compiling():
-  with pytest.raises(ValueError, match="ModelConfig.attention='cudnn' is not available: it runs on a GPU only"):
-    init_model(dataclasses.replace(get_preset("tiny"), attention="cudnn"), 0)
+def test_cudnn_attention_is_refused_where_it_cannot_run_before_compiling():
+  """On CPU: not a GPU; on a GPU: float32 has no cuDNN flash kernel."""
+  with pytest.raises(ValueError, match="ModelConfig.attention='cudnn' is not available: it "):
+    init_model(dataclasses.replace(get_preset("tiny"), compute_dtype="float32", attention="cudnn"), 0)
 
 
 @pytest.mark.parametrize("compute_dtype", ["float32", "bfloat16"])
