@@ -7,6 +7,13 @@ DiLoCo take "every third layer" as one fragment with a single traced index inste
 P separately compiled branches. The params pytree the DiLoCo core sees is the plain
 nested dict :func:`split_params` returns; ``blocks/*`` are the stacked-layer leaves
 (:func:`layer_mask`).
+
+Precision: params are float32 and stay so (they are the masters the optimizers update);
+the forward pass casts them to ``cfg.compute_dtype`` (bfloat16 by default on GPU/TPU,
+float32 on CPU, see :mod:`diloco_core.backend`), computes norms, RoPE angles and the
+attention softmax in float32, and returns float32 logits, so the loss is float32 too.
+Attention is :func:`jax.nn.dot_product_attention` (causal; XLA or cuDNN), and
+``cfg.remat = "block"`` recomputes each scanned block in the backward pass.
 """
 
 from __future__ import annotations

@@ -27,6 +27,9 @@ class ModelConfig:
 
   The built-in NNX model (:class:`diloco_core.Transformer`) implements every field but
   the MoE ones (it is dense); :mod:`analysis` uses those to size models it never trains.
+  ``compute_dtype``, ``attention`` and ``remat`` say how the built-in model computes; they
+  change no shape, count or FLOP formula. ``compute_dtype=None`` and ``attention="auto"``
+  are resolved per backend (:func:`diloco_core.backend.resolve_model_config`).
   """
 
   vocab_size: int = 256  # tokens in the vocabulary (output classes)
