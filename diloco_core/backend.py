@@ -29,6 +29,9 @@ import dataclasses
 import os
 import warnings
 
+import jax
+from jax._src import xla_bridge
+
 from diloco_core.model_config import COMPUTE_DTYPES, ModelConfig
 from diloco_core.validity import check_choice
 
@@ -43,13 +46,7 @@ ACCELERATORS = ("gpu", "tpu")
 
 def platform() -> str:
   """The platform JAX computes on: ``"cpu"``, ``"gpu"`` or ``"tpu"`` (starts the backend)."""
-  import jax  # pylint: disable=import-outside-toplevel
   return jax.default_backend()
-
-
-def on_accelerator() -> bool:
-  """True when JAX's default backend is a GPU or a TPU."""
-  return platform() in ACCELERATORS
 
 
 def default_compute_dtype(platform_name: str | None = None) -> str:
@@ -155,7 +152,6 @@ def resolve_model_config(cfg: ModelConfig, platform_name: str | None = None) -> 
 
 def jax_started() -> bool:
   """True once JAX has initialized a backend (after which XLA_FLAGS are no longer read)."""
-  from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
   return xla_bridge.backends_are_initialized()
 
 
