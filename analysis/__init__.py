@@ -45,6 +45,7 @@ from analysis.simulate import SIM_MODELS
 from analysis.simulate import SimModel
 from analysis.simulate import SimResult
 from analysis.simulate import bandwidth_for_utilization
+from analysis.simulate import fragment_layers_of
 from analysis.simulate import get_sim_model
 from analysis.simulate import paper_table
 from analysis.simulate import run_simulation

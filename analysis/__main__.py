@@ -28,6 +28,7 @@ from analysis.models import MODELS
 from analysis.models import get_model
 from analysis.models import model_stats
 from analysis.models import model_table
+from diloco_core.validity import FRAGMENT_PATTERNS
 
 _GBIT = 1e9 / 8  # bytes/s in one Gbit/s
 
@@ -153,12 +154,13 @@ def _plan(a) -> None:
 
 def _simulate(a) -> None:
   common = dict(replicas=a.replicas, sync_every=a.sync_every,
-                fragment_layers=a.fragment_layers, latency=a.latency)
+                fragment_layers=a.fragment_layers, latency=a.latency,
+                fragment_pattern=a.fragment_pattern, bucket_layers=a.bucket_layers)
   if a.table:
     t0 = time.perf_counter()
     table = sim.paper_table(rounding=a.rounding, **common)
     print(f"Bandwidth (Gbit/s) for each compute utilization, rounding={a.rounding} "
-          f"(M={a.replicas}, H={a.sync_every}, {a.fragment_layers} layers per fragment, "
+          f"(M={a.replicas}, H={a.sync_every}, {a.fragment_layers} layers per fragment ({a.fragment_pattern}), "
           f"tau=1 for overlap rows, latency {a.latency} s); "
           f"computed in {time.perf_counter() - t0:.2f} s")
     print(table.to_string(float_format=lambda v: f"{v:.3g}"))
@@ -277,9 +279,13 @@ def build_parser() -> argparse.ArgumentParser:
   s.add_argument("--sync-every", type=int, default=100, help="H (100)")
   s.add_argument("--fragment-layers", type=int, default=3,
                  help="layers per Streaming fragment; must divide the layers (3)")
+  s.add_argument("--fragment-pattern", default="strided", choices=FRAGMENT_PATTERNS,
+                 help="how layers are dealt to fragments, as in the trainer (strided)")
+  s.add_argument("--bucket-layers", type=int, default=1,
+                 help="layers per gradient bucket, released when its backward pass ends (1)")
   s.add_argument("--overlap", type=int, default=0, help="tau, steps before merging (0)")
   s.add_argument("--bits", type=float, default=16, help="bits per value on the wire (16)")
-  s.add_argument("--latency", type=float, default=0.0, help="seconds per transfer (0)")
+  s.add_argument("--latency", type=float, default=0.0, help="seconds per chunk (0)")
   s.add_argument("--target", type=float, nargs="+", default=None,
                  help="target utilizations in (0, 1) (default: 0.5 0.8 0.9 0.95 0.99)")
   s.add_argument("--bandwidth", type=float, nargs="+", default=None,
