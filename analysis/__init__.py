@@ -28,6 +28,7 @@ from analysis.roofline import diloco_critical_batch_per_slice
 from analysis.roofline import dp_critical_batch_per_chip
 from analysis.roofline import dp_critical_batch_per_slice
 from analysis.roofline import hidden_bandwidth
+from analysis.roofline import hiding_window
 from analysis.roofline import max_slices
 from analysis.roofline import memory_per_replica
 from analysis.roofline import payload_bytes
@@ -37,6 +38,7 @@ from analysis.roofline import streaming_window_steps
 from analysis.roofline import t_comm
 from analysis.roofline import t_math
 from analysis.roofline import utilization_no_overlap
+from analysis.roofline import utilization_overlapped
 from analysis.simulate import METHODS
 from analysis.simulate import PAPER_GRID_GBPS
 from analysis.simulate import PAPER_ROWS

@@ -213,10 +213,15 @@ def _bytes_per_flop_ratio(model, seq_len) -> float:
   return s.total_params / (s.flops_per_token / 6.0)
 
 
-def _dp_critical(peak, bandwidth, *, model, seq_len, bits, replicas, compute_fraction):
-  f = float(compute_fraction)
+def _compute_fraction(value) -> float:
+  f = float(value)
   if not 0 < f <= 1:
-    raise ValueError(f"compute_fraction must be in (0, 1], got {compute_fraction!r}.")
+    raise ValueError(f"compute_fraction must be in (0, 1], got {value!r}.")
+  return f
+
+
+def _dp_critical(peak, bandwidth, *, model, seq_len, bits, replicas, compute_fraction):
+  f = _compute_fraction(compute_fraction)
   payload = payload_bytes(_bytes_per_flop_ratio(model, seq_len), bits, replicas)
   return critical_batch(payload, 6.0 * f, peak, bandwidth)
 
@@ -340,35 +345,35 @@ def _check_streaming(sync_every, fragments, overlap):
   return h, p, tau
 
 
-def streaming_window_steps(sync_every, fragments, overlap=0):
-  """Steps of compute a Streaming DiLoCo fragment's bytes are spread over (roofline view).
+def streaming_window_steps(sync_every, fragments, overlap=0, *, compute_fraction=2 / 3):
+  """Backward passes of compute a Streaming DiLoCo fragment's bytes hide behind (roofline view).
 
-  A fragment sent at step :math:`t` is merged after step :math:`t+\\tau`: its bytes
-  share the link with the compute of :math:`\\tau + 1` steps (the sending step and the
-  :math:`\\tau` it overlaps). The link also carries one fragment every
-  :math:`\\Delta h = H/P` steps, so the window cannot exceed that on average:
+  Outer gradients are reduced layer by layer while the *sending* step's backward pass
+  runs (the Streaming DiLoCo paper's accounting, arXiv 2501.18512, Figure 3), and a
+  fragment sent during step :math:`t` is merged before step :math:`t+\\tau+1`: it hides
+  behind that backward pass (a fraction :math:`c` of a step) and :math:`\\tau` whole
+  steps. Counted in backward passes, the unit of :math:`B^*_\\text{DP}`, and capped like
+  DiLoCo's average by the link carrying one fragment every :math:`H/P` steps:
 
   .. math::
-     w = \\min(\\tau + 1,\\; H / P)
-
-  Only the :math:`\\tau` later steps can *hide* the transfer, since SPEC.md sends a
-  fragment after the sending step's update (see :func:`hidden_bandwidth` and the
-  simulator).
+     w = \\min\\!\\left(1 + \\frac{\\tau}{c},\\; \\frac{H}{P}\\right)
 
   Args:
     sync_every: H.
     fragments: P (<= H).
     overlap: τ (0 <= τ < H).
+    compute_fraction: c, the share of a step the backward pass takes (2/3).
 
   Returns:
-    The window in steps.
+    The window in backward passes.
 
   Examples:
     >>> streaming_window_steps(100, 4, overlap=1), streaming_window_steps(100, 50, 5)
-    (2.0, 2.0)
+    (2.5, 2.0)
   """
   h, p, tau = _check_streaming(sync_every, fragments, overlap)
-  return float(min(tau + 1, h / p))
+  c = _compute_fraction(compute_fraction)
+  return float(min(1.0 + tau / c, h / p))
 
 
 def streaming_critical_batch_per_slice(hardware, sync_every, fragments, overlap=0, *,
@@ -376,17 +381,17 @@ def streaming_critical_batch_per_slice(hardware, sync_every, fragments, overlap=
                                        compute_fraction=2 / 3):
   """Per-slice batch above which Streaming DiLoCo's *peak* traffic is compute-bound.
 
-  Streaming sends :math:`1/P` of the model at a time (the peak bytes per step are
-  divided by :math:`P`) and each transfer may take :math:`w` step times
-  (:func:`streaming_window_steps`):
+  Streaming sends :math:`1/P` of the model at a time and each fragment hides behind
+  :math:`w` backward passes (:func:`streaming_window_steps`): its own step's backward
+  pass, as DP's gradients do, plus :math:`\\tau` steps.
 
   .. math::
      B^*_\\text{stream} = \\frac{B^*_\\text{DP, slice}}{P \\cdot w}
-       = \\frac{B^*_\\text{DP, slice}}{\\min(P(\\tau+1),\\, H)}
+       = \\frac{B^*_\\text{DP, slice}}{\\min(P(1 + \\tau / c),\\, H)}
 
-  With :math:`P(\\tau+1) \\ge H` this is DiLoCo's average threshold; with
-  :math:`P = 1, \\tau = 0` it is the DP one, since vanilla DiLoCo's peak is a whole
-  model in one step (its *average* is :func:`diloco_critical_batch_per_slice`).
+  With :math:`P = 1, \\tau = 0` this is the DP threshold (vanilla DiLoCo's peak is a
+  whole model reduced during one backward pass); with :math:`P(1 + \\tau/c) \\ge H` it is
+  DiLoCo's average (:func:`diloco_critical_batch_per_slice`).
 
   Args:
     hardware: a HardwareSpec or catalog name.
@@ -401,13 +406,14 @@ def streaming_critical_batch_per_slice(hardware, sync_every, fragments, overlap=
 
   Examples:
     >>> round(streaming_critical_batch_per_slice("v5p", 100, fragments=8, overlap=1))
-    4590
+    3672
   """
   h, p, tau = _check_streaming(sync_every, fragments, overlap)
   dp = np.asarray(dp_critical_batch_per_slice(
       hardware, model=model, seq_len=seq_len, bits=bits, replicas=replicas,
       compute_fraction=compute_fraction))
-  return _checks.out(dp / (p * streaming_window_steps(h, p, tau)))
+  return _checks.out(dp / (p * streaming_window_steps(h, p, tau,
+                                                      compute_fraction=compute_fraction)))
 
 
 def max_slices(global_batch_tokens, hardware, *, method="dp", sync_every=1, fragments=1,
@@ -481,11 +487,16 @@ def utilization_no_overlap(bandwidth, payload, step_time, steps_per_sync=1, late
   .. math::
      u = \\frac{s\\,T}{s\\,T + V / W + \\varepsilon}
 
+  The payload is released only when its step ends and nothing hides it: the
+  accounting of :func:`utilization_overlapped` with ``chunks=1`` and ``overlap=0``
+  (and of the simulator with ``bucket_layers`` = L). It is the pessimistic reference
+  the overlapped forms improve on.
+
   Args:
     bandwidth: W, bytes/s (may be ``inf``).
     payload: V, bytes per sync (see :func:`payload_bytes`).
     step_time: T, seconds of compute per step.
-    steps_per_sync: s (H for DiLoCo, H/P per fragment for Streaming without overlap).
+    steps_per_sync: s (H for DiLoCo, H/P per fragment for Streaming).
     latency: ε, seconds added to every transfer.
 
   Returns:
@@ -495,38 +506,140 @@ def utilization_no_overlap(bandwidth, payload, step_time, steps_per_sync=1, late
     >>> round(utilization_no_overlap(1.25e9, 2e9, 0.1, steps_per_sync=100), 4)  # 10 s / 11.6 s
     0.8621
   """
+  return utilization_overlapped(bandwidth, payload, step_time, steps_per_sync, latency,
+                                chunks=1)
+
+
+def hiding_window(overlap=0, chunks=None, forward_fraction=1 / 3):
+  """Steps of compute a payload reduced during its sending step's backward pass hides behind.
+
+  In the Streaming DiLoCo paper's accounting (arXiv 2501.18512, Figure 3; its first
+  author's calculator: "the reduction of gradients or outer gradients is overlapped
+  over the backward pass computation"), a payload sent during step :math:`t` is cut
+  into :math:`\\ell` equal chunks (one per layer, or per bucket of layers), released as
+  the backward pass finishes each of them, and must have arrived before step
+  :math:`t + \\tau + 1` starts. The backward pass takes :math:`(1-\\varphi)T` and the
+  first chunk is released after :math:`1/\\ell` of it, so the payload can use
+
+  .. math::
+     \\omega = \\tau + (1 - \\varphi)\\left(1 - \\frac{1}{\\ell}\\right)
+
+  steps of compute; ``chunks=None`` is the limit :math:`\\ell \\to \\infty` (release
+  spread evenly over the backward pass, :math:`\\omega = \\tau + 1 - \\varphi`) and
+  ``chunks=1`` a payload released when its step ends (:math:`\\omega = \\tau`).
+
+  Args:
+    overlap: τ >= 0, steps between the sending step and the step that needs the payload.
+    chunks: ℓ, equal chunks the payload is released in (None: continuously).
+    forward_fraction: φ in [0, 1], the share of a step before the backward pass.
+
+  Returns:
+    ω, in steps.
+
+  Examples:
+    >>> hiding_window(), hiding_window(1, chunks=24)  # DP's 2/3; Streaming τ=1, 24 layers
+    (0.6666666666666667, 1.6388888888888888)
+  """
+  tau = _checks.nonneg_int("overlap", overlap)
+  phi = float(np.asarray(forward_fraction))
+  if not 0.0 <= phi <= 1.0:
+    raise ValueError(f"forward_fraction must be in [0, 1], got {forward_fraction!r}.")
+  tail = 1.0 if chunks is None else 1.0 - 1.0 / _checks.positive_int("chunks", chunks)
+  return tau + (1.0 - phi) * tail
+
+
+def utilization_overlapped(bandwidth, payload, step_time, steps_per_sync=1, latency=0.0, *,
+                           overlap=0, chunks=None, forward_fraction=1 / 3):
+  """Compute utilization when one payload per ``steps_per_sync`` steps hides behind compute.
+
+  One payload of :math:`V` bytes per :math:`s` steps, released in :math:`\\ell` chunks
+  of :math:`d = V/(\\ell W)` seconds during its sending step's backward pass
+  (:func:`hiding_window`). On a FIFO link it leaves :math:`\\max(T + d,\\ \\varphi T +
+  T_b/\\ell + \\ell d)` after the step starts (:math:`T_b = (1-\\varphi)T`), so the step
+  that needs it waits
+
+  .. math::
+     \\delta = \\max\\!\\left(0,\\ \\frac{V}{W} + \\varepsilon - \\omega T,\\
+       \\frac{V}{\\ell W} + \\varepsilon - \\tau T\\right), \\qquad
+     u = \\frac{sT}{sT + \\delta}
+
+  (the last term vanishes for ``chunks=None``). This is exact for DP (:math:`s = 1`)
+  and DiLoCo (:math:`s = H`) with :math:`\\ell = L` (the simulator,
+  :mod:`analysis.simulate`, agrees to rounding). For Streaming DiLoCo with the strided
+  pattern call it per fragment (:math:`V/P`, :math:`s = H/P`): ``chunks=None`` bounds
+  the utilization from above and ``chunks`` :math:`= L/P` from below (the fragment that
+  holds layer 0 is the last to be released; the others leave earlier).
+
+  Args:
+    bandwidth: W, bytes/s (may be ``inf``).
+    payload: V, bytes per transfer.
+    step_time: T, seconds of compute per step.
+    steps_per_sync: s, steps per transfer.
+    latency: ε, seconds each chunk adds after leaving the link.
+    overlap: τ, steps the transfer may take past its sending step.
+    chunks: ℓ, chunks the payload is released in (None: continuously).
+    forward_fraction: φ, share of a step before the backward pass.
+
+  Returns:
+    Compute time / wall time, in (0, 1].
+
+  Examples:
+    >>> # 1B, bf16, M = 2 (2e9 B), DiLoCo H = 100 at 10 Gbit/s: 1.6 s on the link, of
+    >>> # which (2/3)(23/24) 0.1 s hides behind the sync step's backward pass.
+    >>> round(utilization_overlapped(1.25e9, 2e9, 0.1, 100, chunks=24), 6)
+    0.866843
+  """
   w = _checks.positive("bandwidth", bandwidth)
   v = _checks.nonneg("payload", payload)
   t = _checks.positive("step_time", step_time)
   s = _checks.positive("steps_per_sync", steps_per_sync)
   eps = _checks.nonneg("latency", latency)
-  return _checks.out(s * t / (s * t + v / w + eps))
+  stall = np.maximum(0.0, v / w + eps - hiding_window(overlap, chunks, forward_fraction) * t)
+  if chunks is not None:
+    stall = np.maximum(stall, v / (chunks * w) + eps - overlap * t)
+  return _checks.out(s * t / (s * t + stall))
 
 
-def required_bandwidth(target, payload, step_time, steps_per_sync=1, latency=0.0):
-  """Bandwidth for a target utilization with blocking (non-overlapped) transfers.
+def _per_slack(volume, slack):
+  """volume / slack where the slack is positive, inf elsewhere."""
+  with np.errstate(divide="ignore", invalid="ignore"):
+    return np.where(slack > 0, volume / np.where(slack > 0, slack, 1.0), np.inf)
 
-  Inverts :func:`utilization_no_overlap`:
+
+def required_bandwidth(target, payload, step_time, steps_per_sync=1, latency=0.0, *,
+                       overlap=0, chunks=None, forward_fraction=1 / 3):
+  """Bandwidth for a target utilization, the payload hiding behind its sending step's backward pass.
+
+  Inverts :func:`utilization_overlapped`: with the idle time a period may hold,
+  :math:`\\sigma = sT(1-u)/u`,
 
   .. math::
-     W = \\frac{V}{s\\,T\\,(1-u)/u - \\varepsilon}
+     W = \\max\\!\\left(\\frac{V}{\\sigma + \\omega T - \\varepsilon},\\
+       \\frac{V/\\ell}{\\sigma + \\tau T - \\varepsilon}\\right)
 
-  and is ``inf`` when the latency alone already exceeds the allowed idle time.
+  (:func:`hiding_window` :math:`\\omega`; ``inf`` when a denominator is not positive,
+  e.g. when the latency alone exceeds the allowed idle time). ``chunks=1`` gives the
+  blocking form :math:`V / (\\sigma - \\varepsilon)` of :func:`utilization_no_overlap`.
 
   Args:
     target: u in (0, 1).
-    payload: V, bytes per sync.
+    payload: V, bytes per transfer.
     step_time: T, seconds of compute per step.
-    steps_per_sync: s.
-    latency: ε, seconds per transfer.
+    steps_per_sync: s, steps per transfer.
+    latency: ε, seconds per chunk.
+    overlap: τ, steps the transfer may take past its sending step.
+    chunks: ℓ, chunks the payload is released in (None: continuously).
+    forward_fraction: φ, share of a step before the backward pass.
 
   Returns:
     Bytes/s.
 
   Examples:
-    >>> # 1B params, bf16, 2 datacenters (2 GB), DiLoCo H=100 at 0.1 s/step, 95%:
-    >>> w = required_bandwidth(0.95, 2e9, 0.1, steps_per_sync=100)
+    >>> # 1B params, bf16, 2 datacenters (2 GB), DiLoCo H=100 at 0.1 s/step, 24 layers, 95%:
+    >>> w = required_bandwidth(0.95, 2e9, 0.1, steps_per_sync=100, chunks=24)
     >>> round(w * 8 / 1e9, 2)  # Gbit/s
+    27.11
+    >>> round(required_bandwidth(0.95, 2e9, 0.1, steps_per_sync=100, chunks=1) * 8 / 1e9, 2)
     30.4
   """
   u = _checks.fraction("target", target)
@@ -534,44 +647,60 @@ def required_bandwidth(target, payload, step_time, steps_per_sync=1, latency=0.0
   t = _checks.positive("step_time", step_time)
   s = _checks.positive("steps_per_sync", steps_per_sync)
   eps = _checks.nonneg("latency", latency)
-  slack = s * t * (1.0 - u) / u - eps
-  with np.errstate(divide="ignore"):
-    w = np.where(slack > 0, v / np.where(slack > 0, slack, 1.0), np.inf)
+  sigma = s * t * (1.0 - u) / u
+  w = _per_slack(v, sigma + hiding_window(overlap, chunks, forward_fraction) * t - eps)
+  if chunks is not None:
+    w = np.maximum(w, _per_slack(v / chunks, sigma + overlap * t - eps))
   return _checks.out(w)
 
 
-def hidden_bandwidth(payload, step_time, overlap, steps_between_sends=math.inf):
-  """Bandwidth at which every overlapped transfer is hidden behind compute.
+def hidden_bandwidth(payload, step_time, overlap, steps_between_sends=math.inf, *, chunks=None,
+                     forward_fraction=1 / 3):
+  """Bandwidth at which every transfer is hidden behind compute (no step waits).
 
-  Under SPEC.md a fragment sent after step :math:`t` must have arrived before step
-  :math:`t+\\tau+1` starts, so it may use the :math:`\\tau` steps in between; and the
-  link must keep up with one transfer every :math:`s` steps:
+  A payload sent during step :math:`t` may use the rest of that step's backward pass
+  and the :math:`\\tau` steps before step :math:`t+\\tau+1` (:func:`hiding_window`
+  :math:`\\omega`); its last chunk, released when the step ends, only the :math:`\\tau`
+  steps; and the link must keep up with one transfer every :math:`s` steps:
 
   .. math::
-     W = \\frac{V}{\\min(\\tau, s)\\,T}
+     W = \\max\\!\\left(\\frac{V}{\\omega T},\\ \\frac{V/\\ell}{\\tau T},\\
+       \\frac{V}{sT}\\right)
 
-  At or above it no step waits for the network (utilization 1 without latency; the
-  simulator reproduces it). With :math:`\\tau = 0` nothing can be hidden.
+  Without latency, utilization is 1 at and above it. It is exact (the simulator agrees)
+  for one payload per period (DiLoCo, :math:`\\ell = L`) and for Streaming's strided
+  fragments (:math:`V/P`, :math:`\\ell = L/P`, :math:`s = H/P`) when :math:`\\tau + 1
+  \\le \\lfloor H/P \\rfloor`, so that two fragments never share the link; otherwise it
+  is a lower bound. With :math:`\\tau = 0` and chunks, the last chunk always waits:
+  ``inf``.
 
   Args:
     payload: V, bytes of one transfer (a fragment, see :func:`payload_bytes`).
     step_time: T, seconds per step.
-    overlap: τ >= 1.
+    overlap: τ >= 0.
     steps_between_sends: s, steps between two transfers (Δh = H/P for Streaming).
+    chunks: ℓ, chunks the payload is released in (None: continuously).
+    forward_fraction: φ, share of a step before the backward pass.
 
   Returns:
     Bytes/s.
 
   Examples:
-    >>> # 1B params in 8 fragments, bf16, 2 datacenters, τ = 1, T = 0.1 s
-    >>> w = hidden_bandwidth(payload_bytes(1e9 / 8, 16, replicas=2), 0.1, overlap=1)
-    >>> w * 8 / 1e9  # Gbit/s
-    20.0
+    >>> # 1B params in 8 fragments of 3 layers, bf16, 2 datacenters, τ = 1, T = 0.1 s:
+    >>> # the fragment holding layer 0 leaves T/3 + 8 T_b/24 + 3 d after its step starts.
+    >>> w = hidden_bandwidth(payload_bytes(1e9 / 8, 16, replicas=2), 0.1, overlap=1,
+    ...                      steps_between_sends=12.5, chunks=3)
+    >>> round(w * 8 / 1e9, 4)  # Gbit/s
+    13.8462
   """
-  tau = _checks.positive_int("overlap", overlap)
+  tau = _checks.nonneg_int("overlap", overlap)
+  v = _checks.nonneg("payload", payload)
+  t = _checks.positive("step_time", step_time)
   s = float(_checks.positive("steps_between_sends", steps_between_sends))
-  return _checks.out(_checks.nonneg("payload", payload) / (
-      min(tau, s) * _checks.positive("step_time", step_time)))
+  w = np.maximum(_per_slack(v, hiding_window(tau, chunks, forward_fraction) * t), v / (s * t))
+  if chunks is not None:
+    w = np.maximum(w, _per_slack(v / chunks, np.asarray(tau * t)))
+  return _checks.out(w)
 
 
 # ------------------------------------------------------------------------------- memory

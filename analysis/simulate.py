@@ -124,7 +124,8 @@ class SimResult:
   window: tuple[int, int]  # first and last measured step (1-based, inclusive)
   step_start: np.ndarray  # start time of steps 1..n (index 0 is step 1)
   step_end: np.ndarray  # end time of the same steps
-  transfers: pd.DataFrame  # one row per chunk: step, fragment, ready, start, end, arrival, bits, needed_by
+  transfers: pd.DataFrame  # one row per chunk: step, fragment, ready, start, end, arrival,
+  #                          bits, needed_by
   step_time: float  # T
   layers: int  # L
   forward_fraction: float  # share of T spent in the forward pass

@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 
+from analysis import roofline as rl
 from analysis import simulate as sim
 from diloco_core import Fragments
 
@@ -128,6 +129,70 @@ def test_exact_table_by_hand():
   # DiLoCo at 50%: stall = H T = 10 s = V / W - (2T/3)(23/24).
   w = 1.6e10 / (10.0 + 0.2 / 3 * 23 / 24) / 1e9
   assert exact.loc[("1B", "DiLoCo"), "50%"] == pytest.approx(w, rel=1e-5)
+
+
+# ------------------------------------------------- the closed forms of analysis.roofline
+
+GBIT = 1e9 / 8  # bytes/s per Gbit/s
+
+
+@pytest.mark.parametrize("name", list(sim.SIM_MODELS))
+def test_closed_form_is_exact_for_one_payload_per_period(name):
+  # DP (s = 1) and DiLoCo (s = H, any tau) with one chunk per layer: equal at every
+  # bandwidth, with latency too; and the required bandwidth equals the bisection.
+  m = sim.SIM_MODELS[name]
+  v = rl.payload_bytes(m.params, 16, replicas=2)
+  g = np.logspace(-1, 4, 30)
+  for method, h, tau, eps in (("dp", 1, 0, 0.0), ("dp", 1, 0, 0.01), ("diloco", 100, 0, 0.0),
+                              ("diloco", 100, 0, 0.2), ("diloco", 100, 3, 0.0)):
+    kw = dict(overlap=tau, chunks=m.layers)
+    closed = rl.utilization_overlapped(g * GBIT, v, m.step_time, h, eps, **kw)
+    simulated = sim.utilization(name, method, g, latency=eps, **(
+        dict(overlap=tau) if method == "diloco" else {}))
+    np.testing.assert_allclose(simulated, closed, rtol=1e-9)
+    if tau == 0:
+      targets = np.array(sim.PAPER_TARGETS)
+      np.testing.assert_allclose(
+          sim.bandwidth_for_utilization(targets, name, method, latency=eps),
+          rl.required_bandwidth(targets, v, m.step_time, h, eps, **kw) / GBIT, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(sim.SIM_MODELS))
+@pytest.mark.parametrize("tau", [1, 2, 3])
+def test_hidden_bandwidth_is_exact_at_utilization_one(name, tau):
+  # DiLoCo: one payload of L chunks. Streaming: strided fragments of 3 layers, exact when
+  # tau + 1 <= floor(H / P) (no two fragments on the link at once), a lower bound else.
+  m = sim.SIM_MODELS[name]
+  v, p = rl.payload_bytes(m.params, 16, replicas=2), m.layers // 3
+  w = rl.hidden_bandwidth(v, m.step_time, tau, chunks=m.layers) / GBIT
+  assert sim.utilization(name, "diloco", w, overlap=tau) == pytest.approx(1.0, abs=1e-12)
+  assert sim.utilization(name, "diloco", 0.999 * w, overlap=tau) < 1.0
+  ws = rl.hidden_bandwidth(v / p, m.step_time, tau, 100 / p, chunks=3) / GBIT
+  if tau + 1 <= 100 // p:
+    assert sim.utilization(name, "streaming", ws, overlap=tau) == pytest.approx(1.0, abs=1e-12)
+  assert sim.utilization(name, "streaming", 0.999 * ws, overlap=tau) < 1.0
+
+
+@pytest.mark.parametrize("name", list(sim.SIM_MODELS))
+@pytest.mark.parametrize("tau", [0, 1])
+def test_streaming_bounded_by_closed_forms(name, tau):
+  # Per fragment (V/P every H/P steps): continuous release bounds the simulated
+  # utilization from above, the fragment holding layer 0 (L/P chunks) from below.
+  m = sim.SIM_MODELS[name]
+  p = m.layers // 3
+  v = rl.payload_bytes(m.params, 16, replicas=2) / p
+  g = sim.PAPER_GRID_GBPS
+  kw = dict(overlap=tau)
+  u = sim.utilization(name, "streaming", g, **kw)
+  upper = rl.utilization_overlapped(g * GBIT, v, m.step_time, 100 / p, **kw)
+  lower = rl.utilization_overlapped(g * GBIT, v, m.step_time, 100 / p, chunks=3, **kw)
+  assert np.all(lower <= u + 1e-12) and np.all(u <= upper + 1e-12)
+  assert np.any(lower < u - 1e-4) and np.any(u < upper - 1e-4)  # strict somewhere
+  targets = np.array(sim.PAPER_TARGETS)
+  exact = sim.bandwidth_for_utilization(targets, name, "streaming", **kw)
+  lo = rl.required_bandwidth(targets, v, m.step_time, 100 / p, **kw) / GBIT
+  hi = rl.required_bandwidth(targets, v, m.step_time, 100 / p, chunks=3, **kw) / GBIT
+  assert np.all(lo <= exact * (1 + 1e-5)) and np.all(exact <= hi * (1 + 1e-5))
 
 
 # ---------------------------------------------------------------------------- limits
