@@ -34,6 +34,8 @@ from analysis.roofline import memory_per_replica
 from analysis.roofline import payload_bytes
 from analysis.roofline import required_bandwidth
 from analysis.roofline import streaming_critical_batch_per_slice
+from analysis.roofline import streaming_required_bandwidth
+from analysis.roofline import streaming_stall
 from analysis.roofline import streaming_window_steps
 from analysis.roofline import t_comm
 from analysis.roofline import t_math

@@ -25,6 +25,7 @@ from analysis import simulate as sim
 from analysis.hardware import HARDWARE
 from analysis.hardware import get_hardware
 from analysis.models import MODELS
+from analysis.models import fragment_sizes
 from analysis.models import get_model
 from analysis.models import model_stats
 from analysis.models import model_table
@@ -74,24 +75,25 @@ def _roofline(a) -> None:
   gbs_kw = dict(model=cfg, seq_len=seq, bits=a.bits)
   payload = rl.payload_bytes(stats.total_params, a.bits, m)
   ici = rl.dp_critical_batch_per_chip(hw, model=cfg, seq_len=seq, bits=a.bits)
+  need = lambda method: plan_lib.candidate_bandwidth(  # noqa: E731
+      method, target=a.target, payload=payload, step_time=step, layers=cfg.n_layers,
+      sync_every=h, fragments=p, overlap=tau, latency=a.latency,
+      first_fragment=rl.payload_bytes(fragment_sizes(cfg, p)[0], a.bits, m) if p > 1 else 0.0)
 
   rows = {}
   rows["DP"] = dict(
       critical_tokens_per_slice=rl.dp_critical_batch_per_slice(hw, **kw),
       max_slices=rl.max_slices(a.global_batch_tokens, hw, method="dp", **gbs_kw),
-      gbps_per_slice=rl.required_bandwidth(a.target, payload, step, 1, a.latency) / _GBIT,
+      gbps_per_slice=need("dp") / _GBIT,
       memory_gb_per_chip=rl.memory_per_replica(cfg, method="dp").total / n / 1e9)
   rows[f"DiLoCo H={h}"] = dict(
       critical_tokens_per_slice=rl.diloco_critical_batch_per_slice(hw, h, **kw),
       max_slices=rl.max_slices(a.global_batch_tokens, hw, method="diloco", sync_every=h,
                                **gbs_kw),
-      gbps_per_slice=rl.required_bandwidth(a.target, payload, step, h, a.latency) / _GBIT,
+      gbps_per_slice=need("diloco") / _GBIT,
       memory_gb_per_chip=rl.memory_per_replica(cfg, method="diloco", sync_every=h).total
       / n / 1e9)
-  if tau == 0:
-    w = rl.required_bandwidth(a.target, payload / p, step, h / p, a.latency)
-  else:
-    w = rl.hidden_bandwidth(payload / p, step, tau, h / p)
+  w = need("streaming")
   rows[f"Streaming H={h} P={p} tau={tau}"] = dict(
       critical_tokens_per_slice=rl.streaming_critical_batch_per_slice(hw, h, p, tau, **kw),
       max_slices=rl.max_slices(a.global_batch_tokens, hw, method="streaming", sync_every=h,
@@ -119,9 +121,9 @@ def _roofline(a) -> None:
   print()
   print(f"Across slices (DCN), {a.bits:g}-bit payload, M={m}. critical_tokens_per_slice: "
         f"compute-bound above it; max_slices: largest M for this global batch; "
-        f"gbps_per_slice: bandwidth for {a.target:.0%} utilization with blocking transfers "
-        f"(closed form; for Streaming with tau >= 1, the bandwidth that hides every "
-        f"transfer); memory_gb_per_chip: replica state sharded over the slice (HBM "
+        f"gbps_per_slice: bandwidth for {a.target:.0%} utilization, each payload reduced "
+        f"during its sending step's backward pass (closed form; for Streaming with tau >= 1, "
+        f"the bandwidth that hides every transfer); memory_gb_per_chip: replica state sharded over the slice (HBM "
         f"{hw.hbm_bytes / 1e9:.0f} GB).")
   print(table.to_string(formatters=dict(
       critical_tokens_per_slice=lambda v: f"{v:,.0f}", gbps_per_slice=_fmt,
@@ -141,8 +143,8 @@ def _plan(a) -> None:
         f"seq_len {p.seq_len}; step time {p.step_time:.4g} s at MFU {p.mfu:g}; DP across "
         f"slices is compute-bound above {p.dp_critical_tokens:,.0f} tokens per slice")
   print(f"network per slice: link {p.link_gbps:,.4g} Gbit/s, in-pod DCN {p.dcn_gbps:,.4g} Gbit/s;"
-        f" {p.bits:g}-bit payload; Gbit/s per slice: blocking transfers at {p.target:.0%} "
-        f"utilization (tau = 0) or every fragment hidden behind tau steps (tau >= 1)")
+        f" {p.bits:g}-bit payload; Gbit/s per slice: {p.target:.0%} utilization (tau = 0) or "
+        f"every fragment hidden behind its step's backward pass and tau steps (tau >= 1)")
   print()
   fmt = {"Gbit/s per slice": _fmt, "GB per sync": lambda v: f"{v:,.3g}",
          "memory GB/replica": lambda v: f"{v:,.0f}", "memory GB/chip": lambda v: f"{v:,.2f}"}
@@ -254,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
                  help="the cross-slice link per slice, Gbit/s")
   q.add_argument("--mfu", type=float, default=0.5, help="model FLOPs utilization (0.5)")
   q.add_argument("--target", type=float, default=0.95,
-                 help="compute utilization for blocking transfers (0.95)")
+                 help="compute utilization to plan for (0.95)")
   q.add_argument("--bits", type=float, default=16, help="bits per value on the wire (16)")
   q.add_argument("--sync-every", type=int, nargs="+", default=None,
                  help="H candidates (default: L + 1 and "

@@ -12,15 +12,21 @@ Bandwidth per slice, with :math:`T` the step time, :math:`u` the target utilizat
 (:func:`~analysis.roofline.payload_bytes`) and :math:`V_\\max` those of the largest
 fragment (fragment 0 holds the embeddings, so fragments are not all the same size):
 
-* DP, DiLoCo and Streaming with :math:`\\tau = 0` (blocking transfers): the bandwidth
-  at which the transfers of one sync period leave a fraction :math:`u` of the wall time
-  to compute, :math:`W = V / (H T (1-u)/u)` with :math:`H = 1` for DP
-  (:func:`~analysis.roofline.required_bandwidth`; Streaming sends the same :math:`V`
-  per :math:`H` steps as DiLoCo, in :math:`P` pieces);
-* Streaming with :math:`\\tau \\ge 1`: the bandwidth at which every fragment arrives
-  within its :math:`\\tau` steps of overlap, so that no step waits,
-  :math:`W = V_\\max / (\\min(\\tau, H/P)\\, T)`
-  (:func:`~analysis.roofline.hidden_bandwidth`).
+Every payload is reduced layer by layer while the backward pass of the step that sends
+it runs, as in the Streaming DiLoCo paper's simulation (:func:`candidate_bandwidth`):
+
+* DP, DiLoCo and Streaming with :math:`\\tau = 0`: the bandwidth at which the waits of
+  one sync period leave a fraction :math:`u` of the wall time to compute. DP and DiLoCo
+  send :math:`V` in :math:`L` chunks every :math:`1` or :math:`H` steps
+  (:func:`~analysis.roofline.required_bandwidth`); Streaming sends its :math:`P - 1`
+  strided layer fragments and fragment 0 (the embeddings and head, taken as released
+  when its step ends) one every :math:`H/P` steps
+  (:func:`~analysis.roofline.streaming_required_bandwidth`);
+* with :math:`\\tau \\ge 1`: the bandwidth at which every fragment arrives within the
+  rest of its step's backward pass and its :math:`\\tau` steps of overlap, so that no
+  step waits (:func:`~analysis.roofline.hidden_bandwidth`).
+
+These are the simulator's accounting (:mod:`analysis.simulate` checks them).
 """
 
 from __future__ import annotations
@@ -138,6 +144,51 @@ def largest_fragments(sync_every: int, layers: int) -> int:
              if sync_every % p == 0 and (p == 1 or layers % (p - 1) == 0))
 
 
+def candidate_bandwidth(method, *, target, payload, step_time, layers, sync_every=1,
+                        fragments=1, overlap=0, first_fragment=0.0, latency=0.0):
+  """Bytes/s a DP, DiLoCo or Streaming candidate needs (the rule of the module docstring).
+
+  Args:
+    method: "dp", "diloco" or "streaming".
+    target: u, the utilization for the τ = 0 candidates.
+    payload: V, bytes a replica sends to all-reduce the whole model.
+    step_time: T, seconds per inner step.
+    layers: L.
+    sync_every, fragments, overlap: H, P, τ (fragment 0 holds the non-layer parameters,
+      fragments 1..P-1 the layers, strided, as in the trainer).
+    first_fragment: V_0, bytes of fragment 0 (Streaming only).
+    latency: ε, seconds per chunk.
+
+  Returns:
+    Bytes/s.
+
+  Examples:
+    >>> # DiLoCo, 2 GB every 100 steps of 0.1 s, 24 layers, 95%: 27.1 Gbit/s.
+    >>> w = candidate_bandwidth("diloco", target=0.95, payload=2e9, step_time=0.1, layers=24,
+    ...                         sync_every=100)
+    >>> round(w / GBIT, 1)
+    27.1
+  """
+  _checks.choice("method", method, ("dp", "diloco", "streaming"))
+  if method == "dp":
+    return rl.required_bandwidth(target, payload, step_time, 1, latency, chunks=layers)
+  if method == "diloco" or fragments == 1:  # one payload of the whole model
+    if overlap == 0:
+      return rl.required_bandwidth(target, payload, step_time, sync_every, latency,
+                                   chunks=layers)
+    return rl.hidden_bandwidth(payload, step_time, overlap, sync_every, chunks=layers)
+  p = fragments - 1  # layer fragments
+  if overlap == 0:
+    return rl.streaming_required_bandwidth(target, payload - first_fragment, step_time,
+                                           sync_every, p, layers, 0, latency,
+                                           first_payload=first_fragment)
+  every = sync_every / fragments
+  layer_part = rl.hidden_bandwidth((payload - first_fragment) / p, step_time, overlap, every,
+                                   chunks=layers // p)
+  return max(float(layer_part),
+             float(rl.hidden_bandwidth(first_fragment, step_time, overlap, every, chunks=1)))
+
+
 def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_tokens,
              link_gbps, mfu=0.5, target=0.95, bits=16, sync_every=None,
              overlaps=OVERLAPS) -> Plan:
@@ -153,9 +204,8 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
   :math:`P` SPEC.md allows (:func:`largest_fragments`; for :math:`H = L + 1` that is
   MaxText's :math:`H = P = L + 1`, one layer per fragment) and each τ of ``overlaps``
   with :math:`\\tau < H`. At fixed :math:`H` and τ the largest :math:`P` needs the least
-  bandwidth: :math:`V / (\\min(P\\tau, H)\\,T)` for τ ≥ 1 with fragments of equal size, the
-  same for every :math:`P` when τ = 0, and it sends the smallest transfers. Bandwidths
-  follow the module docstring.
+  bandwidth (each fragment is smaller and hides behind its own step's backward pass, for
+  τ = 0 too) and sends the smallest transfers. Bandwidths follow the module docstring.
 
   Selection rule, with :math:`W_c` the bandwidth candidate :math:`c` needs and
   :math:`W` the link:
@@ -180,7 +230,7 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
     global_batch_tokens: B, tokens per step over all slices.
     link_gbps: W, the cross-slice link per slice, Gbit/s.
     mfu: model FLOPs utilization of the inner step, in (0, 1].
-    target: utilization the blocking candidates are planned for, in (0, 1).
+    target: utilization the τ = 0 candidates are planned for, in (0, 1).
     bits: bits per value on the wire (16: bf16).
     sync_every: H candidates (an int or a sequence); None for :math:`L + 1` and the ladder.
     overlaps: τ candidates for Streaming (an int or a sequence of integers >= 0).
@@ -193,17 +243,17 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
 
   Examples:
     >>> p = plan_run("qwen3-8b", "v5p", slices=2, chips_per_slice=64, seq_len=4096,
-    ...              global_batch_tokens=2**21, link_gbps=100)
+    ...              global_batch_tokens=2**21, link_gbps=20)
     >>> round(p.step_time, 3), round(float(p.table.loc["DP", "Gbit/s per slice"]), 1)
-    (3.759, 662.4)
+    (3.759, 49.7)
     >>> p.choice
     'Streaming H=10 P=10 tau=0'
     >>> p.reason  # doctest: +NORMALIZE_WHITESPACE
-    'DP needs 662.4 Gbit/s per slice, more than the 100 Gbit/s link; Streaming H=10 P=10
-    tau=0 needs 66.24 Gbit/s and has the smallest H that fits (then the smallest tau, then
+    'DP needs 49.75 Gbit/s per slice, more than the 20 Gbit/s link; Streaming H=10 P=10
+    tau=0 needs 13.46 Gbit/s and has the smallest H that fits (then the smallest tau, then
     the largest P).'
     >>> plan_run("qwen3-8b", "v5p", slices=2, chips_per_slice=64, seq_len=4096,
-    ...          global_batch_tokens=2**21, link_gbps=1000).choice
+    ...          global_batch_tokens=2**21, link_gbps=100).choice
     'DP'
   """
   cfg = get_model(model)
@@ -237,11 +287,11 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
                      for t in taus if t < h]
   rows = {}
   for label, method, h, p, tau in candidates:
-    largest = rl.payload_bytes(max(fragment_sizes(cfg, p)), b, m)
-    if tau == 0:  # blocking: the average over a period of H steps
-      w = rl.required_bandwidth(u, payload, step, h)
-    else:
-      w = rl.hidden_bandwidth(largest, step, tau, h / p)
+    sizes = fragment_sizes(cfg, p)
+    largest = rl.payload_bytes(max(sizes), b, m)
+    w = candidate_bandwidth(method, target=u, payload=payload, step_time=step, layers=L,
+                            sync_every=h, fragments=p, overlap=tau,
+                            first_fragment=rl.payload_bytes(sizes[0], b, m) if p > 1 else 0.0)
     mem = rl.memory_per_replica(cfg, method=method, sync_every=h, fragments=p, overlap=tau).total
     rows[label] = {"method": method, "H": h, "P": p, "tau": tau, "Gbit/s per slice": w / GBIT,
                    "GB per sync": largest / 1e9, "memory GB/replica": mem / 1e9,

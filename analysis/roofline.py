@@ -31,6 +31,8 @@ from analysis.models import fragment_sizes
 from analysis.models import get_model
 from analysis.models import model_stats
 from diloco_core.model_config import ModelConfig
+from diloco_core.validity import FRAGMENT_PATTERNS
+from diloco_core.validity import check_choice
 
 _METHODS = ("dp", "diloco", "streaming")
 
@@ -701,6 +703,107 @@ def hidden_bandwidth(payload, step_time, overlap, steps_between_sends=math.inf, 
   if chunks is not None:
     w = np.maximum(w, _per_slack(v / chunks, np.asarray(tau * t)))
   return _checks.out(w)
+
+
+def streaming_stall(bandwidth, payload, step_time, sync_every, fragments, layers, overlap=0,
+                    latency=0.0, *, pattern="strided", first_payload=0.0, forward_fraction=1 / 3):
+  """Seconds the steps of one Streaming DiLoCo period wait for the network.
+
+  The :math:`P` layer fragments (:math:`n = L/P` layers each, :math:`V/P` bytes, dealt
+  as the trainer deals them) are each reduced during the backward pass of their sending
+  step, one chunk of :math:`d = V/(LW)` seconds per layer. With :math:`b = (1-\\varphi)
+  T/L`, fragment :math:`k` (0-based) leaves the FIFO link
+
+  .. math::
+     F_k = \\begin{cases}
+       \\max(T - kb + d,\\ \\varphi T + (P-k)\\,b + n d) & \\text{strided (layers } k, k+P, \\dots) \\\\
+       \\max(T - knb + d,\\ T - (kn+n-1)\\,b + n d) & \\text{sequential}
+     \\end{cases}
+
+  after its step starts, and the step that needs it waits
+  :math:`\\delta_k = \\max(0, F_k + \\varepsilon - (\\tau+1)T)`. A non-layer fragment of
+  ``first_payload`` bytes (the trainer's fragment 0: embeddings, head) is taken as
+  released when its step ends: :math:`\\delta_0 = \\max(0, V_0/W + \\varepsilon - \\tau T)`.
+  The period waits :math:`\\sum \\delta`. This is the simulator's accounting
+  (:mod:`analysis.simulate`), exact when :math:`\\tau + 1 \\le \\lfloor H/P \\rfloor`
+  (two fragments never share the link).
+
+  Args:
+    bandwidth: W, bytes/s.
+    payload: V, bytes of all the layer fragments together.
+    step_time: T.
+    sync_every: H (a period; only checked against P and τ).
+    fragments: P, layer fragments (P | L).
+    layers: L.
+    overlap: τ.
+    latency: ε, seconds per chunk.
+    pattern: "strided" or "sequential".
+    first_payload: V_0, bytes of a non-layer fragment (0: none, the paper's setting).
+    forward_fraction: φ.
+
+  Returns:
+    Seconds per period.
+
+  Examples:
+    >>> # 1B, 8 fragments of 3 layers, 16 Gbit per period at 20 Gbit/s, tau = 0.
+    >>> round(float(streaming_stall(2.5e9, 2e9, 0.1, 100, 8, 24)), 6)
+    0.366667
+  """
+  w = _checks.positive("bandwidth", bandwidth)
+  t = float(_checks.positive("step_time", step_time))
+  h, p, tau = _check_streaming(sync_every, fragments, overlap)
+  n_layers = _checks.positive_int("layers", layers)
+  if n_layers % p:
+    raise ValueError(f"fragments ({p}) must divide layers ({n_layers}).")
+  check_choice("pattern", pattern, FRAGMENT_PATTERNS)
+  eps = _checks.nonneg("latency", latency)
+  phi = float(forward_fraction)
+  n, b = n_layers // p, (1.0 - phi) * t / n_layers
+  d = _checks.nonneg("payload", payload) / (n_layers * w)
+  k = np.arange(p).reshape((p,) + (1,) * np.ndim(d))
+  if pattern == "strided":
+    leave = np.maximum(t - k * b + d, phi * t + (p - k) * b + n * d)
+  else:
+    leave = np.maximum(t - k * n * b + d, t - (k * n + n - 1) * b + n * d)
+  stall = np.maximum(0.0, leave + eps - (tau + 1) * t).sum(axis=0)
+  stall = stall + np.maximum(0.0, _checks.nonneg("first_payload", first_payload) / w + eps
+                             - tau * t)
+  return _checks.out(stall)
+
+
+def streaming_required_bandwidth(target, payload, step_time, sync_every, fragments, layers,
+                                 overlap=0, latency=0.0, **kwargs):
+  """Bandwidth at which Streaming DiLoCo's waits leave a fraction ``target`` to compute.
+
+  Solves :math:`\\sum \\delta(W) = HT(1-u)/u` (:func:`streaming_stall`, decreasing in
+  :math:`W`) by bisection of :math:`\\log W` to 1e-9; ``inf`` when even an infinite
+  bandwidth waits too long (latency).
+
+  Args:
+    target: u in (0, 1).
+    payload, step_time, sync_every, fragments, layers, overlap, latency: as
+      :func:`streaming_stall`.
+    **kwargs: ``pattern``, ``first_payload``, ``forward_fraction``.
+
+  Returns:
+    Bytes/s.
+
+  Examples:
+    >>> w = streaming_required_bandwidth(0.99, 2e9, 0.1, 100, 8, 24)  # the paper's 1B
+    >>> round(w * 8 / 1e9, 2)  # Gbit/s
+    29.94
+  """
+  u = float(_checks.fraction("target", target))
+  sigma = sync_every * float(_checks.positive("step_time", step_time)) * (1.0 - u) / u
+  stall = lambda w: streaming_stall(w, payload, step_time, sync_every, fragments, layers,  # noqa: E731
+                                    overlap, latency, **kwargs)
+  if stall(math.inf) > sigma:
+    return math.inf
+  lo, hi = 1.0, 1e18
+  while math.log(hi / lo) > 1e-9:
+    mid = math.sqrt(lo * hi)
+    lo, hi = (lo, mid) if stall(mid) <= sigma else (mid, hi)
+  return hi
 
 
 # ------------------------------------------------------------------------------- memory
