@@ -256,7 +256,7 @@ def test_memory_per_replica_by_hand():
   kw = dict(method="streaming", sync_every=100, fragments=10)
   assert memory.memory_per_replica(1_000_000, overlap=1, **kw).in_flight == 4e5
   assert memory.memory_per_replica(1_000_000, overlap=15, **kw).in_flight == 8e5
-  # SPEC fragments of a ModelConfig: [168, 656, 656]; H = 3 (Δh = 1), τ = 1 -> 2 in flight.
+  # Fragments of a ModelConfig (the semantics page, docs/semantics.md): [168, 656, 656]; H = 3 (Δh = 1), τ = 1 -> 2 in flight.
   m = memory.memory_per_replica(TINY, method="streaming", sync_every=3, fragments=3, overlap=1)
   assert m.in_flight == 2 * 656 * 4
   assert m.params == 1480 * 4

@@ -85,7 +85,7 @@ def groups(df: pd.DataFrame, hue: str | Sequence[str] | None):
     yield None, df
     return
   cols = [hue] if isinstance(hue, str) else list(hue)
-  keys = df[cols].map(_fmt) if len(cols) > 1 else df[cols[0]].map(_fmt)
+  keys = df[cols].map(fmt) if len(cols) > 1 else df[cols[0]].map(fmt)
   # keep the order of first appearance (sweep order), not string order
   if len(cols) > 1:
     keys = keys.apply(lambda r: ", ".join(f"{short(c)}={r[c]}" for c in cols), axis=1)

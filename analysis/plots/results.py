@@ -78,9 +78,9 @@ def plot_metric(df: pd.DataFrame, *, x: str, y: str = "final_eval_loss",
     The matplotlib Figure.
   """
   fig, (ax,) = new_figure() if ax is None else (ax.figure, [ax])
-  order = list(dict.fromkeys(df[x].map(_fmt))) if categorical else None
+  order = list(dict.fromkeys(df[x].map(fmt))) if categorical else None
   for name, g in groups(df, hue):
-    keyed = g.assign(_x=g[x].map(_fmt)) if categorical else g.assign(_x=g[x])
+    keyed = g.assign(_x=g[x].map(fmt)) if categorical else g.assign(_x=g[x])
     stats = keyed.groupby("_x", sort=not categorical)[y].agg(["mean", "std", "count"])
     if categorical:
       stats = stats.reindex([o for o in order if o in stats.index])
@@ -160,12 +160,12 @@ def plot_bars(df: pd.DataFrame, *, x: str, y: str = "final_eval_loss",
     The matplotlib Figure.
   """
   fig, (ax,) = new_figure() if ax is None else (ax.figure, [ax])
-  xs = list(dict.fromkeys(df[x].map(_fmt)))
-  hues = [None] if hue is None else list(dict.fromkeys(df[hue].map(_fmt)))
+  xs = list(dict.fromkeys(df[x].map(fmt)))
+  hues = [None] if hue is None else list(dict.fromkeys(df[hue].map(fmt)))
   width = 0.8 / len(hues)
   for j, h in enumerate(hues):
-    sub = df if h is None else df[df[hue].map(_fmt) == h]
-    means = sub.assign(_x=sub[x].map(_fmt)).groupby("_x")[y].mean().reindex(xs)
+    sub = df if h is None else df[df[hue].map(fmt) == h]
+    means = sub.assign(_x=sub[x].map(fmt)).groupby("_x")[y].mean().reindex(xs)
     pos = np.arange(len(xs)) - 0.4 + width * (j + 0.5)
     ax.bar(pos, means.values, width=width * 0.95,
            label=None if h is None else f"{short(hue)}={h}")
