@@ -201,7 +201,20 @@ def build_parser() -> argparse.ArgumentParser:
               description="Roofline calculator and compute-utilization simulator for DP, "
                           "DiLoCo and Streaming DiLoCo.")
   sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+  _add_roofline(sub)
+  _add_plan(sub)
+  _add_simulate(sub)
+  h = sub.add_parser("hardware", help="list the hardware catalog",
+                     description="The hardware catalog (per chip, bytes and bytes/s).")
+  h.set_defaults(func=_hardware)
+  m = sub.add_parser("models", help="list the model catalog",
+                     description="The model catalog with parameter counts and FLOPs/token.")
+  m.add_argument("--seq-len", type=int, default=None, help="context length (default: own)")
+  m.set_defaults(func=_models)
+  return p
 
+
+def _add_roofline(sub) -> None:
   r = sub.add_parser("roofline", help="critical batches, max slices, bandwidth and memory",
                      description="Roofline numbers for one run: critical batch sizes, the "
                                  "largest number of slices, cross-slice bandwidth for a "
@@ -216,8 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
   r.add_argument("--bits", type=float, default=16, help="bits per value on the wire (16)")
   r.add_argument("--sync-every", type=int, default=100, help="H, DiLoCo inner steps (100)")
   r.add_argument("--fragments", type=int, default=None,
-                 help="P, Streaming fragments incl. fragment 0 (the embeddings); P - 1 must "
-                      "divide the layers (default: 1 + the smallest divisor of L >= 4)")
+                 help="P, Streaming fragments incl. fragment 0 (the embeddings); P must divide "
+                      "H and P - 1 the layers (default: 1 + the smallest divisor of L >= 4)")
   r.add_argument("--overlap", type=int, default=1, help="tau, Streaming overlap steps (1)")
   r.add_argument("--mfu", type=float, default=1.0,
                  help="model FLOPs utilization used for the step time (1.0: peak)")
@@ -226,6 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
   r.add_argument("--latency", type=float, default=0.0, help="seconds per transfer (0)")
   r.set_defaults(func=_roofline)
 
+
+def _add_plan(sub) -> None:
   q = sub.add_parser("plan", help="candidate H, P, tau for a link, and a suggestion",
                      description="Plan a run across slices: for DP, DiLoCo and Streaming "
                                  "DiLoCo candidates (H, P, tau valid for the trainer), the "
@@ -251,6 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
                       f"{' '.join(map(str, plan_lib.OVERLAPS))})")
   q.set_defaults(func=_plan)
 
+
+def _add_simulate(sub) -> None:
   s = sub.add_parser("simulate", help="simulated utilization and bandwidth for a target",
                      description="Discrete-event simulation of M datacenters on one WAN link; "
                                  "prints the bandwidth (Gbit/s) needed for each target "
@@ -278,15 +295,6 @@ def build_parser() -> argparse.ArgumentParser:
   s.add_argument("--rounding", default="grid", choices=("grid", "exact"),
                  help="table values: the paper's grid or exact bisection (grid)")
   s.set_defaults(func=_simulate)
-
-  h = sub.add_parser("hardware", help="list the hardware catalog",
-                     description="The hardware catalog (per chip, bytes and bytes/s).")
-  h.set_defaults(func=_hardware)
-  m = sub.add_parser("models", help="list the model catalog",
-                     description="The model catalog with parameter counts and FLOPs/token.")
-  m.add_argument("--seq-len", type=int, default=None, help="context length (default: own)")
-  m.set_defaults(func=_models)
-  return p
 
 
 def main(argv=None) -> int:
