@@ -1,7 +1,7 @@
 """Pick H (``sync_every``), P (``fragments``) and τ (``overlap``) for a run across slices.
 
 :func:`plan_run` lists trainer configurations that are valid under the schedule rules of
-:mod:`diloco_core.validity` (the semantics page, docs/semantics.md): DP, DiLoCo
+``diloco_core.validity`` (the semantics page, docs/semantics.md): DP, DiLoCo
 and Streaming DiLoCo for a ladder of :math:`H`. It computes for each the cross-slice
 bandwidth it needs and its memory with the closed forms of :mod:`analysis.bandwidth` and
 :mod:`analysis.memory` (:func:`candidate_table`, which ``python -m analysis roofline`` uses too),
@@ -137,7 +137,7 @@ def largest_fragments(sync_every: int, layers: int) -> int:
     layers: L.
 
   Returns:
-    P (1 when no P > 1 is valid), among :func:`diloco_core.validity.allowed_fragments`.
+    P (1 when no P > 1 is valid), among ``diloco_core.validity.allowed_fragments``.
 
   Examples:
     >>> largest_fragments(37, 36), largest_fragments(100, 36), largest_fragments(10, 48)
@@ -165,7 +165,7 @@ def candidates(layers: int, sync_every=None, overlaps=OVERLAPS) -> list[tuple]:
 
   Returns:
     A list of ``(method, H, P, tau)``, every one valid under
-    :func:`diloco_core.validity.check_schedule` with ``num_layers=layers``.
+    ``diloco_core.validity.check_schedule`` with ``num_layers=layers``.
 
   Examples:
     >>> candidates(2, sync_every=(6,), overlaps=(0, 6))
@@ -256,7 +256,7 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
   3. if none fits, no choice; the reason names the least bandwidth any candidate needs.
 
   Memory and HBM are reported, not used by the rule. Names are resolved and every value
-  is checked here, once (:mod:`diloco_core.validity`).
+  is checked here, once (``diloco_core.validity``).
 
   Args:
     model: a catalog name (:mod:`analysis.models`) or a ModelConfig.

@@ -293,7 +293,7 @@ def streaming_window_steps(sync_every, fragments, overlap=0):
 
   Args:
     sync_every: H.
-    fragments: P, a divisor of H (:func:`diloco_core.validity.check_schedule`).
+    fragments: P, a divisor of H (``diloco_core.validity.check_schedule``).
     overlap: τ (0 <= τ < H).
 
   Returns:

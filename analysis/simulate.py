@@ -25,7 +25,7 @@ symmetric, one replica and the link are simulated:
   one fragment every Δh = H/P steps); the paper's setting (H = 100 with 8, 16 or 36
   fragments, no embeddings fragment) needs the general form, which spaces the syncs ⌊H/P⌋
   or ⌈H/P⌉ steps apart. This is a documented exception to the schedule rules of
-  :mod:`diloco_core.validity` (H mod P = 0, (P − 1) | L), which the simulator does not apply.
+  ``diloco_core.validity`` (H mod P = 0, (P − 1) | L), which the simulator does not apply.
 * A DiLoCo or Streaming transfer becomes ready at the end of its sending step (the
   pseudo-gradient is computed after that step's inner update), so with overlap τ it
   can hide behind the τ steps before its merge (:func:`analysis.bandwidth.hidden_bandwidth`).
