@@ -255,8 +255,8 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
      :math:`\\arg\\min_{c:\\,W_c \\le W}\\,(H_c, \\tau_c, -P_c)`;
   3. if none fits, no choice; the reason names the least bandwidth any candidate needs.
 
-  Memory and HBM are reported, not used by the rule. Names are resolved and every value
-  is checked here, once (``diloco_core.validity``).
+  Memory and HBM are reported, not used by the rule. Catalog names are resolved once, here,
+  and the options are checked where they enter, here (``diloco_core.validity``).
 
   Args:
     model: a catalog name (:mod:`analysis.models`) or a ModelConfig.
