@@ -12,7 +12,7 @@ symmetric, one replica and the link are simulated:
   link for V / W seconds (serialization) and arrives ε later; the next transfer may
   start serializing as soon as the previous one has left (latency is pipelined).
 * **payload**: values × bits of the wire format × the all-reduce factor
-  :math:`2(M-1)/M` (:func:`analysis.roofline.allreduce_factor`); M = 1 sends nothing.
+  :math:`2(M-1)/M` (:func:`analysis.bandwidth.allreduce_factor`); M = 1 sends nothing.
 * **DP**: each layer's gradients are reduced as soon as that layer's backward pass
   finishes (overlapping the rest of the backward pass); step t+1 starts when every
   reduction of step t has arrived.
@@ -21,12 +21,14 @@ symmetric, one replica and the link are simulated:
 * **Streaming DiLoCo**: the L layers form P = L / ``fragment_layers`` fragments. Fragment
   p (0-based) is sent after the steps t with :math:`t \\bmod H = \\lfloor (p+1) H / P
   \\rfloor \\bmod H` and must have arrived before step :math:`t + \\tau + 1` starts.
-  When P divides H this is SPEC.md's schedule (one fragment every Δh = H/P steps); the
-  paper's setting (H = 100 with 8, 16 or 36 fragments) needs the general form, which
-  spaces the syncs ⌊H/P⌋ or ⌈H/P⌉ steps apart.
-* A DiLoCo or Streaming transfer becomes ready at the end of its sending step (SPEC.md
-  computes the pseudo-gradient after that step's inner update), so with overlap τ it
-  can hide behind the τ steps before its merge (:func:`analysis.roofline.hidden_bandwidth`).
+  When P divides H this is the trainer's schedule (the semantics page, docs/semantics.md:
+  one fragment every Δh = H/P steps); the paper's setting (H = 100 with 8, 16 or 36
+  fragments, no embeddings fragment) needs the general form, which spaces the syncs ⌊H/P⌋
+  or ⌈H/P⌉ steps apart. This is a documented exception to the schedule rules of
+  ``diloco_core.validity`` (H mod P = 0, (P − 1) | L), which the simulator does not apply.
+* A DiLoCo or Streaming transfer becomes ready at the end of its sending step (the
+  pseudo-gradient is computed after that step's inner update), so with overlap τ it
+  can hide behind the τ steps before its merge (:func:`analysis.bandwidth.hidden_bandwidth`).
 
 Utilization is compute time ÷ wall time over ``periods`` whole sync periods (H steps;
 one step for DP) after ``warmup_periods`` periods, measured from the start of the
@@ -45,10 +47,13 @@ import pandas as pd
 
 from analysis import _checks
 from analysis.models import get_model
+from analysis.roofline import METHODS
 from diloco_core.model_config import ModelConfig
 from diloco_core.model_config import param_count
+from diloco_core.validity import check_choice
+from diloco_core.validity import check_int
+from diloco_core.validity import check_overlap
 
-METHODS = ("dp", "diloco", "streaming")
 # The Streaming DiLoCo paper's simulation grid: 50 log-spaced points, 0.1 .. 1000 Gbit/s.
 PAPER_GRID_GBPS = np.logspace(-1, 3, 50)
 PAPER_TARGETS = (0.5, 0.8, 0.9, 0.95, 0.99)
@@ -64,7 +69,7 @@ class SimModel:
 
   def __post_init__(self):
     _checks.positive("SimModel.params", self.params)
-    _checks.positive_int("SimModel.layers", self.layers)
+    check_int("SimModel.layers", self.layers)
     _checks.positive("SimModel.step_time", self.step_time)
 
   @classmethod
@@ -154,7 +159,7 @@ class SimResult:
 
 
 def _fragments(layers: int, fragment_layers: int) -> int:
-  fl = _checks.positive_int("fragment_layers", fragment_layers)
+  fl = check_int("fragment_layers", fragment_layers)
   if layers % fl:
     raise ValueError(f"fragment_layers ({fl}) must divide the number of layers ({layers}).")
   return layers // fl
@@ -174,10 +179,8 @@ def _schedule(method, model, *, replicas, sync_every, fragment_layers, overlap, 
     bwd = (1.0 - forward_fraction) * t / n
     offsets = forward_fraction * t + bwd * np.arange(1, n + 1)  # backward of L-1, ..., 0
     return 1, {0: [(float(o), per_layer, 1) for o in offsets]}
-  h = _checks.positive_int("sync_every", sync_every)
-  tau = _checks.nonneg_int("overlap", overlap)
-  if tau >= h:
-    raise ValueError(f"overlap must be < sync_every ({h}), got {tau}.")
+  h = check_int("sync_every", sync_every)
+  tau = check_overlap(overlap, h)
   p = 1 if method == "diloco" else _fragments(n, fragment_layers)
   if p > h:
     raise ValueError(f"fragments ({p} = layers / fragment_layers) must be <= sync_every ({h}).")
@@ -233,14 +236,14 @@ def run_simulation(model: str | SimModel, method: str, bandwidth_gbps: float, *,
     0.925926
   """
   m = get_sim_model(model)
-  _checks.choice("method", method, METHODS)
+  check_choice("method", method, METHODS)
   w = float(_checks.positive("bandwidth_gbps", bandwidth_gbps)) * 1e9  # bits/s
-  replicas = _checks.positive_int("replicas", replicas)
+  replicas = check_int("replicas", replicas)
   bits = float(_checks.positive("bits", bits))
   eps = float(_checks.nonneg("latency", latency))
   phi = float(_checks.fraction("forward_fraction", forward_fraction))
-  warm = _checks.nonneg_int("warmup_periods", warmup_periods)
-  meas = _checks.positive_int("periods", periods)
+  warm = check_int("warmup_periods", warmup_periods, low=0)
+  meas = check_int("periods", periods)
   period, plan = _schedule(method, m, replicas=replicas, sync_every=sync_every,
                            fragment_layers=fragment_layers, overlap=overlap, bits=bits,
                            forward_fraction=phi)
@@ -327,7 +330,7 @@ def bandwidth_for_utilization(target, model, method, *, rounding="exact", grid=N
     >>> round(bandwidth_for_utilization(0.95, "1B", "diloco", rounding="grid"), 3)
     33.932
   """
-  _checks.choice("rounding", rounding, ("exact", "grid"))
+  check_choice("rounding", rounding, ("exact", "grid"))
   targets = _checks.fraction("target", target)
   flat = targets.ravel()
   util = lambda w: run_simulation(model, method, w, **kwargs).utilization  # noqa: E731

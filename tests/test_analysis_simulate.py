@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from analysis import roofline as rl
+from analysis import bandwidth as bw
 from analysis import simulate as sim
 
 ONE_B = sim.SIM_MODELS["1B"]  # 1e9 params, 24 layers, 0.1 s
@@ -27,7 +27,7 @@ def test_diloco_equals_closed_form(h, gbps, latency):
   u = sim.run_simulation("1B", "diloco", gbps, sync_every=h, latency=latency).utilization
   c = 1.6e10 / (gbps * 1e9) + latency
   assert u == pytest.approx(h * 0.1 / (h * 0.1 + c), rel=1e-9)
-  assert u == pytest.approx(rl.utilization_no_overlap(gbps * 1e9 / 8, 2e9, 0.1, h, latency))
+  assert u == pytest.approx(bw.utilization_no_overlap(gbps * 1e9 / 8, 2e9, 0.1, h, latency))
 
 
 def test_one_blocking_transfer_per_step_is_t_over_t_plus_c():
@@ -63,7 +63,7 @@ def test_dp_equals_closed_form(gbps, latency):
 def test_hidden_bandwidth_is_where_overlap_reaches_one():
   # Streaming, P = 4 (Δh = 25), τ = 1: each 4e9-bit fragment may use one 0.1 s step.
   kw = dict(fragment_layers=6, overlap=1)
-  w = rl.hidden_bandwidth(rl.payload_bytes(1e9 / 4, 16, 2), 0.1, overlap=1) * 8 / 1e9
+  w = bw.hidden_bandwidth(bw.payload_bytes(1e9 / 4, 16, 2), 0.1, overlap=1) * 8 / 1e9
   assert w == pytest.approx(40.0)
   assert sim.run_simulation("1B", "streaming", w, **kw).utilization == pytest.approx(1.0, abs=1e-12)
   assert sim.run_simulation("1B", "streaming", 0.99 * w, **kw).utilization < 1.0 - 1e-6
@@ -71,7 +71,7 @@ def test_hidden_bandwidth_is_where_overlap_reaches_one():
   assert sim.bandwidth_for_utilization(1 - 1e-9, "1B", "streaming", **kw) == pytest.approx(
       w, rel=1e-4)
   # τ = 3: three steps to hide behind, a third of the bandwidth.
-  w3 = rl.hidden_bandwidth(rl.payload_bytes(1e9 / 4, 16, 2), 0.1, overlap=3) * 8 / 1e9
+  w3 = bw.hidden_bandwidth(bw.payload_bytes(1e9 / 4, 16, 2), 0.1, overlap=3) * 8 / 1e9
   assert sim.run_simulation("1B", "streaming", w3, fragment_layers=6, overlap=3).utilization == (
       pytest.approx(1.0, abs=1e-12))
   assert sim.run_simulation("1B", "streaming", 0.99 * w3, fragment_layers=6,
@@ -80,7 +80,7 @@ def test_hidden_bandwidth_is_where_overlap_reaches_one():
 
 def test_exact_bandwidth_matches_roofline_closed_form():
   for u in sim.PAPER_TARGETS:
-    closed = rl.required_bandwidth(u, rl.payload_bytes(1e10, 16, 2), 0.8, 100) * 8 / 1e9
+    closed = bw.required_bandwidth(u, bw.payload_bytes(1e10, 16, 2), 0.8, 100) * 8 / 1e9
     assert sim.bandwidth_for_utilization(u, "10B", "diloco") == pytest.approx(closed, rel=1e-5)
 
 
@@ -212,7 +212,7 @@ def test_timeline_records_every_event():
 
 
 def test_simulator_rejects_bad_input():
-  with pytest.raises(ValueError, match=r"method must be one of \['dp', 'diloco', 'streaming'\]"):
+  with pytest.raises(ValueError, match=r"method must be one of \('dp', 'diloco', 'streaming'\)"):
     sim.run_simulation("1B", "fsdp", 1.0)
   with pytest.raises(ValueError, match="bandwidth_gbps must be > 0"):
     sim.run_simulation("1B", "dp", -1.0)
@@ -220,13 +220,13 @@ def test_simulator_rejects_bad_input():
     sim.run_simulation("2B", "dp", 1.0)
   with pytest.raises(ValueError, match=r"fragment_layers \(5\) must divide the number of layers"):
     sim.run_simulation("1B", "streaming", 1.0, fragment_layers=5)
-  with pytest.raises(ValueError, match=r"overlap must be < sync_every \(100\), got 100"):
+  with pytest.raises(ValueError, match=r"overlap \(τ\) must be an integer with 0 <= τ < sync_every \(H=100\), got 100"):
     sim.run_simulation("1B", "streaming", 1.0, overlap=100)
-  with pytest.raises(ValueError, match="sync_every must be a positive integer"):
+  with pytest.raises(ValueError, match="sync_every must be an integer >= 1, got 0"):
     sim.run_simulation("1B", "diloco", 1.0, sync_every=0)
   with pytest.raises(ValueError, match="target must be strictly between 0 and 1"):
     sim.bandwidth_for_utilization(1.2, "1B", "dp")
-  with pytest.raises(ValueError, match=r"rounding must be one of \['exact', 'grid'\]"):
+  with pytest.raises(ValueError, match=r"rounding must be one of \('exact', 'grid'\)"):
     sim.bandwidth_for_utilization(0.5, "1B", "dp", rounding="up")
-  with pytest.raises(ValueError, match="SimModel.layers must be a positive integer"):
+  with pytest.raises(ValueError, match="SimModel.layers must be an integer >= 1, got 0"):
     sim.SimModel(1e9, 0, 0.1)
