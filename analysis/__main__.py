@@ -25,11 +25,13 @@ from analysis import simulate as sim
 from analysis.hardware import HARDWARE
 from analysis.hardware import get_hardware
 from analysis.models import MODELS
-from analysis.models import fragment_sizes
 from analysis.models import get_model
 from analysis.models import model_stats
 from analysis.models import model_table
 from diloco_core.validity import FRAGMENT_PATTERNS
+from diloco_core.validity import check_int
+from diloco_core.validity import check_real
+from diloco_core.validity import check_schedule
 
 _GBIT = 1e9 / 8  # bytes/s in one Gbit/s
 
@@ -54,56 +56,42 @@ def _default_fragments(layers: int) -> int:
   return 1 + next(d for d in range(min(4, layers), layers + 1) if layers % d == 0)
 
 
-def _roofline(a) -> None:
-  hw = get_hardware(a.hardware)
-  cfg = get_model(a.model)
-  stats = model_stats(cfg, a.seq_len)
-  seq = stats.seq_len
-  m, n = a.slices, a.chips_per_slice
-  if m < 1 or n < 1:
-    raise ValueError(f"--slices and --chips-per-slice must be >= 1, got {m} and {n}.")
-  if a.global_batch_tokens <= 0:
-    raise ValueError(f"--global-batch-tokens must be > 0, got {a.global_batch_tokens}.")
-  if not 0 < a.mfu <= 1:
-    raise ValueError(f"--mfu must be in (0, 1], got {a.mfu}.")
+def _roofline_table(a, hw, cfg, stats, step) -> pd.DataFrame:
+  """The three methods' rows: the planner's bandwidth and memory, and the roofline's batches."""
+  m, n, seq, bits = a.slices, a.chips_per_slice, stats.seq_len, a.bits
   h, tau = a.sync_every, a.overlap
   p = _default_fragments(cfg.n_layers) if a.fragments is None else a.fragments
+  check_schedule(h, p, tau, num_layers=cfg.n_layers)
+  cands = [("dp", 1, 1, 0), ("diloco", h, 1, 0), ("streaming", h, p, tau)]
+  planned = plan_lib.candidate_table(cfg, hw, cands, slices=m, chips_per_slice=n,
+                                     step_time=step, target=a.target, bits=bits,
+                                     latency=a.latency)
+  kw = dict(model=cfg, seq_len=seq, bits=bits)
+  critical = [rl.dp_critical_batch_per_slice(hw, replicas=m, **kw),
+              rl.diloco_critical_batch_per_slice(hw, h, replicas=m, **kw),
+              rl.streaming_critical_batch_per_slice(hw, h, p, tau, replicas=m, **kw)]
+  slices = [rl.max_slices(a.global_batch_tokens, hw, method=method, sync_every=h,
+                          fragments=f, overlap=t, **kw) for method, h, f, t in cands]
+  table = pd.DataFrame({"critical_tokens_per_slice": critical, "max_slices": slices,
+                        "gbps_per_slice": planned["Gbit/s per slice"].to_numpy(),
+                        "memory_gb_per_chip": planned["memory GB/chip"].to_numpy()},
+                       index=list(planned.index))
+  table["compute_bound"] = a.global_batch_tokens / m >= table["critical_tokens_per_slice"]
+  return table
+
+
+def _roofline(a) -> None:
+  hw, cfg = get_hardware(a.hardware), get_model(a.model)
+  for name in ("slices", "chips_per_slice", "global_batch_tokens"):
+    check_int(name, getattr(a, name))
+  check_real("mfu", a.mfu, low=0.0, high=1.0, low_open=True, high_open=False)
+  stats = model_stats(cfg, a.seq_len)
+  seq, m, n = stats.seq_len, a.slices, a.chips_per_slice
   tokens_slice = a.global_batch_tokens / m
   tokens_chip = tokens_slice / n
-  step = rl.t_math(stats.flops_per_token * tokens_slice, n * hw.peak_flops * a.mfu)
-  kw = dict(model=cfg, seq_len=seq, bits=a.bits, replicas=m)
-  gbs_kw = dict(model=cfg, seq_len=seq, bits=a.bits)
-  payload = rl.payload_bytes(stats.total_params, a.bits, m)
+  step = plan_lib.step_time(stats, hw, tokens_slice, n, a.mfu)
   ici = rl.dp_critical_batch_per_chip(hw, model=cfg, seq_len=seq, bits=a.bits)
-  need = lambda method: plan_lib.candidate_bandwidth(  # noqa: E731
-      method, target=a.target, payload=payload, step_time=step, layers=cfg.n_layers,
-      sync_every=h, fragments=p, overlap=tau, latency=a.latency,
-      first_fragment=rl.payload_bytes(fragment_sizes(cfg, p)[0], a.bits, m) if p > 1 else 0.0)
-
-  rows = {}
-  rows["DP"] = dict(
-      critical_tokens_per_slice=rl.dp_critical_batch_per_slice(hw, **kw),
-      max_slices=rl.max_slices(a.global_batch_tokens, hw, method="dp", **gbs_kw),
-      gbps_per_slice=need("dp") / _GBIT,
-      memory_gb_per_chip=rl.memory_per_replica(cfg, method="dp").total / n / 1e9)
-  rows[f"DiLoCo H={h}"] = dict(
-      critical_tokens_per_slice=rl.diloco_critical_batch_per_slice(hw, h, **kw),
-      max_slices=rl.max_slices(a.global_batch_tokens, hw, method="diloco", sync_every=h,
-                               **gbs_kw),
-      gbps_per_slice=need("diloco") / _GBIT,
-      memory_gb_per_chip=rl.memory_per_replica(cfg, method="diloco", sync_every=h).total
-      / n / 1e9)
-  w = need("streaming")
-  rows[f"Streaming H={h} P={p} tau={tau}"] = dict(
-      critical_tokens_per_slice=rl.streaming_critical_batch_per_slice(hw, h, p, tau, **kw),
-      max_slices=rl.max_slices(a.global_batch_tokens, hw, method="streaming", sync_every=h,
-                               fragments=p, overlap=tau, **gbs_kw),
-      gbps_per_slice=w / _GBIT,
-      memory_gb_per_chip=rl.memory_per_replica(cfg, method="streaming", sync_every=h,
-                                               fragments=p, overlap=tau).total / n / 1e9)
-  table = pd.DataFrame.from_dict(rows, orient="index")
-  table["compute_bound"] = tokens_slice >= table["critical_tokens_per_slice"]
-
+  table = _roofline_table(a, hw, cfg, stats, step)
   print(f"{hw.name}: {hw.peak_flops:.3g} FLOP/s, HBM {hw.hbm_bytes / 1e9:.0f} GB at "
         f"{hw.hbm_bandwidth:.3g} B/s, ICI {hw.ici_bandwidth:.3g} B/s per chip and axis, "
         f"DCN {hw.dcn_bandwidth:.3g} B/s per chip ({hw.chips_per_host} chips per host)")
@@ -136,9 +124,8 @@ def _plan(a) -> None:
                         seq_len=a.seq_len, global_batch_tokens=a.global_batch_tokens,
                         link_gbps=a.link_gbps, mfu=a.mfu, target=a.target, bits=a.bits,
                         sync_every=a.sync_every, **kw)
-  hw = get_hardware(a.hardware)
   print(f"model {a.model}: {p.params:,} parameters ({p.active_params:,} active), {p.layers} "
-        f"layers; {hw.name}, {p.slices} slices x {p.chips_per_slice} chips")
+        f"layers; {p.hardware_name}, {p.slices} slices x {p.chips_per_slice} chips")
   print(f"run: {p.global_batch_tokens:,} tokens per step, {p.tokens_per_slice:,.0f} per slice, "
         f"seq_len {p.seq_len}; step time {p.step_time:.4g} s at MFU {p.mfu:g}; DP across "
         f"slices is compute-bound above {p.dp_critical_tokens:,.0f} tokens per slice")
@@ -216,7 +203,20 @@ def build_parser() -> argparse.ArgumentParser:
               description="Roofline calculator and compute-utilization simulator for DP, "
                           "DiLoCo and Streaming DiLoCo.")
   sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+  _add_roofline(sub)
+  _add_plan(sub)
+  _add_simulate(sub)
+  h = sub.add_parser("hardware", help="list the hardware catalog",
+                     description="The hardware catalog (per chip, bytes and bytes/s).")
+  h.set_defaults(func=_hardware)
+  m = sub.add_parser("models", help="list the model catalog",
+                     description="The model catalog with parameter counts and FLOPs/token.")
+  m.add_argument("--seq-len", type=int, default=None, help="context length (default: own)")
+  m.set_defaults(func=_models)
+  return p
 
+
+def _add_roofline(sub) -> None:
   r = sub.add_parser("roofline", help="critical batches, max slices, bandwidth and memory",
                      description="Roofline numbers for one run: critical batch sizes, the "
                                  "largest number of slices, cross-slice bandwidth for a "
@@ -231,8 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
   r.add_argument("--bits", type=float, default=16, help="bits per value on the wire (16)")
   r.add_argument("--sync-every", type=int, default=100, help="H, DiLoCo inner steps (100)")
   r.add_argument("--fragments", type=int, default=None,
-                 help="P, Streaming fragments incl. fragment 0 (the embeddings); P - 1 must "
-                      "divide the layers (default: 1 + the smallest divisor of L >= 4)")
+                 help="P, Streaming fragments incl. fragment 0 (the embeddings); P must divide "
+                      "H and P - 1 the layers (default: 1 + the smallest divisor of L >= 4)")
   r.add_argument("--overlap", type=int, default=1, help="tau, Streaming overlap steps (1)")
   r.add_argument("--mfu", type=float, default=1.0,
                  help="model FLOPs utilization used for the step time (1.0: peak)")
@@ -241,9 +241,11 @@ def build_parser() -> argparse.ArgumentParser:
   r.add_argument("--latency", type=float, default=0.0, help="seconds per transfer (0)")
   r.set_defaults(func=_roofline)
 
+
+def _add_plan(sub) -> None:
   q = sub.add_parser("plan", help="candidate H, P, tau for a link, and a suggestion",
                      description="Plan a run across slices: for DP, DiLoCo and Streaming "
-                                 "DiLoCo candidates (H, P, tau valid under SPEC.md), the "
+                                 "DiLoCo candidates (H, P, tau valid for the trainer), the "
                                  "bandwidth per slice and memory each needs, and the one "
                                  "suggested for the link (see analysis.plan.plan_run).")
   _add_hardware_and_model(q)
@@ -266,6 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
                       f"{' '.join(map(str, plan_lib.OVERLAPS))})")
   q.set_defaults(func=_plan)
 
+
+def _add_simulate(sub) -> None:
   s = sub.add_parser("simulate", help="simulated utilization and bandwidth for a target",
                      description="Discrete-event simulation of M datacenters on one WAN link; "
                                  "prints the bandwidth (Gbit/s) needed for each target "
@@ -297,15 +301,6 @@ def build_parser() -> argparse.ArgumentParser:
   s.add_argument("--rounding", default="grid", choices=("grid", "exact"),
                  help="table values: the paper's grid or exact bisection (grid)")
   s.set_defaults(func=_simulate)
-
-  h = sub.add_parser("hardware", help="list the hardware catalog",
-                     description="The hardware catalog (per chip, bytes and bytes/s).")
-  h.set_defaults(func=_hardware)
-  m = sub.add_parser("models", help="list the model catalog",
-                     description="The model catalog with parameter counts and FLOPs/token.")
-  m.add_argument("--seq-len", type=int, default=None, help="context length (default: own)")
-  m.set_defaults(func=_models)
-  return p
 
 
 def main(argv=None) -> int:

@@ -173,3 +173,21 @@ def get_hardware(hardware: str | HardwareSpec) -> HardwareSpec:
   if key not in HARDWARE:
     raise ValueError(f"hardware must be one of {sorted(HARDWARE)}, got {hardware!r}.")
   return HARDWARE[key]
+
+
+def check_hardware(hardware) -> HardwareSpec:
+  """``hardware`` if it is a :class:`HardwareSpec`; else a one-line ValueError.
+
+  The calculator's functions take resolved specs; :func:`get_hardware` resolves a catalog
+  name once, at the entry point (:func:`analysis.plan.plan_run`, the command line).
+
+  Examples:
+    >>> check_hardware("v5p")
+    Traceback (most recent call last):
+    ...
+    ValueError: hardware must be a HardwareSpec (analysis.get_hardware resolves a catalog name), got 'v5p'.
+  """
+  if not isinstance(hardware, HardwareSpec):
+    raise ValueError(f"hardware must be a HardwareSpec (analysis.get_hardware resolves a "
+                     f"catalog name), got {hardware!r}.")
+  return hardware

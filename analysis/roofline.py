@@ -5,8 +5,9 @@ bytes/s. Conventions follow "How to Scale Your Model" (jax-ml/scaling-book,
 ``roofline.md`` and ``training.md``):
 
 * a bandwidth W is what one chip (or slice) can send; a ring all-reduce of V bytes
-  over M members costs :math:`2(M-1)/M \\cdot V / W` (:func:`allreduce_factor`;
-  ``replicas=None`` takes the many-member limit 2, as the book does);
+  over M members costs :math:`2(M-1)/M \\cdot V / W`
+  (:func:`~analysis.bandwidth.allreduce_factor`; ``replicas=None`` takes the many-member
+  limit 2, as the book does);
 * a step is *compute-bound* over a network when the time of the FLOPs the transfer is
   compared with exceeds the transfer time. For data parallelism that is the backward
   pass (``compute_fraction=2/3``, 4 of the 6 FLOPs per parameter and token), because
@@ -14,27 +15,30 @@ bytes/s. Conventions follow "How to Scale Your Model" (jax-ml/scaling-book,
 * "critical batch": the batch (tokens) at which both times are equal. Above it the
   step is compute-bound.
 
-The simulator (:mod:`analysis.simulate`) checks these closed forms event by event.
+Hardware and models are resolved objects here (:class:`~analysis.hardware.HardwareSpec`,
+:class:`~diloco_core.model_config.ModelConfig`): the entry points (:func:`analysis.plan.plan_run`,
+``python -m analysis``, or your own code with :func:`~analysis.hardware.get_hardware` and
+:func:`~analysis.models.get_model`) resolve catalog names once. Transfer times and payloads are
+in :mod:`analysis.bandwidth`, memory in :mod:`analysis.memory`. The simulator
+(:mod:`analysis.simulate`) checks these closed forms event by event.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
-
 import numpy as np
 
 from analysis import _checks
-from analysis.hardware import HardwareSpec
-from analysis.hardware import get_hardware
-from analysis.models import fragment_sizes
-from analysis.models import get_model
+from analysis.bandwidth import payload_bytes
+from analysis.hardware import check_hardware
+from analysis.models import check_model
 from analysis.models import model_stats
-from diloco_core.model_config import ModelConfig
-from diloco_core.validity import FRAGMENT_PATTERNS
 from diloco_core.validity import check_choice
+from diloco_core.validity import check_int
+from diloco_core.validity import check_real
+from diloco_core.validity import check_schedule
 
-_METHODS = ("dp", "diloco", "streaming")
+#: The methods of the planning library: data parallelism, DiLoCo, Streaming DiLoCo.
+METHODS = ("dp", "diloco", "streaming")
 
 
 # ---------------------------------------------------------------- the roofline itself
@@ -60,27 +64,6 @@ def t_math(flops, flops_per_s):
     0.517
   """
   return _checks.out(_checks.nonneg("flops", flops) / _checks.positive("flops_per_s", flops_per_s))
-
-
-def t_comm(num_bytes, bytes_per_s):
-  """Time to move bytes over a link: :math:`T_\\text{comm} = V / W`.
-
-  .. math::
-     T_\\text{comm} = \\frac{V}{W}
-
-  Args:
-    num_bytes: V, bytes to move (array-like).
-    bytes_per_s: W, bandwidth of the link.
-
-  Returns:
-    Seconds.
-
-  Examples:
-    >>> t_comm(16e9, 1.25e9)  # 8B bf16 parameters over a 10 Gbit/s link
-    12.8
-  """
-  return _checks.out(_checks.nonneg("num_bytes", num_bytes) / _checks.positive(
-      "bytes_per_s", bytes_per_s))
 
 
 def arithmetic_intensity(flops, num_bytes):
@@ -133,51 +116,6 @@ def critical_intensity(flops_per_s, bytes_per_s):
       "bytes_per_s", bytes_per_s))
 
 
-def allreduce_factor(replicas):
-  """Bytes each member sends per byte all-reduced in a ring: :math:`2(M-1)/M`.
-
-  .. math::
-     a(M) = \\frac{2\\,(M - 1)}{M}
-
-  Args:
-    replicas: M, members of the all-reduce (array-like of integers >= 1).
-
-  Returns:
-    The factor (0 for M = 1, 1 for M = 2, tending to 2).
-
-  Examples:
-    >>> allreduce_factor(2), allreduce_factor(8)
-    (1.0, 1.75)
-  """
-  m = _checks.positive("replicas", replicas)
-  if np.any(m != np.round(m)):
-    raise ValueError(f"replicas must be a positive integer, got {replicas!r}.")
-  return _checks.out(2.0 * (m - 1.0) / m)
-
-
-def payload_bytes(num_params, bits=16, replicas=None):
-  """Bytes each member sends to all-reduce ``num_params`` values of ``bits`` bits.
-
-  .. math::
-     V = N \\cdot \\frac{b}{8} \\cdot a(M)
-
-  Args:
-    num_params: N, values all-reduced.
-    bits: b, bits per value on the wire (16 for bf16, 4 for fp4, ...).
-    replicas: M; None takes the many-member limit :math:`a = 2`.
-
-  Returns:
-    Bytes sent per member (and received, by symmetry).
-
-  Examples:
-    >>> payload_bytes(1e9, bits=16, replicas=2)  # 1B params, two datacenters
-    2000000000.0
-  """
-  factor = 2.0 if replicas is None else allreduce_factor(replicas)
-  return _checks.out(_checks.nonneg("num_params", num_params) * _checks.positive("bits", bits)
-                     / 8.0 * factor)
-
-
 def critical_batch(payload, flops_per_token, flops_per_s, bytes_per_s):
   """Tokens at which :math:`T_\\text{math} = T_\\text{comm}` for one transfer.
 
@@ -215,15 +153,10 @@ def _bytes_per_flop_ratio(model, seq_len) -> float:
   return s.total_params / (s.flops_per_token / 6.0)
 
 
-def _compute_fraction(value) -> float:
-  f = float(value)
-  if not 0 < f <= 1:
-    raise ValueError(f"compute_fraction must be in (0, 1], got {value!r}.")
-  return f
-
-
 def _dp_critical(peak, bandwidth, *, model, seq_len, bits, replicas, compute_fraction):
-  f = _compute_fraction(compute_fraction)
+  model = check_model(model, optional=True)
+  f = check_real("compute_fraction", compute_fraction, low=0.0, high=1.0, low_open=True,
+                 high_open=False)
   payload = payload_bytes(_bytes_per_flop_ratio(model, seq_len), bits, replicas)
   return critical_batch(payload, 6.0 * f, peak, bandwidth)
 
@@ -242,9 +175,9 @@ def dp_critical_batch_per_chip(hardware, *, axes=1, model=None, seq_len=None, bi
      \\quad\\xrightarrow{\\;a=2,\\,b=16,\\,f=2/3\\;}\\quad \\frac{C}{W_\\text{ICI}}
 
   Args:
-    hardware: a :class:`~analysis.hardware.HardwareSpec` or catalog name.
+    hardware: a :class:`~analysis.hardware.HardwareSpec`.
     axes: ICI axes devoted to data parallelism (the book: 3 axes triple W).
-    model: a ModelConfig or catalog name; None is the book's idealised dense model
+    model: a ModelConfig; None is the book's idealised dense model
       (attention FLOPs ignored, :math:`N = N_\\text{active}`). An MoE raises the
       threshold by :math:`N_\\text{total}/N_\\text{active}`.
     seq_len: context length for the model's attention FLOPs.
@@ -257,13 +190,15 @@ def dp_critical_batch_per_chip(hardware, *, axes=1, model=None, seq_len=None, bi
     Tokens per chip.
 
   Examples:
-    >>> round(dp_critical_batch_per_chip("v5p"))  # "How to Scale Your Model": 2,550
+    >>> from analysis.hardware import get_hardware
+    >>> v5p = get_hardware("v5p")
+    >>> round(dp_critical_batch_per_chip(v5p))  # "How to Scale Your Model": 2,550
     2550
-    >>> round(dp_critical_batch_per_chip("v5p", axes=3))  # all three axes: 850
+    >>> round(dp_critical_batch_per_chip(v5p, axes=3))  # all three axes: 850
     850
   """
-  hw = get_hardware(hardware)
-  axes = _checks.positive_int("axes", axes)
+  hw = check_hardware(hardware)
+  axes = check_int("axes", axes)
   return _dp_critical(hw.peak_flops, axes * hw.ici_bandwidth, model=model, seq_len=seq_len,
                       bits=bits, replicas=replicas, compute_fraction=compute_fraction)
 
@@ -282,8 +217,8 @@ def dp_critical_batch_per_slice(hardware, *, model=None, seq_len=None, bits=16,
      \\quad\\xrightarrow{\\;a=2,\\,b=16,\\,f=2/3\\;}\\quad \\frac{C}{W_\\text{DCN,chip}}
 
   Args:
-    hardware: a HardwareSpec or catalog name.
-    model: a ModelConfig or catalog name; None is the book's idealised dense model.
+    hardware: a HardwareSpec.
+    model: a ModelConfig; None is the book's idealised dense model.
     seq_len: context length for the model's attention FLOPs.
     bits: bits per gradient value on the wire.
     replicas: slices M; None is the many-slice limit :math:`a = 2`.
@@ -293,16 +228,19 @@ def dp_critical_batch_per_slice(hardware, *, model=None, seq_len=None, bits=16,
     Tokens per slice.
 
   Examples:
+    >>> from analysis.hardware import get_hardware
+    >>> v5p = get_hardware("v5p")
     >>> # v5p: 4.59e14 FLOP/s over 6.25e9 B/s of DCN per chip. The book rounds the pod
     >>> # totals (3.8e18 / 5e13) and quotes ~76,000; unrounded it is 73,440.
-    >>> round(dp_critical_batch_per_slice("v5p"))
+    >>> round(dp_critical_batch_per_slice(v5p))
     73440
-    >>> round(dp_critical_batch_per_slice("v5p", replicas=2))  # two slices: a = 1
+    >>> round(dp_critical_batch_per_slice(v5p, replicas=2))  # two slices: a = 1
     36720
-    >>> round(dp_critical_batch_per_slice("v5p", model="qwen3-30b-a3b"))  # MoE
+    >>> from analysis.models import get_model
+    >>> round(dp_critical_batch_per_slice(v5p, model=get_model("qwen3-30b-a3b")))  # MoE
     481975
   """
-  hw = get_hardware(hardware)
+  hw = check_hardware(hardware)
   return _dp_critical(hw.peak_flops, hw.dcn_bandwidth, model=model, seq_len=seq_len,
                       bits=bits, replicas=replicas, compute_fraction=compute_fraction)
 
@@ -318,7 +256,7 @@ def diloco_critical_batch_per_slice(hardware, sync_every, *, model=None, seq_len
      B^*_\\text{DiLoCo} = \\frac{B^*_\\text{DP, slice}}{H}
 
   Args:
-    hardware: a HardwareSpec or catalog name.
+    hardware: a HardwareSpec.
     sync_every: H, inner steps between two syncs (>= 1).
     model, seq_len, bits, replicas, compute_fraction: as
       :func:`dp_critical_batch_per_slice`.
@@ -327,42 +265,34 @@ def diloco_critical_batch_per_slice(hardware, sync_every, *, model=None, seq_len
     Tokens per slice.
 
   Examples:
-    >>> round(diloco_critical_batch_per_slice("v5p", 100))
+    >>> from analysis.hardware import get_hardware
+    >>> v5p = get_hardware("v5p")
+    >>> round(diloco_critical_batch_per_slice(v5p, 100))
     734
   """
-  h = _checks.positive_int("sync_every", sync_every)
+  h = check_int("sync_every (H)", sync_every)
   return _checks.out(np.asarray(dp_critical_batch_per_slice(
       hardware, model=model, seq_len=seq_len, bits=bits, replicas=replicas,
       compute_fraction=compute_fraction)) / h)
-
-
-def _check_streaming(sync_every, fragments, overlap):
-  h = _checks.positive_int("sync_every", sync_every)
-  p = _checks.positive_int("fragments", fragments)
-  tau = _checks.nonneg_int("overlap", overlap)
-  if p > h:
-    raise ValueError(f"fragments ({p}) must be <= sync_every ({h}).")
-  if tau >= h:
-    raise ValueError(f"overlap must be < sync_every ({h}), got {tau}.")
-  return h, p, tau
 
 
 def streaming_window_steps(sync_every, fragments, overlap=0, *, compute_fraction=2 / 3):
   """Backward passes of compute a Streaming DiLoCo fragment's bytes hide behind (roofline view).
 
   Outer gradients are reduced layer by layer while the *sending* step's backward pass
-  runs (the Streaming DiLoCo paper's accounting, arXiv 2501.18512, Figure 3), and a
-  fragment sent during step :math:`t` is merged before step :math:`t+\\tau+1`: it hides
-  behind that backward pass (a fraction :math:`c` of a step) and :math:`\\tau` whole
-  steps. Counted in backward passes, the unit of :math:`B^*_\\text{DP}`, and capped like
-  DiLoCo's average by the link carrying one fragment every :math:`H/P` steps:
+  runs (the Streaming DiLoCo paper's accounting, arXiv 2501.18512, Figure 3 and Table 4;
+  :func:`~analysis.bandwidth.hiding_window`), and a fragment sent during step :math:`t`
+  is merged before step :math:`t+\\tau+1`: it hides behind that backward pass (a
+  fraction :math:`c` of a step) and :math:`\\tau` whole steps. Counted in backward
+  passes, the unit of :math:`B^*_\\text{DP}`, and capped like DiLoCo's average by the
+  link carrying one fragment every :math:`\\Delta h = H/P` steps:
 
   .. math::
      w = \\min\\!\\left(1 + \\frac{\\tau}{c},\\; \\frac{H}{P}\\right)
 
   Args:
     sync_every: H.
-    fragments: P (<= H).
+    fragments: P, a divisor of H (``diloco_core.validity.check_schedule``).
     overlap: τ (0 <= τ < H).
     compute_fraction: c, the share of a step the backward pass takes (2/3).
 
@@ -373,8 +303,9 @@ def streaming_window_steps(sync_every, fragments, overlap=0, *, compute_fraction
     >>> streaming_window_steps(100, 4, overlap=1), streaming_window_steps(100, 50, 5)
     (2.5, 2.0)
   """
-  h, p, tau = _check_streaming(sync_every, fragments, overlap)
-  c = _compute_fraction(compute_fraction)
+  h, p, tau = check_schedule(sync_every, fragments, overlap)
+  c = check_real("compute_fraction", compute_fraction, low=0.0, high=1.0, low_open=True,
+                 high_open=False)
   return float(min(1.0 + tau / c, h / p))
 
 
@@ -392,13 +323,13 @@ def streaming_critical_batch_per_slice(hardware, sync_every, fragments, overlap=
        = \\frac{B^*_\\text{DP, slice}}{\\min(P(1 + \\tau / c),\\, H)}
 
   With :math:`P = 1, \\tau = 0` this is the DP threshold (vanilla DiLoCo's peak is a
-  whole model reduced during one backward pass); with :math:`P(1 + \\tau/c) \\ge H` it is
-  DiLoCo's average (:func:`diloco_critical_batch_per_slice`).
+  whole model reduced during one backward pass); with :math:`P(1 + \\tau/c) \\ge H` it
+  is DiLoCo's average (:func:`diloco_critical_batch_per_slice`).
 
   Args:
-    hardware: a HardwareSpec or catalog name.
+    hardware: a HardwareSpec.
     sync_every: H.
-    fragments: P (<= H).
+    fragments: P, a divisor of H; with a model, (P - 1) must divide its layers.
     overlap: τ, steps between sending a fragment and merging it.
     model, seq_len, bits, replicas, compute_fraction: as
       :func:`dp_critical_batch_per_slice`.
@@ -407,10 +338,18 @@ def streaming_critical_batch_per_slice(hardware, sync_every, fragments, overlap=
     Tokens per slice.
 
   Examples:
-    >>> round(streaming_critical_batch_per_slice("v5p", 100, fragments=8, overlap=1))
+    >>> from analysis.hardware import get_hardware
+    >>> v5p = get_hardware("v5p")
+    >>> round(streaming_critical_batch_per_slice(v5p, 96, fragments=8, overlap=1))
     3672
+    >>> streaming_critical_batch_per_slice(v5p, 10, fragments=3)
+    Traceback (most recent call last):
+    ...
+    ValueError: sync_every (H=10) must be a multiple of fragments (P=3): choose H in {9, 12, ...} or P among the divisors of 10 [1, 2, 5, 10].
   """
-  h, p, tau = _check_streaming(sync_every, fragments, overlap)
+  cfg = check_model(model, optional=True)
+  h, p, tau = check_schedule(sync_every, fragments, overlap,
+                             num_layers=None if cfg is None else cfg.n_layers)
   dp = np.asarray(dp_critical_batch_per_slice(
       hardware, model=model, seq_len=seq_len, bits=bits, replicas=replicas,
       compute_fraction=compute_fraction))
@@ -442,11 +381,11 @@ def max_slices(global_batch_tokens, hardware, *, method="dp", sync_every=1, frag
   (bf16 halves it, 4 bits divides it by 8), MoE (times
   :math:`N_\\text{total}/N_\\text{active}`), long contexts (attention FLOPs lower it),
   an MFU below 1 (lower it by the MFU), a few slices (the exact :math:`+1` above),
-  and DiLoCo / Streaming (divided by :math:`H` / :math:`\\min(P(\\tau+1), H)`).
+  and DiLoCo / Streaming (divided by :math:`H` / :math:`\\min(P(1 + \\tau/c), H)`).
 
   Args:
     global_batch_tokens: B, tokens per step over all slices (array-like).
-    hardware: a HardwareSpec or catalog name.
+    hardware: a HardwareSpec.
     method: "dp", "diloco" (uses ``sync_every``) or "streaming" (uses ``sync_every``,
       ``fragments``, ``overlap``).
     sync_every, fragments, overlap: H, P, τ.
@@ -456,17 +395,19 @@ def max_slices(global_batch_tokens, hardware, *, method="dp", sync_every=1, frag
     The largest M (an int, or an integer array for array input).
 
   Examples:
-    >>> max_slices(4 * 2**20, "v5p")  # 4M tokens, DP over DCN, bf16
+    >>> from analysis.hardware import get_hardware
+    >>> v5p = get_hardware("v5p")
+    >>> max_slices(4 * 2**20, v5p)  # 4M tokens, DP over DCN, bf16
     58
-    >>> max_slices(4 * 2**20, "v5p", bits=32)  # fp32 gradients: B* = 146,880
+    >>> max_slices(4 * 2**20, v5p, bits=32)  # fp32 gradients: B* = 146,880
     29
-    >>> max_slices(4 * 2**20, "v5p", method="diloco", sync_every=100)
+    >>> max_slices(4 * 2**20, v5p, method="diloco", sync_every=100)
     5712
     >>> # The MaxText rule on the same 4M-token batch (seq_len 2048): a fraction of a slice.
     >>> round(4 * 2**20 / (146_000 * 2048), 4)
     0.014
   """
-  _checks.choice("method", method, _METHODS)
+  check_choice("method", method, METHODS)
   kw = dict(model=model, seq_len=seq_len, bits=bits, replicas=None,
             compute_fraction=compute_fraction)
   if method == "dp":
@@ -478,417 +419,3 @@ def max_slices(global_batch_tokens, hardware, *, method="dp", sync_every=1, frag
   gbs = _checks.positive("global_batch_tokens", global_batch_tokens)
   m = np.floor(1.0 + gbs / np.asarray(b_star)).astype(np.int64)
   return int(m) if m.ndim == 0 else m
-
-
-# ------------------------------------------------------------ utilization and bandwidth
-
-
-def utilization_no_overlap(bandwidth, payload, step_time, steps_per_sync=1, latency=0.0):
-  """Compute utilization when a blocking transfer follows every ``steps_per_sync`` steps.
-
-  .. math::
-     u = \\frac{s\\,T}{s\\,T + V / W + \\varepsilon}
-
-  The payload is released only when its step ends and nothing hides it: the
-  accounting of :func:`utilization_overlapped` with ``chunks=1`` and ``overlap=0``
-  (and of the simulator with ``bucket_layers`` = L). It is the pessimistic reference
-  the overlapped forms improve on.
-
-  Args:
-    bandwidth: W, bytes/s (may be ``inf``).
-    payload: V, bytes per sync (see :func:`payload_bytes`).
-    step_time: T, seconds of compute per step.
-    steps_per_sync: s (H for DiLoCo, H/P per fragment for Streaming).
-    latency: ε, seconds added to every transfer.
-
-  Returns:
-    Compute time / wall time, in (0, 1].
-
-  Examples:
-    >>> round(utilization_no_overlap(1.25e9, 2e9, 0.1, steps_per_sync=100), 4)  # 10 s / 11.6 s
-    0.8621
-  """
-  return utilization_overlapped(bandwidth, payload, step_time, steps_per_sync, latency,
-                                chunks=1)
-
-
-def hiding_window(overlap=0, chunks=None, forward_fraction=1 / 3):
-  """Steps of compute a payload reduced during its sending step's backward pass hides behind.
-
-  In the Streaming DiLoCo paper's accounting (arXiv 2501.18512, Figure 3; its first
-  author's calculator: "the reduction of gradients or outer gradients is overlapped
-  over the backward pass computation"), a payload sent during step :math:`t` is cut
-  into :math:`\\ell` equal chunks (one per layer, or per bucket of layers), released as
-  the backward pass finishes each of them, and must have arrived before step
-  :math:`t + \\tau + 1` starts. The backward pass takes :math:`(1-\\varphi)T` and the
-  first chunk is released after :math:`1/\\ell` of it, so the payload can use
-
-  .. math::
-     \\omega = \\tau + (1 - \\varphi)\\left(1 - \\frac{1}{\\ell}\\right)
-
-  steps of compute; ``chunks=None`` is the limit :math:`\\ell \\to \\infty` (release
-  spread evenly over the backward pass, :math:`\\omega = \\tau + 1 - \\varphi`) and
-  ``chunks=1`` a payload released when its step ends (:math:`\\omega = \\tau`).
-
-  Args:
-    overlap: τ >= 0, steps between the sending step and the step that needs the payload.
-    chunks: ℓ, equal chunks the payload is released in (None: continuously).
-    forward_fraction: φ in [0, 1], the share of a step before the backward pass.
-
-  Returns:
-    ω, in steps.
-
-  Examples:
-    >>> hiding_window(), hiding_window(1, chunks=24)  # DP's 2/3; Streaming τ=1, 24 layers
-    (0.6666666666666667, 1.6388888888888888)
-  """
-  tau = _checks.nonneg_int("overlap", overlap)
-  phi = float(np.asarray(forward_fraction))
-  if not 0.0 <= phi <= 1.0:
-    raise ValueError(f"forward_fraction must be in [0, 1], got {forward_fraction!r}.")
-  tail = 1.0 if chunks is None else 1.0 - 1.0 / _checks.positive_int("chunks", chunks)
-  return tau + (1.0 - phi) * tail
-
-
-def utilization_overlapped(bandwidth, payload, step_time, steps_per_sync=1, latency=0.0, *,
-                           overlap=0, chunks=None, forward_fraction=1 / 3):
-  """Compute utilization when one payload per ``steps_per_sync`` steps hides behind compute.
-
-  One payload of :math:`V` bytes per :math:`s` steps, released in :math:`\\ell` chunks
-  of :math:`d = V/(\\ell W)` seconds during its sending step's backward pass
-  (:func:`hiding_window`). On a FIFO link it leaves :math:`\\max(T + d,\\ \\varphi T +
-  T_b/\\ell + \\ell d)` after the step starts (:math:`T_b = (1-\\varphi)T`), so the step
-  that needs it waits
-
-  .. math::
-     \\delta = \\max\\!\\left(0,\\ \\frac{V}{W} + \\varepsilon - \\omega T,\\
-       \\frac{V}{\\ell W} + \\varepsilon - \\tau T\\right), \\qquad
-     u = \\frac{sT}{sT + \\delta}
-
-  (the last term vanishes for ``chunks=None``). This is exact for DP (:math:`s = 1`)
-  and DiLoCo (:math:`s = H`) with :math:`\\ell = L` (the simulator,
-  :mod:`analysis.simulate`, agrees to rounding). For Streaming DiLoCo with the strided
-  pattern call it per fragment (:math:`V/P`, :math:`s = H/P`): ``chunks=None`` bounds
-  the utilization from above and ``chunks`` :math:`= L/P` from below (the fragment that
-  holds layer 0 is the last to be released; the others leave earlier).
-
-  Args:
-    bandwidth: W, bytes/s (may be ``inf``).
-    payload: V, bytes per transfer.
-    step_time: T, seconds of compute per step.
-    steps_per_sync: s, steps per transfer.
-    latency: ε, seconds each chunk adds after leaving the link.
-    overlap: τ, steps the transfer may take past its sending step.
-    chunks: ℓ, chunks the payload is released in (None: continuously).
-    forward_fraction: φ, share of a step before the backward pass.
-
-  Returns:
-    Compute time / wall time, in (0, 1].
-
-  Examples:
-    >>> # 1B, bf16, M = 2 (2e9 B), DiLoCo H = 100 at 10 Gbit/s: 1.6 s on the link, of
-    >>> # which (2/3)(23/24) 0.1 s hides behind the sync step's backward pass.
-    >>> round(utilization_overlapped(1.25e9, 2e9, 0.1, 100, chunks=24), 6)
-    0.866843
-  """
-  w = _checks.positive("bandwidth", bandwidth)
-  v = _checks.nonneg("payload", payload)
-  t = _checks.positive("step_time", step_time)
-  s = _checks.positive("steps_per_sync", steps_per_sync)
-  eps = _checks.nonneg("latency", latency)
-  stall = np.maximum(0.0, v / w + eps - hiding_window(overlap, chunks, forward_fraction) * t)
-  if chunks is not None:
-    stall = np.maximum(stall, v / (chunks * w) + eps - overlap * t)
-  return _checks.out(s * t / (s * t + stall))
-
-
-def _per_slack(volume, slack):
-  """volume / slack where the slack is positive, inf elsewhere."""
-  with np.errstate(divide="ignore", invalid="ignore"):
-    return np.where(slack > 0, volume / np.where(slack > 0, slack, 1.0), np.inf)
-
-
-def required_bandwidth(target, payload, step_time, steps_per_sync=1, latency=0.0, *,
-                       overlap=0, chunks=None, forward_fraction=1 / 3):
-  """Bandwidth for a target utilization, the payload hiding behind its sending step's backward pass.
-
-  Inverts :func:`utilization_overlapped`: with the idle time a period may hold,
-  :math:`\\sigma = sT(1-u)/u`,
-
-  .. math::
-     W = \\max\\!\\left(\\frac{V}{\\sigma + \\omega T - \\varepsilon},\\
-       \\frac{V/\\ell}{\\sigma + \\tau T - \\varepsilon}\\right)
-
-  (:func:`hiding_window` :math:`\\omega`; ``inf`` when a denominator is not positive,
-  e.g. when the latency alone exceeds the allowed idle time). ``chunks=1`` gives the
-  blocking form :math:`V / (\\sigma - \\varepsilon)` of :func:`utilization_no_overlap`.
-
-  Args:
-    target: u in (0, 1).
-    payload: V, bytes per transfer.
-    step_time: T, seconds of compute per step.
-    steps_per_sync: s, steps per transfer.
-    latency: ε, seconds per chunk.
-    overlap: τ, steps the transfer may take past its sending step.
-    chunks: ℓ, chunks the payload is released in (None: continuously).
-    forward_fraction: φ, share of a step before the backward pass.
-
-  Returns:
-    Bytes/s.
-
-  Examples:
-    >>> # 1B params, bf16, 2 datacenters (2 GB), DiLoCo H=100 at 0.1 s/step, 24 layers, 95%:
-    >>> w = required_bandwidth(0.95, 2e9, 0.1, steps_per_sync=100, chunks=24)
-    >>> round(w * 8 / 1e9, 2)  # Gbit/s
-    27.11
-    >>> round(required_bandwidth(0.95, 2e9, 0.1, steps_per_sync=100, chunks=1) * 8 / 1e9, 2)
-    30.4
-  """
-  u = _checks.fraction("target", target)
-  v = _checks.nonneg("payload", payload)
-  t = _checks.positive("step_time", step_time)
-  s = _checks.positive("steps_per_sync", steps_per_sync)
-  eps = _checks.nonneg("latency", latency)
-  sigma = s * t * (1.0 - u) / u
-  w = _per_slack(v, sigma + hiding_window(overlap, chunks, forward_fraction) * t - eps)
-  if chunks is not None:
-    w = np.maximum(w, _per_slack(v / chunks, sigma + overlap * t - eps))
-  return _checks.out(w)
-
-
-def hidden_bandwidth(payload, step_time, overlap, steps_between_sends=math.inf, *, chunks=None,
-                     forward_fraction=1 / 3):
-  """Bandwidth at which every transfer is hidden behind compute (no step waits).
-
-  A payload sent during step :math:`t` may use the rest of that step's backward pass
-  and the :math:`\\tau` steps before step :math:`t+\\tau+1` (:func:`hiding_window`
-  :math:`\\omega`); its last chunk, released when the step ends, only the :math:`\\tau`
-  steps; and the link must keep up with one transfer every :math:`s` steps:
-
-  .. math::
-     W = \\max\\!\\left(\\frac{V}{\\omega T},\\ \\frac{V/\\ell}{\\tau T},\\
-       \\frac{V}{sT}\\right)
-
-  Without latency, utilization is 1 at and above it. It is exact (the simulator agrees)
-  for one payload per period (DiLoCo, :math:`\\ell = L`) and for Streaming's strided
-  fragments (:math:`V/P`, :math:`\\ell = L/P`, :math:`s = H/P`) when :math:`\\tau + 1
-  \\le \\lfloor H/P \\rfloor`, so that two fragments never share the link; otherwise it
-  is a lower bound. With :math:`\\tau = 0` and chunks, the last chunk always waits:
-  ``inf``.
-
-  Args:
-    payload: V, bytes of one transfer (a fragment, see :func:`payload_bytes`).
-    step_time: T, seconds per step.
-    overlap: τ >= 0.
-    steps_between_sends: s, steps between two transfers (Δh = H/P for Streaming).
-    chunks: ℓ, chunks the payload is released in (None: continuously).
-    forward_fraction: φ, share of a step before the backward pass.
-
-  Returns:
-    Bytes/s.
-
-  Examples:
-    >>> # 1B params in 8 fragments of 3 layers, bf16, 2 datacenters, τ = 1, T = 0.1 s:
-    >>> # the fragment holding layer 0 leaves T/3 + 8 T_b/24 + 3 d after its step starts.
-    >>> w = hidden_bandwidth(payload_bytes(1e9 / 8, 16, replicas=2), 0.1, overlap=1,
-    ...                      steps_between_sends=12.5, chunks=3)
-    >>> round(w * 8 / 1e9, 4)  # Gbit/s
-    13.8462
-  """
-  tau = _checks.nonneg_int("overlap", overlap)
-  v = _checks.nonneg("payload", payload)
-  t = _checks.positive("step_time", step_time)
-  s = float(_checks.positive("steps_between_sends", steps_between_sends))
-  w = np.maximum(_per_slack(v, hiding_window(tau, chunks, forward_fraction) * t), v / (s * t))
-  if chunks is not None:
-    w = np.maximum(w, _per_slack(v / chunks, np.asarray(tau * t)))
-  return _checks.out(w)
-
-
-def streaming_stall(bandwidth, payload, step_time, sync_every, fragments, layers, overlap=0,
-                    latency=0.0, *, pattern="strided", first_payload=0.0, forward_fraction=1 / 3):
-  """Seconds the steps of one Streaming DiLoCo period wait for the network.
-
-  The :math:`P` layer fragments (:math:`n = L/P` layers each, :math:`V/P` bytes, dealt
-  as the trainer deals them) are each reduced during the backward pass of their sending
-  step, one chunk of :math:`d = V/(LW)` seconds per layer. With :math:`b = (1-\\varphi)
-  T/L`, fragment :math:`k` (0-based) leaves the FIFO link
-
-  .. math::
-     F_k = \\begin{cases}
-       \\max(T - kb + d,\\ \\varphi T + (P-k)\\,b + n d) & \\text{strided (layers } k, k+P, \\dots) \\\\
-       \\max(T - knb + d,\\ T - (kn+n-1)\\,b + n d) & \\text{sequential}
-     \\end{cases}
-
-  after its step starts, and the step that needs it waits
-  :math:`\\delta_k = \\max(0, F_k + \\varepsilon - (\\tau+1)T)`. A non-layer fragment of
-  ``first_payload`` bytes (the trainer's fragment 0: embeddings, head) is taken as
-  released when its step ends: :math:`\\delta_0 = \\max(0, V_0/W + \\varepsilon - \\tau T)`.
-  The period waits :math:`\\sum \\delta`. This is the simulator's accounting
-  (:mod:`analysis.simulate`), exact when :math:`\\tau + 1 \\le \\lfloor H/P \\rfloor`
-  (two fragments never share the link).
-
-  Args:
-    bandwidth: W, bytes/s.
-    payload: V, bytes of all the layer fragments together.
-    step_time: T.
-    sync_every: H (a period; only checked against P and τ).
-    fragments: P, layer fragments (P | L).
-    layers: L.
-    overlap: τ.
-    latency: ε, seconds per chunk.
-    pattern: "strided" or "sequential".
-    first_payload: V_0, bytes of a non-layer fragment (0: none, the paper's setting).
-    forward_fraction: φ.
-
-  Returns:
-    Seconds per period.
-
-  Examples:
-    >>> # 1B, 8 fragments of 3 layers, 16 Gbit per period at 20 Gbit/s, tau = 0.
-    >>> round(float(streaming_stall(2.5e9, 2e9, 0.1, 100, 8, 24)), 6)
-    0.366667
-  """
-  w = _checks.positive("bandwidth", bandwidth)
-  t = float(_checks.positive("step_time", step_time))
-  h, p, tau = _check_streaming(sync_every, fragments, overlap)
-  n_layers = _checks.positive_int("layers", layers)
-  if n_layers % p:
-    raise ValueError(f"fragments ({p}) must divide layers ({n_layers}).")
-  check_choice("pattern", pattern, FRAGMENT_PATTERNS)
-  eps = _checks.nonneg("latency", latency)
-  phi = float(forward_fraction)
-  n, b = n_layers // p, (1.0 - phi) * t / n_layers
-  d = _checks.nonneg("payload", payload) / (n_layers * w)
-  k = np.arange(p).reshape((p,) + (1,) * np.ndim(d))
-  if pattern == "strided":
-    leave = np.maximum(t - k * b + d, phi * t + (p - k) * b + n * d)
-  else:
-    leave = np.maximum(t - k * n * b + d, t - (k * n + n - 1) * b + n * d)
-  stall = np.maximum(0.0, leave + eps - (tau + 1) * t).sum(axis=0)
-  stall = stall + np.maximum(0.0, _checks.nonneg("first_payload", first_payload) / w + eps
-                             - tau * t)
-  return _checks.out(stall)
-
-
-def streaming_required_bandwidth(target, payload, step_time, sync_every, fragments, layers,
-                                 overlap=0, latency=0.0, **kwargs):
-  """Bandwidth at which Streaming DiLoCo's waits leave a fraction ``target`` to compute.
-
-  Solves :math:`\\sum \\delta(W) = HT(1-u)/u` (:func:`streaming_stall`, decreasing in
-  :math:`W`) by bisection of :math:`\\log W` to 1e-9; ``inf`` when even an infinite
-  bandwidth waits too long (latency).
-
-  Args:
-    target: u in (0, 1).
-    payload, step_time, sync_every, fragments, layers, overlap, latency: as
-      :func:`streaming_stall`.
-    **kwargs: ``pattern``, ``first_payload``, ``forward_fraction``.
-
-  Returns:
-    Bytes/s.
-
-  Examples:
-    >>> w = streaming_required_bandwidth(0.99, 2e9, 0.1, 100, 8, 24)  # the paper's 1B
-    >>> round(w * 8 / 1e9, 2)  # Gbit/s
-    29.94
-  """
-  u = float(_checks.fraction("target", target))
-  sigma = sync_every * float(_checks.positive("step_time", step_time)) * (1.0 - u) / u
-  stall = lambda w: streaming_stall(w, payload, step_time, sync_every, fragments, layers,  # noqa: E731
-                                    overlap, latency, **kwargs)
-  if stall(math.inf) > sigma:
-    return math.inf
-  lo, hi = 1.0, 1e18
-  while math.log(hi / lo) > 1e-9:
-    mid = math.sqrt(lo * hi)
-    lo, hi = (lo, mid) if stall(mid) <= sigma else (mid, hi)
-  return hi
-
-
-# ------------------------------------------------------------------------------- memory
-
-
-@dataclasses.dataclass(frozen=True)
-class ReplicaMemory:
-  """Bytes one replica (one slice, summed over its chips) holds during training."""
-
-  params: float  # local parameters θ_m
-  grads: float  # one gradient buffer
-  optimizer: float  # inner AdamW first and second moments
-  outer_params: float  # global parameters θ_g (DiLoCo / Streaming only)
-  outer_momentum: float  # outer Nesterov momentum v (DiLoCo / Streaming only)
-  in_flight: float  # pseudo-gradient buffers of fragments sent and not yet merged
-
-  @property
-  def total(self) -> float:
-    return (self.params + self.grads + self.optimizer + self.outer_params
-            + self.outer_momentum + self.in_flight)
-
-
-def memory_per_replica(model, *, method="diloco", sync_every=1, fragments=1, overlap=0,
-                       param_bytes=4, grad_bytes=4, optimizer_bytes=8, outer_bytes=4,
-                       buffer_bytes=4) -> ReplicaMemory:
-  """Memory per replica for DP, DiLoCo or Streaming DiLoCo (activations excluded).
-
-  .. math::
-     M = N(b_\\theta + b_g + b_\\text{Adam})
-       + [\\text{DiLoCo}]\\,2 N b_\\text{outer}
-       + n_\\text{flight}\\,\\max_p |\\text{fragment}_p|\\, b_\\text{buf},
-     \\quad n_\\text{flight} = \\min\\!\\left(P, \\left\\lceil
-       \\frac{\\tau+1}{H/P} \\right\\rceil\\right)
-
-  :math:`n_\\text{flight}` counts the fragments sent in any :math:`\\tau + 1`
-  consecutive steps (an upper bound on those held at once); fragment sizes follow
-  SPEC.md (:func:`~analysis.models.fragment_sizes`) for a ModelConfig and are equal
-  for a bare parameter count. The outer state is held once per replica.
-
-  Args:
-    model: a ModelConfig, catalog name, or a parameter count.
-    method: "dp", "diloco" or "streaming" ("diloco" is streaming with P = 1).
-    sync_every, fragments, overlap: H, P, τ (ignored for "dp").
-    param_bytes: bytes per local parameter (4: fp32 master weights).
-    grad_bytes: bytes per gradient value.
-    optimizer_bytes: bytes of inner optimizer state per parameter (8: Adam m, v in fp32).
-    outer_bytes: bytes per value of θ_g and of the outer momentum.
-    buffer_bytes: bytes per value of an in-flight pseudo-gradient (fp32 accumulation).
-
-  Returns:
-    A :class:`ReplicaMemory` in bytes.
-
-  Examples:
-    >>> m = memory_per_replica(1_000_000, method="diloco", sync_every=100)
-    >>> m.total / 1e6  # 4 + 4 + 8 + 4 + 4 bytes/param, + one fp32 full-model buffer
-    28.0
-    >>> m = memory_per_replica(1_000_000, method="streaming", sync_every=100, fragments=10,
-    ...                        overlap=1)
-    >>> m.in_flight  # one fragment of 100,000 values in flight at a time
-    400000.0
-  """
-  _checks.choice("method", method, _METHODS)
-  if isinstance(model, (str, ModelConfig)):
-    cfg = get_model(model)
-    sizes_model = cfg
-  else:
-    sizes_model = None
-    if not isinstance(model, (int, np.integer)) or isinstance(model, bool) or model < 1:
-      raise ValueError(f"model must be a ModelConfig, a catalog name or a positive parameter "
-                       f"count, got {model!r}.")
-  n_total = float(sum(fragment_sizes(sizes_model, 1))) if sizes_model else float(model)
-  byte_args = dict(param_bytes=param_bytes, grad_bytes=grad_bytes,
-                   optimizer_bytes=optimizer_bytes, outer_bytes=outer_bytes,
-                   buffer_bytes=buffer_bytes)
-  for name, value in byte_args.items():
-    _checks.nonneg(name, value)
-  local = dict(params=n_total * param_bytes, grads=n_total * grad_bytes,
-               optimizer=n_total * optimizer_bytes)
-  if method == "dp":
-    return ReplicaMemory(**local, outer_params=0.0, outer_momentum=0.0, in_flight=0.0)
-  if method == "diloco":
-    fragments = 1
-  h, p, tau = _check_streaming(sync_every, fragments, overlap)
-  sizes = fragment_sizes(sizes_model, p) if sizes_model else [n_total / p] * p
-  n_flight = min(p, math.ceil((tau + 1) / (h / p)))
-  return ReplicaMemory(**local, outer_params=n_total * outer_bytes,
-                       outer_momentum=n_total * outer_bytes,
-                       in_flight=float(n_flight * max(sizes) * buffer_bytes))

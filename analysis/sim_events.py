@@ -14,8 +14,9 @@ import dataclasses
 
 import numpy as np
 
-from analysis import _checks
 from diloco_core.fragments import Fragments
+from diloco_core.validity import check_int
+from diloco_core.validity import check_overlap
 
 
 def fragment_layers_of(layers: int, fragment_layers: int, pattern: str = "strided"
@@ -31,7 +32,7 @@ def fragment_layers_of(layers: int, fragment_layers: int, pattern: str = "stride
     >>> fragment_layers_of(6, 2, "sequential")
     [[0, 1], [2, 3], [4, 5]]
   """
-  fl = _checks.positive_int("fragment_layers", fragment_layers)
+  fl = check_int("fragment_layers", fragment_layers)
   if layers % fl:
     raise ValueError(f"fragment_layers ({fl}) must divide the number of layers ({layers}).")
   p = layers // fl
@@ -84,17 +85,15 @@ def schedule(method, m, *, replicas, sync_every, fragment_layers, fragment_patte
     >>> period, sorted(plan), plan[2].offsets.round(2).tolist(), plan[2].delay
     (4, [0, 2], [0.17, 0.23, 0.3], 2)
   """
-  k = _checks.positive_int("bucket_layers", bucket_layers)
+  k = check_int("bucket_layers", bucket_layers)
   if m.layers % k:
     raise ValueError(f"bucket_layers ({k}) must divide the number of layers ({m.layers}).")
   per_layer = m.params / m.layers * bits * 2.0 * (replicas - 1) / replicas
   every = range(m.layers)
   if method == "dp":
     return 1, {0: _send(every, m, per_layer, 1, -1, k, forward_fraction)}
-  h = _checks.positive_int("sync_every", sync_every)
-  tau = _checks.nonneg_int("overlap", overlap)
-  if tau >= h:
-    raise ValueError(f"overlap must be < sync_every ({h}), got {tau}.")
+  h = check_int("sync_every", sync_every)
+  tau = check_overlap(overlap, h)
   if method == "diloco":
     return h, {0: _send(every, m, per_layer, tau + 1, -1, k, forward_fraction)}
   frags = fragment_layers_of(m.layers, fragment_layers, fragment_pattern)

@@ -21,7 +21,7 @@ so one replica and the link are simulated:
 * **link**: chunks are served first-in first-out. A chunk of V bits occupies the link
   for V / W seconds and arrives ε later (latency is pipelined).
 * **payload**: values × bits of the wire format × the all-reduce factor
-  :math:`2(M-1)/M` (:func:`analysis.roofline.allreduce_factor`); M = 1 sends nothing.
+  :math:`2(M-1)/M` (:func:`analysis.bandwidth.allreduce_factor`); M = 1 sends nothing.
 * **deadline**: a payload sent during step t must have arrived before step t + τ + 1
   starts (τ = 0 for DP). DP sends every layer every step; DiLoCo every layer after
   every H-th step; Streaming DiLoCo fragment p (0-based) after the steps t with
@@ -31,7 +31,10 @@ so one replica and the link are simulated:
 * **fragments**: P = L / ``fragment_layers`` fragments of layers only (the paper's
   setting: every parameter is in a layer, no embeddings fragment); layers are dealt as
   the trainer deals them (:class:`diloco_core.Fragments`): ``"strided"`` (default, layer
-  i in fragment i mod P) or ``"sequential"`` (contiguous blocks).
+  i in fragment i mod P) or ``"sequential"`` (contiguous blocks). Spacing the syncs
+  unevenly and having no embeddings fragment are documented exceptions to the schedule
+  rules of ``diloco_core.validity`` (H mod P = 0, (P − 1) | L), which the simulator does
+  not apply.
 
 So a Streaming fragment hides behind the rest of its own step's backward pass plus τ
 steps, P times per period; DiLoCo hides once per period; DP hides behind the backward
@@ -54,13 +57,15 @@ import pandas as pd
 
 from analysis import _checks
 from analysis.models import get_model
+from analysis.roofline import METHODS
 from analysis.sim_events import fragment_layers_of  # noqa: F401 (public)
 from analysis.sim_events import run_events
 from analysis.sim_events import schedule
 from diloco_core.model_config import ModelConfig
 from diloco_core.model_config import param_count
+from diloco_core.validity import check_choice
+from diloco_core.validity import check_int
 
-METHODS = ("dp", "diloco", "streaming")
 # The Streaming DiLoCo paper's simulation grid: 50 log-spaced points, 0.1 .. 1000 Gbit/s.
 PAPER_GRID_GBPS = np.logspace(-1, 3, 50)
 PAPER_TARGETS = (0.5, 0.8, 0.9, 0.95, 0.99)
@@ -76,7 +81,7 @@ class SimModel:
 
   def __post_init__(self):
     _checks.positive("SimModel.params", self.params)
-    _checks.positive_int("SimModel.layers", self.layers)
+    check_int("SimModel.layers", self.layers)
     _checks.positive("SimModel.step_time", self.step_time)
 
   @classmethod
@@ -169,13 +174,13 @@ def _prepare(model, method, *, replicas=2, sync_every=100, fragment_layers=3,
              forward_fraction=1 / 3, warmup_periods=2, periods=3):
   """Checks the options once; returns (model, period, plan, eps, phi, first, n_steps)."""
   m = get_sim_model(model)
-  _checks.choice("method", method, METHODS)
-  replicas = _checks.positive_int("replicas", replicas)
+  check_choice("method", method, METHODS)
+  replicas = check_int("replicas", replicas)
   bits = float(_checks.positive("bits", bits))
   eps = float(_checks.nonneg("latency", latency))
   phi = float(_checks.fraction("forward_fraction", forward_fraction))
-  warm = _checks.nonneg_int("warmup_periods", warmup_periods)
-  meas = _checks.positive_int("periods", periods)
+  warm = check_int("warmup_periods", warmup_periods, low=0)
+  meas = check_int("periods", periods)
   period, plan = schedule(method, m, replicas=replicas, sync_every=sync_every,
                            fragment_layers=fragment_layers, fragment_pattern=fragment_pattern,
                            overlap=overlap, bits=bits, bucket_layers=bucket_layers,
@@ -308,7 +313,7 @@ def bandwidth_for_utilization(target, model, method, *, rounding="exact", grid=N
     >>> round(bandwidth_for_utilization(0.95, "1B", "diloco", rounding="grid"), 3)
     28.118
   """
-  _checks.choice("rounding", rounding, ("exact", "grid"))
+  check_choice("rounding", rounding, ("exact", "grid"))
   targets = _checks.fraction("target", target)
   flat = targets.ravel()
   util = lambda w: _utilizations(model, method, w, **kwargs)  # noqa: E731

@@ -129,6 +129,17 @@ def test_every_candidate_is_a_valid_trainer_config(model):
   assert f"Streaming H={L + 1} P={L + 1} tau=1" in p.table.index
 
 
+def test_candidates_follow_the_trainers_schedule_rules():
+  # Every candidate passes diloco_core.validity.check_schedule with the model's L, as the
+  # trainer's configs do; the table is candidate_table's, which the roofline command uses.
+  from diloco_core.validity import check_schedule
+  cands = pl.candidates(TINY.n_layers)
+  for method, h, p, tau in cands:
+    assert check_schedule(h, p, tau, num_layers=TINY.n_layers) == (h, p, tau)
+  t = toy_plan(1e9).table
+  assert list(t.index) == [pl.label(*c) for c in cands]
+
+
 def test_largest_fragments():
   assert pl.largest_fragments(37, 36) == 37 and pl.largest_fragments(100, 36) == 10
   assert pl.largest_fragments(7, 4) == 1  # 7 is prime and 7 - 1 does not divide 4
@@ -171,23 +182,23 @@ def test_command_round_trip(capsys):
 @pytest.mark.parametrize("change, message", [
     (dict(model="gpt-9"), r"model must be one of \["),
     (dict(hardware="v9"), r"hardware must be one of \["),
-    (dict(slices=0), "slices must be a positive integer, got 0."),
-    (dict(slices=2.0), "slices must be a positive integer, got 2.0."),
-    (dict(chips_per_slice=-1), "chips_per_slice must be a positive integer, got -1."),
-    (dict(seq_len=True), "seq_len must be a positive integer, got True."),
-    (dict(global_batch_tokens=1.5e6), "global_batch_tokens must be a positive integer"),
-    (dict(mfu=0), r"mfu must be > 0, got 0."),
-    (dict(mfu=1.5), r"mfu must be in \(0, 1\], got 1.5."),
-    (dict(mfu="high"), "mfu must be a number, got 'high'."),
-    (dict(target=1.0), "target must be strictly between 0 and 1, got 1.0."),
-    (dict(link_gbps=-1), "link_gbps must be > 0, got -1."),
-    (dict(link_gbps=math.nan), "link_gbps must be > 0, got nan."),
-    (dict(bits=0), "bits must be > 0, got 0."),
-    (dict(sync_every=[10, 0]), "sync_every must be a positive integer, got 0."),
+    (dict(slices=0), "slices must be an integer >= 1, got 0."),
+    (dict(slices=2.0), "slices must be an integer >= 1, got 2.0."),
+    (dict(chips_per_slice=-1), "chips_per_slice must be an integer >= 1, got -1."),
+    (dict(seq_len=True), "seq_len must be an integer >= 1, got True."),
+    (dict(global_batch_tokens=1.5e6), "global_batch_tokens must be an integer >= 1"),
+    (dict(mfu=0), r"mfu must be a finite number in \(0, 1\], got 0."),
+    (dict(mfu=1.5), r"mfu must be a finite number in \(0, 1\], got 1.5."),
+    (dict(mfu="high"), r"mfu must be a finite number in \(0, 1\], got 'high'."),
+    (dict(target=1.0), r"target must be a finite number in \(0, 1\), got 1.0."),
+    (dict(link_gbps=-1), "link_gbps must be a finite number > 0, got -1."),
+    (dict(link_gbps=math.nan), "link_gbps must be a finite number > 0, got nan."),
+    (dict(bits=0), "bits must be a finite number > 0, got 0."),
+    (dict(sync_every=[10, 0]), "sync_every must be an integer >= 1, got 0."),
     (dict(sync_every="10"), "sync_every must be an integer or a sequence of integers"),
     (dict(sync_every=[]), "sync_every must not be empty."),
-    (dict(overlaps=[0, -1]), "overlaps must be a non-negative integer, got -1."),
-    (dict(overlaps=[1.5]), "overlaps must be a non-negative integer, got 1.5."),
+    (dict(overlaps=[0, -1]), "overlaps must be an integer >= 0, got -1."),
+    (dict(overlaps=[1.5]), "overlaps must be an integer >= 0, got 1.5."),
 ])
 def test_bad_input_is_one_line_naming_the_option(change, message):
   args = dict(model="qwen3-8b", hardware="v5p", slices=2, chips_per_slice=64, seq_len=4096,

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from analysis import roofline as rl
+from analysis import bandwidth as bw
 from analysis import simulate as sim
 from diloco_core import Fragments
 
@@ -141,12 +141,12 @@ def test_closed_form_is_exact_for_one_payload_per_period(name):
   # DP (s = 1) and DiLoCo (s = H, any tau) with one chunk per layer: equal at every
   # bandwidth, with latency too; and the required bandwidth equals the bisection.
   m = sim.SIM_MODELS[name]
-  v = rl.payload_bytes(m.params, 16, replicas=2)
+  v = bw.payload_bytes(m.params, 16, replicas=2)
   g = np.logspace(-1, 4, 30)
   for method, h, tau, eps in (("dp", 1, 0, 0.0), ("dp", 1, 0, 0.01), ("diloco", 100, 0, 0.0),
                               ("diloco", 100, 0, 0.2), ("diloco", 100, 3, 0.0)):
     kw = dict(overlap=tau, chunks=m.layers)
-    closed = rl.utilization_overlapped(g * GBIT, v, m.step_time, h, eps, **kw)
+    closed = bw.utilization_overlapped(g * GBIT, v, m.step_time, h, eps, **kw)
     simulated = sim.utilization(name, method, g, latency=eps, **(
         dict(overlap=tau) if method == "diloco" else {}))
     np.testing.assert_allclose(simulated, closed, rtol=1e-9)
@@ -154,7 +154,7 @@ def test_closed_form_is_exact_for_one_payload_per_period(name):
       targets = np.array(sim.PAPER_TARGETS)
       np.testing.assert_allclose(
           sim.bandwidth_for_utilization(targets, name, method, latency=eps),
-          rl.required_bandwidth(targets, v, m.step_time, h, eps, **kw) / GBIT, rtol=1e-5)
+          bw.required_bandwidth(targets, v, m.step_time, h, eps, **kw) / GBIT, rtol=1e-5)
 
 
 @pytest.mark.parametrize("name", list(sim.SIM_MODELS))
@@ -163,11 +163,11 @@ def test_hidden_bandwidth_is_exact_at_utilization_one(name, tau):
   # DiLoCo: one payload of L chunks. Streaming: strided fragments of 3 layers, exact when
   # tau + 1 <= floor(H / P) (no two fragments on the link at once), a lower bound else.
   m = sim.SIM_MODELS[name]
-  v, p = rl.payload_bytes(m.params, 16, replicas=2), m.layers // 3
-  w = rl.hidden_bandwidth(v, m.step_time, tau, chunks=m.layers) / GBIT
+  v, p = bw.payload_bytes(m.params, 16, replicas=2), m.layers // 3
+  w = bw.hidden_bandwidth(v, m.step_time, tau, chunks=m.layers) / GBIT
   assert sim.utilization(name, "diloco", w, overlap=tau) == pytest.approx(1.0, abs=1e-12)
   assert sim.utilization(name, "diloco", 0.999 * w, overlap=tau) < 1.0
-  ws = rl.hidden_bandwidth(v / p, m.step_time, tau, 100 / p, chunks=3) / GBIT
+  ws = bw.hidden_bandwidth(v / p, m.step_time, tau, 100 / p, chunks=3) / GBIT
   if tau + 1 <= 100 // p:
     assert sim.utilization(name, "streaming", ws, overlap=tau) == pytest.approx(1.0, abs=1e-12)
   assert sim.utilization(name, "streaming", 0.999 * ws, overlap=tau) < 1.0
@@ -180,18 +180,18 @@ def test_streaming_bounded_by_closed_forms(name, tau):
   # utilization from above, the fragment holding layer 0 (L/P chunks) from below.
   m = sim.SIM_MODELS[name]
   p = m.layers // 3
-  v = rl.payload_bytes(m.params, 16, replicas=2) / p
+  v = bw.payload_bytes(m.params, 16, replicas=2) / p
   g = sim.PAPER_GRID_GBPS
   kw = dict(overlap=tau)
   u = sim.utilization(name, "streaming", g, **kw)
-  upper = rl.utilization_overlapped(g * GBIT, v, m.step_time, 100 / p, **kw)
-  lower = rl.utilization_overlapped(g * GBIT, v, m.step_time, 100 / p, chunks=3, **kw)
+  upper = bw.utilization_overlapped(g * GBIT, v, m.step_time, 100 / p, **kw)
+  lower = bw.utilization_overlapped(g * GBIT, v, m.step_time, 100 / p, chunks=3, **kw)
   assert np.all(lower <= u + 1e-12) and np.all(u <= upper + 1e-12)
   assert np.any(lower < u - 1e-4) and np.any(u < upper - 1e-4)  # strict somewhere
   targets = np.array(sim.PAPER_TARGETS)
   exact = sim.bandwidth_for_utilization(targets, name, "streaming", **kw)
-  lo = rl.required_bandwidth(targets, v, m.step_time, 100 / p, **kw) / GBIT
-  hi = rl.required_bandwidth(targets, v, m.step_time, 100 / p, chunks=3, **kw) / GBIT
+  lo = bw.required_bandwidth(targets, v, m.step_time, 100 / p, **kw) / GBIT
+  hi = bw.required_bandwidth(targets, v, m.step_time, 100 / p, chunks=3, **kw) / GBIT
   assert np.all(lo <= exact * (1 + 1e-5)) and np.all(exact <= hi * (1 + 1e-5))
 
 
@@ -369,7 +369,7 @@ def test_timeline_records_every_event():
 
 
 def test_simulator_rejects_bad_input():
-  with pytest.raises(ValueError, match=r"method must be one of \['dp', 'diloco', 'streaming'\]"):
+  with pytest.raises(ValueError, match=r"method must be one of \('dp', 'diloco', 'streaming'\)"):
     sim.run_simulation("1B", "fsdp", 1.0)
   with pytest.raises(ValueError, match="bandwidth_gbps must be > 0"):
     sim.run_simulation("1B", "dp", -1.0)
@@ -381,13 +381,14 @@ def test_simulator_rejects_bad_input():
     sim.run_simulation("1B", "streaming", 1.0, fragment_pattern="random")
   with pytest.raises(ValueError, match=r"bucket_layers \(5\) must divide the number of layers"):
     sim.run_simulation("1B", "dp", 1.0, bucket_layers=5)
-  with pytest.raises(ValueError, match=r"overlap must be < sync_every \(100\), got 100"):
+  with pytest.raises(ValueError, match=r"overlap \(τ\) must be an integer with 0 <= τ < "
+                                       r"sync_every \(H=100\), got 100"):
     sim.run_simulation("1B", "streaming", 1.0, overlap=100)
-  with pytest.raises(ValueError, match="sync_every must be a positive integer"):
+  with pytest.raises(ValueError, match="sync_every must be an integer >= 1, got 0"):
     sim.run_simulation("1B", "diloco", 1.0, sync_every=0)
   with pytest.raises(ValueError, match="target must be strictly between 0 and 1"):
     sim.bandwidth_for_utilization(1.2, "1B", "dp")
-  with pytest.raises(ValueError, match=r"rounding must be one of \['exact', 'grid'\]"):
+  with pytest.raises(ValueError, match=r"rounding must be one of \('exact', 'grid'\)"):
     sim.bandwidth_for_utilization(0.5, "1B", "dp", rounding="up")
-  with pytest.raises(ValueError, match="SimModel.layers must be a positive integer"):
+  with pytest.raises(ValueError, match="SimModel.layers must be an integer >= 1, got 0"):
     sim.SimModel(1e9, 0, 0.1)
