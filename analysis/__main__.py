@@ -111,7 +111,8 @@ def _roofline(a) -> None:
         f"compute-bound above it; max_slices: largest M for this global batch; "
         f"gbps_per_slice: bandwidth for {a.target:.0%} utilization, each payload reduced "
         f"during its sending step's backward pass (closed form; for Streaming with tau >= 1, "
-        f"the bandwidth that hides every transfer); memory_gb_per_chip: replica state sharded over the slice (HBM "
+        f"the bandwidth that hides every transfer); memory_gb_per_chip: replica state "
+        f"sharded over the slice (HBM "
         f"{hw.hbm_bytes / 1e9:.0f} GB).")
   print(table.to_string(formatters=dict(
       critical_tokens_per_slice=lambda v: f"{v:,.0f}", gbps_per_slice=_fmt,
@@ -149,7 +150,8 @@ def _simulate(a) -> None:
     t0 = time.perf_counter()
     table = sim.paper_table(rounding=a.rounding, **common)
     print(f"Bandwidth (Gbit/s) for each compute utilization, rounding={a.rounding} "
-          f"(M={a.replicas}, H={a.sync_every}, {a.fragment_layers} layers per fragment ({a.fragment_pattern}), "
+          f"(M={a.replicas}, H={a.sync_every}, {a.fragment_layers} layers per fragment "
+          f"({a.fragment_pattern}), "
           f"tau=1 for overlap rows, latency {a.latency} s); "
           f"computed in {time.perf_counter() - t0:.2f} s")
     print(table.to_string(float_format=lambda v: f"{v:.3g}"))

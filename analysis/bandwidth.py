@@ -323,7 +323,8 @@ def streaming_stall(bandwidth, payload, step_time, sync_every, fragments, layers
 
   .. math::
      F_k = \\begin{cases}
-       \\max(T - kb + d,\\ \\varphi T + (P-k)\\,b + n d) & \\text{strided (layers } k, k+P, \\dots) \\\\
+       \\max(T - kb + d,\\ \\varphi T + (P-k)\\,b + n d)
+         & \\text{strided (layers } k, k+P, \\dots) \\\\
        \\max(T - knb + d,\\ T - (kn+n-1)\\,b + n d) & \\text{sequential}
      \\end{cases}
 
@@ -404,8 +405,9 @@ def streaming_required_bandwidth(target, payload, step_time, sync_every, fragmen
   """
   u = float(_checks.fraction("target", target))
   sigma = sync_every * float(_checks.positive("step_time", step_time)) * (1.0 - u) / u
-  stall = lambda w: streaming_stall(w, payload, step_time, sync_every, fragments, layers,  # noqa: E731
-                                    overlap, latency, **kwargs)
+  def stall(w):
+    return streaming_stall(w, payload, step_time, sync_every, fragments, layers, overlap,
+                           latency, **kwargs)
   if stall(math.inf) > sigma:
     return math.inf
   lo, hi = 1.0, 1e18

@@ -258,7 +258,8 @@ def test_required_bandwidth_overlapped_by_hand():
   assert bw.required_bandwidth(0.9, 2e9, 0.1, 10) < bw.required_bandwidth(0.9, 2e9, 0.1, 10,
                                                                           chunks=1)
   assert bw.hiding_window(0, chunks=1) == 0.0 and bw.hiding_window(2) == pytest.approx(8 / 3)
-  with pytest.raises(ValueError, match=r"forward_fraction \(φ\) must be a finite number in \[0, 1\]"):
+  with pytest.raises(ValueError,
+                     match=r"forward_fraction \(φ\) must be a finite number in \[0, 1\]"):
     bw.hiding_window(forward_fraction=1.5)
 
 
