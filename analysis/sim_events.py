@@ -24,7 +24,8 @@ def fragment_layers_of(layers: int, fragment_layers: int, pattern: str = "stride
   """The layers of each Streaming fragment, dealt as the trainer deals them.
 
   There is no embeddings fragment (the paper's setting): the P = L / ``fragment_layers``
-  fragments are the trainer's layer fragments 1..P (:meth:`diloco_core.Fragments.layers_of`).
+  fragments are the trainer's layer fragments 1..P
+  (:meth:`diloco_core.fragments.Fragments.layers_of`).
 
   Examples:
     >>> fragment_layers_of(6, 2)

@@ -30,8 +30,8 @@ so one replica and the link are simulated:
   ⌈H/P⌉ apart otherwise, as in the paper's setting H = 100, P = 8, 16, 36).
 * **fragments**: P = L / ``fragment_layers`` fragments of layers only (the paper's
   setting: every parameter is in a layer, no embeddings fragment); layers are dealt as
-  the trainer deals them (:class:`diloco_core.Fragments`): ``"strided"`` (default, layer
-  i in fragment i mod P) or ``"sequential"`` (contiguous blocks). Spacing the syncs
+  the trainer deals them (:class:`diloco_core.fragments.Fragments`): ``"strided"``
+  (default, layer i in fragment i mod P) or ``"sequential"`` (contiguous blocks). Spacing the syncs
   unevenly and having no embeddings fragment are documented exceptions to the schedule
   rules of ``diloco_core.validity`` (H mod P = 0, (P − 1) | L), which the simulator does
   not apply.

@@ -392,3 +392,17 @@ def test_simulator_rejects_bad_input():
     sim.bandwidth_for_utilization(0.5, "1B", "dp", rounding="up")
   with pytest.raises(ValueError, match="SimModel.layers must be an integer >= 1, got 0"):
     sim.SimModel(1e9, 0, 0.1)
+
+
+def test_plot_hiding_marks_where_each_payload_is_needed():
+  from analysis import plots
+  runs = {"DiLoCo": sim.run_simulation("1B", "diloco", 20.0),
+          "Streaming, τ=1": sim.run_simulation("1B", "streaming", 20.0, overlap=1)}
+  fig = plots.plot_hiding(runs)
+  assert [ax.get_title(loc="left") for ax in fig.axes] == list(runs)
+  needed = [next(l for l in ax.get_lines() if l.get_linestyle() == "--").get_xdata()[0]
+            for ax in fig.axes]
+  # DiLoCo: the next step starts when the payload has left, T/3 + T/36 + 24 d after the
+  # sync step starts (d = 1.6e10 / 24 / 2e10 s); tau = 1 and nothing waits: 2 T.
+  assert needed[0] == pytest.approx(0.1 / 3 + 0.1 / 36 + 0.8)
+  assert needed[1] == pytest.approx(0.2)
