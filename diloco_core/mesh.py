@@ -188,7 +188,7 @@ def fetch(x: Any) -> np.ndarray:
 
 def initialize_distributed(coordinator: str | None = None, num_processes: int | None = None,
                            process_id: int | None = None) -> bool:
-  """Starts multi-process JAX when asked (flags, or the JAX_* / DILOCO_* environment).
+  """Starts multi-process JAX when asked (the arguments, or the ``JAX_*`` environment variables below).
 
   Args:
     coordinator: ``host:port`` of process 0 (env ``JAX_COORDINATOR_ADDRESS``).

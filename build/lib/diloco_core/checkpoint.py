@@ -1,0 +1,415 @@
+"""Checkpoints (Orbax): save the whole training state, resume it bit for bit, export params.
+
+Layout of a run directory ``<out>``::
+
+  <out>/checkpoints/<step>/state/   every leaf of the training state (Orbax, OCDBT)
+  <out>/checkpoints/<step>/meta/    JSON: step, config, leaf table, checksums, data
+                                    position, seeds and the metrics rows written so far
+  <out>/final_params/               the global params at the end: a plain Orbax checkpoint
+
+What a checkpoint holds. The state pytree (:class:`~diloco_core.DiLoCoState` or
+:class:`~diloco_core.DPState`) is the complete training state: every replica's params and
+inner optimizer state, the global params, the outer momentum, the error-feedback
+residuals, the step, and who took part in each fragment's latest sync. The fragments in
+flight (Streaming, τ > 0) need nothing more: they are fully determined by
+``(global_params, step)`` (see :mod:`diloco_core.diloco`). The data position of every
+replica is the step (batches are a pure function of ``(seed, replica, step)``), and
+there is no RNG state to carry: model init, data and simulated replica drops are all
+pure functions of the seeds in the config. The meta item records all of these
+explicitly, plus the config and the metrics rows, so a resumed run continues
+``metrics.jsonl`` and the byte counters exactly.
+
+Atomicity. Orbax writes each step into ``<step>.orbax-checkpoint-tmp-*`` and renames it
+to ``<step>`` only once everything (state and meta) is on disk, so a crash mid-save
+leaves the previous checkpoint loadable; :func:`restore_latest` ignores (and removes)
+such leftovers, and skips damaged checkpoints (unreadable files, checksum mismatch)
+in favour of the newest valid one, saying so on stderr.
+
+The leaves are stored under positional names (``00000``, ``00001``, ...) and restored
+into the structure of a freshly initialised state, so the restored pytree has exactly
+the structure, dtypes and shardings of the fresh one; the leaf table (paths, shapes,
+dtypes) in the meta item catches a checkpoint of another model with a clear error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import threading
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+FORMAT_VERSION = 1
+CHECKPOINTS = "checkpoints"
+FINAL_PARAMS = "final_params"
+TMP_MARK = ".orbax-checkpoint-tmp"
+
+# TrainConfig fields that a resumed run must share with the checkpoint: they fix the
+# state's shapes or the trajectory. Everything else (steps, eval/log/checkpoint
+# intervals, out, progress, mesh, drops, ...) may change on resume.
+MUST_MATCH = ("model", "n_layers", "vocab_size", "positions", "batch_size", "seq_len", "seed",
+              "inner_lr", "warmup_steps", "weight_decay", "grad_clip")
+_FLAGS = {"n_layers": "layers", "data.source": "data", "data.seed": "data-seed",
+          "data.vocab_size": "data-vocab", "data.order": "data-order",
+          "data.branching": "data-branching", "data.distribution": "distribution"}
+
+
+def _warn(msg: str) -> None:
+  if jax.process_index() == 0:
+    print(f"warning: {msg}", file=sys.stderr)
+
+
+def _jsonable(x: Any) -> Any:
+  return json.loads(json.dumps(x, default=str))
+
+
+def _flag(name: str) -> str:
+  return "--" + _FLAGS.get(name, name.split(".")[-1]).replace("_", "-")
+
+
+def checkpoints_dir(out: str) -> str:
+  """``<out>/checkpoints`` (absolute: Orbax wants absolute paths)."""
+  return os.path.join(os.path.abspath(out), CHECKPOINTS)
+
+
+def finalized_steps(out: str) -> list[int]:
+  """Steps with a finalized checkpoint directory in ``<out>/checkpoints``, ascending.
+
+  Examples:
+    >>> finalized_steps("/nonexistent")
+    []
+  """
+  d = checkpoints_dir(out)
+  if not os.path.isdir(d):
+    return []
+  return sorted(int(n) for n in os.listdir(d) if n.isdigit() and os.path.isdir(os.path.join(d, n)))
+
+
+def leaf_table(tree) -> list[dict]:
+  """Path, shape and dtype of every leaf of ``tree`` (what a checkpoint must match).
+
+  Examples:
+    >>> leaf_table({"w": jnp.zeros((2, 3)), "b": jnp.zeros((), jnp.int32)})
+    [{'path': "['b']", 'shape': [], 'dtype': 'int32'}, {'path': "['w']", 'shape': [2, 3], 'dtype': 'float32'}]
+  """
+  flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+  return [{"path": jax.tree_util.keystr(p), "shape": [int(s) for s in np.shape(x)],
+           "dtype": str(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype)}
+          for p, x in flat]
+
+
+def _bits(x):
+  x = jnp.asarray(x)
+  if x.dtype == jnp.bool_:
+    return x.astype(jnp.uint32)
+  unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}.get(x.dtype.itemsize)
+  if unsigned is None:  # 8-byte leaves (x64 mode): fold both halves
+    return jax.lax.bitcast_convert_type(x, jnp.uint32).astype(jnp.uint32)
+  return jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
+
+
+@jax.jit
+def _checksums(leaves):
+  # Sum of the bit patterns modulo 2**32: exact and independent of the reduction order.
+  return jnp.stack([jnp.sum(_bits(x), dtype=jnp.uint32) for x in leaves]) if leaves else jnp.zeros(0, jnp.uint32)
+
+
+def fingerprint(tree) -> list[int]:
+  """One uint32 checksum per leaf (sum of the bit patterns mod 2**32), computed on device.
+
+  Examples:
+    >>> fingerprint({"w": jnp.array([1.0, -1.0])})  # 0x3f800000 + 0xbf800000 mod 2**32
+    [4278190080]
+  """
+  from diloco_core.mesh import fetch
+  return [int(v) for v in fetch(_checksums(jax.tree.leaves(tree)))]
+
+
+def _items(state) -> dict[str, Any]:
+  return {f"{i:05d}": x for i, x in enumerate(jax.tree.leaves(state))}
+
+
+def _manager(out: str, keep: int | None, create: bool) -> ocp.CheckpointManager:
+  options = ocp.CheckpointManagerOptions(
+      max_to_keep=keep, enable_async_checkpointing=False, create=create)
+  return ocp.CheckpointManager(checkpoints_dir(out), options=options, item_names=("state", "meta"))
+
+
+class CheckpointWriter:
+  """Saves training checkpoints to ``<out>/checkpoints/<step>/``, keeping the last ``keep``.
+
+  Saves are synchronous (the next step donates the state's buffers) and atomic.
+
+  Args:
+    out: the run directory.
+    keep: how many checkpoints to keep (older ones are deleted after a successful save).
+  """
+
+  def __init__(self, out: str, keep: int):
+    self.out = out
+    self._mgr = _manager(out, keep, create=True)
+
+  def save(self, step: int, state, meta: dict) -> str:
+    """Writes ``state`` and ``meta`` (JSON-able) as checkpoint ``step``; returns its path."""
+    meta = dict(meta, format=FORMAT_VERSION, step=int(step), leaves=leaf_table(state),
+                checksums=fingerprint(state))
+    self._mgr.save(int(step), args=ocp.args.Composite(
+        state=ocp.args.StandardSave(_items(state)), meta=ocp.args.JsonSave(_jsonable(meta))))
+    self._mgr.wait_until_finished()
+    return os.path.join(checkpoints_dir(self.out), str(step))
+
+  def close(self) -> None:
+    self._mgr.close()
+
+
+@dataclasses.dataclass
+class Restored:
+  """What :func:`restore_latest` returns."""
+
+  state: Any  # the restored state, same pytree/shardings as the target
+  meta: dict  # the meta item (config, metrics rows, counters, ...)
+  step: int
+  path: str
+
+
+def check_compatible(saved: dict, current: dict, where: str) -> None:
+  """Raises a one-line ``ValueError`` naming the first option that differs.
+
+  Args:
+    saved: the config stored in a checkpoint (``dataclasses.asdict`` of a TrainConfig, as JSON).
+    current: the config of this run, same form.
+    where: the checkpoint path, for the message.
+
+  Examples:
+    >>> check_compatible({"algo": {"replicas": 2}}, {"algo": {"replicas": 4}}, "ck/8")
+    Traceback (most recent call last):
+    ...
+    ValueError: --resume: checkpoint ck/8 was written with replicas=2 but this run has replicas=4 (--replicas); resume with the same value, or start a new run in another --out.
+  """
+  saved, current = _jsonable(saved), _jsonable(current)
+  names = [f"algo.{k}" for k in current.get("algo", {})] + [f"data.{k}" for k in current.get("data", {})]
+  names += [k for k in MUST_MATCH if k in current]
+  for name in names:
+    group, _, key = name.rpartition(".")
+    a = (saved.get(group, {}) if group else saved).get(key, "<missing>")
+    b = (current.get(group, {}) if group else current).get(key)
+    if a != b:
+      label = name if group == "data" else key
+      raise ValueError(
+          f"--resume: checkpoint {where} was written with {label}={a!r} but this run has"
+          f" {label}={b!r} ({_flag(name)}); resume with the same value, or start a new run in"
+          " another --out.")
+
+
+def _check_leaves(saved: list[dict], current: list[dict], where: str) -> None:
+  if len(saved) != len(current):
+    raise ValueError(
+        f"--resume: checkpoint {where} holds {len(saved)} arrays but this run's state has"
+        f" {len(current)}: it was written by another model or algorithm; use its own --out.")
+  for a, b in zip(saved, current):
+    if a != b:
+      raise ValueError(
+          f"--resume: checkpoint {where} holds another model: {a['path']} is {a['dtype']}{a['shape']}"
+          f" there but {b['dtype']}{b['shape']} here; use the same model options or another --out.")
+
+
+def _remove_leftovers(out: str) -> None:
+  """Removes unfinished saves (``<step>.orbax-checkpoint-tmp-*``), saying so."""
+  d = checkpoints_dir(out)
+  if jax.process_index() != 0 or not os.path.isdir(d):
+    return
+  for name in sorted(os.listdir(d)):
+    if TMP_MARK in name:
+      _warn(f"removing {os.path.join(d, name)}: an interrupted save (never a valid checkpoint).")
+      shutil.rmtree(os.path.join(d, name), ignore_errors=True)
+
+
+def restore_latest(out: str, target, config: dict) -> Restored:
+  """Restores the newest valid checkpoint of ``<out>`` into the structure of ``target``.
+
+  Damaged checkpoints (unreadable, truncated, checksum mismatch) are skipped with a
+  warning and moved aside to ``<step>.damaged``; interrupted saves are removed.
+
+  Args:
+    out: the run directory.
+    target: a freshly initialised state of this run (gives structure, dtypes, shardings).
+    config: this run's config as a dict (``dataclasses.asdict``), checked with
+      :func:`check_compatible`.
+
+  Returns:
+    A :class:`Restored`.
+
+  Raises:
+    ValueError: no checkpoint, none readable, or an incompatible config / model (one line).
+  """
+  d = checkpoints_dir(out)
+  _quiet_orbax_failed_reads()
+  steps = finalized_steps(out)
+  if not steps:
+    raise ValueError(f"--resume: no checkpoint in {d}; run without --resume to start a new run"
+                     " (add --checkpoint-every N to write checkpoints).")
+  expected = leaf_table(target)
+  abstract = {k: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+              for k, x in _items(target).items()}
+  mgr = _manager(out, None, create=False)
+  failures: list[tuple[int, str]] = []
+  try:
+    for step in reversed(steps):
+      path = os.path.join(d, str(step))
+      try:
+        meta = mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION or meta.get("step") != step:
+          raise ValueError("its meta item is missing or not from this version")
+      except Exception as e:  # noqa: BLE001 - any unreadable checkpoint is skipped
+        failures.append((step, _reason(e)))
+        continue
+      check_compatible(meta.get("config", {}), config, path)
+      _check_leaves(meta.get("leaves", []), expected, path)
+      try:
+        items = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
+        state = jax.tree.unflatten(jax.tree.structure(target), [items[k] for k in sorted(items)])
+        saved_sums = list(meta.get("checksums") or [])
+        for row, a, b in zip(expected, fingerprint(state), saved_sums + [None] * len(expected)):
+          if a != b:
+            raise ValueError(f"checksum mismatch in {row['path']}")
+      except Exception as e:  # noqa: BLE001
+        failures.append((step, _reason(e)))
+        continue
+      _remove_leftovers(out)  # only now: a run refused above leaves its directory untouched
+      for bad_step, why in failures:
+        _set_aside(d, bad_step, why)
+      return Restored(state=state, meta=meta, step=step, path=path)
+  finally:
+    mgr.close()
+  step, why = failures[0]
+  raise ValueError(f"--resume: no readable checkpoint in {d} (newest, step {step}: {why}); remove"
+                   " the damaged step directories, or start over with --overwrite.")
+
+
+def _quiet_orbax_failed_reads() -> None:
+  """After a failed Orbax read, its leftover callbacks can hit a closed event loop, and
+  Python prints "RuntimeError: Event loop is closed" with a traceback. Such failures are
+  reported in one line by the caller, so those errors (and only those) are dropped.
+  Installed before reading, because the callbacks may fire before the failure surfaces."""
+  closed = lambda e: isinstance(e, RuntimeError) and "Event loop is closed" in str(e)
+  for owner, name in ((sys, "unraisablehook"), (threading, "excepthook")):
+    previous = getattr(owner, name)
+    if getattr(previous, "_diloco_quiet", False):
+      continue
+
+    def hook(info, previous=previous):  # both hooks' arguments carry .exc_value
+      if not closed(info.exc_value):
+        previous(info)
+
+    hook._diloco_quiet = True
+    setattr(owner, name, hook)
+
+
+def _reason(e: Exception) -> str:
+  text = " ".join(str(e).split())
+  text = text if len(text) <= 160 else text[:159] + "…"
+  return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def _set_aside(d: str, step: int, why: str) -> None:
+  if jax.process_index() != 0:
+    return
+  src, dst = os.path.join(d, str(step)), os.path.join(d, f"{step}.damaged")
+  if os.path.exists(dst):
+    shutil.rmtree(dst)
+  os.rename(src, dst)
+  _warn(f"checkpoint {src} is damaged ({why}); moved it to {dst} and resumed from an earlier one.")
+
+
+# ---- plain params checkpoints --------------------------------------------------------------
+def export_params(params, path: str) -> str:
+  """Writes ``params`` (any pytree of arrays) as a plain Orbax checkpoint at ``path``.
+
+  The directory is replaced atomically if it exists. Load it back with
+  :func:`load_params` (or ``orbax.checkpoint.StandardCheckpointer().restore(path)``).
+
+  Args:
+    params: the params pytree (e.g. ``TrainResult.params``, the global params).
+    path: the directory to write.
+
+  Returns:
+    The absolute path written.
+
+  Examples:
+    >>> import tempfile
+    >>> path = export_params({"w": jnp.arange(3.0)}, tempfile.mkdtemp() + "/final_params")
+    >>> load_params(path)["w"].tolist()
+    [0.0, 1.0, 2.0]
+  """
+  path = os.path.abspath(path)
+  with ocp.StandardCheckpointer() as ckptr:
+    ckptr.save(path, params, force=True)
+  return path
+
+
+def load_params(path: str, like=None):
+  """Loads a params checkpoint written by :func:`export_params` (e.g. ``<out>/final_params``).
+
+  One line for evaluation: ``params = diloco_core.load_params("runs/x/final_params")``.
+
+  Args:
+    path: the checkpoint directory.
+    like: optional params pytree this must match (structure, shapes, dtypes); the result
+      then has its structure and shardings. A mismatch is a one-line ``ValueError``.
+
+  Returns:
+    The params pytree (nested dicts of arrays).
+  """
+  path = os.path.abspath(path)
+  if not os.path.exists(path):
+    raise ValueError(f"params checkpoint {path!r} does not exist; pass the final_params/ directory"
+                     " of a finished run.")
+  if not os.path.isdir(path):
+    raise ValueError(f"params checkpoint {path!r} is a file, not a checkpoint directory; pass the"
+                     " final_params/ directory of a finished run.")
+  if os.path.isdir(os.path.join(path, "state")) or os.path.isdir(os.path.join(path, CHECKPOINTS)) or (
+      os.path.basename(path) == CHECKPOINTS):
+    raise ValueError(f"{path!r} is a training checkpoint (or run) directory, not a params checkpoint;"
+                     " pass the run's final_params/ (or use --resume to continue that run).")
+  if not os.path.exists(os.path.join(path, "_METADATA")):
+    raise ValueError(f"{path!r} is not a params checkpoint (no Orbax _METADATA file; it may be"
+                     " truncated); pass a final_params/ directory written by a run.")
+  _quiet_orbax_failed_reads()
+  damaged = lambda e: ValueError(f"params checkpoint {path!r} cannot be read ({_reason(e)}); it is"
+                                 " damaged or incomplete.")
+  with ocp.StandardCheckpointer() as ckptr:
+    try:
+      meta = ckptr.metadata(path).item_metadata
+      if like is None:
+        return ckptr.restore(path)
+    except Exception as e:  # noqa: BLE001 - damaged files: one clear line
+      raise damaged(e) from None
+    saved = jax.tree_util.tree_flatten_with_path(meta.tree if hasattr(meta, "tree") else meta)[0]
+    saved = {jax.tree_util.keystr(p): (list(m.shape), str(m.dtype)) for p, m in saved}
+    if not saved:
+      raise damaged(ValueError("no readable array metadata"))
+    for row in leaf_table(like):
+      got = saved.pop(row["path"], None)
+      if got is None:
+        raise ValueError(f"params checkpoint {path!r} has no {row['path']} (this model needs"
+                         f" {row['dtype']}{row['shape']}); it is from another model.")
+      if got != (row["shape"], row["dtype"]):
+        raise ValueError(f"params checkpoint {path!r} holds {row['path']} as {got[1]}{got[0]} but"
+                         f" this model needs {row['dtype']}{row['shape']}; use the same model"
+                         " options as the run that wrote it.")
+    if saved:
+      raise ValueError(f"params checkpoint {path!r} has {sorted(saved)[0]}, which this model does"
+                       " not; it is from another model.")
+    abstract = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), like)
+    try:
+      return ckptr.restore(path, abstract)
+    except Exception as e:  # noqa: BLE001
+      raise damaged(e) from None

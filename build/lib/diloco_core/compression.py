@@ -1,0 +1,499 @@
+"""Wire formats for the pseudo-gradients: quantize, dequantize, error feedback, bit counts.
+
+Each replica's pseudo-gradient :math:`\\Delta_m` goes through a wire format :math:`Q`
+before the cross-replica average, which is accumulated in float32:
+
+.. math::
+   \\Delta = \\frac{1}{M} \\sum_{m=1}^{M} Q(\\Delta_m)
+
+This module simulates the wire inside a jitted step: :func:`quantize` encodes to the
+format and decodes straight back to float32, so the trainer sees exactly the numbers the
+receiver would see, and :func:`wire_bits` counts exactly what would have been sent.
+
+==========  ==============  ===========================================================
+format      bits / element  encoding
+==========  ==============  ===========================================================
+``none``    32              float32, the identity
+``bf16``    16              bfloat16, round to nearest even (the plain cast)
+``fp8``     8               float8 e4m3 (``float8_e4m3fn``: max 448, no inf) + absmax scale
+``fp4``     4               float4 e2m1 (``float4_e2m1fn``: ±{0, .5, 1, 1.5, 2, 3, 4, 6}) + scale
+``e3m0``    4               1 sign + 3 exponent bits, no mantissa (defined below) + scale
+==========  ==============  ===========================================================
+
+**Absmax scaling** (``fp8``, ``fp4``, ``e3m0``). The tensor is flattened and cut into
+blocks of ``block_size`` elements (the last block is shorter; ``block_size=None`` means one
+block holding the whole tensor). For a block with absmax :math:`a = \\max_i |x_i|` and a
+format whose largest finite value is :math:`q_\\max`, the scale is :math:`s = a / q_\\max`
+rounded to float32, and
+
+.. math::
+   Q(x_i) = s \\cdot R\\!\\left(\\frac{x_i}{s}\\right), \\quad \\text{except} \\quad
+   R\\!\\left(\\frac{x_i}{s}\\right) = \\pm q_\\max \\;\\Rightarrow\\; Q(x_i) = \\pm a,
+
+where :math:`R` rounds to the unscaled format (:func:`round_to_format`).
+
+- On the wire: the codes, plus the block's absmax :math:`a` as one float32 per block
+  (counted by :func:`wire_bits`); the receiver rebuilds :math:`s` from :math:`a`.
+- The largest element of every block comes back exactly. (For ``fp8`` and ``fp4``,
+  :math:`q_\\max` is not a power of two and :math:`q_\\max \\cdot s` could miss :math:`a`
+  by one float32 ulp, hence the saturated codes decode to :math:`\\pm a` itself.)
+- A block :math:`v_i \\cdot c` with every :math:`v_i` on the format's grid,
+  :math:`\\max_i |v_i| = q_\\max` and every :math:`v_i \\cdot c` exact in float32 comes
+  back unchanged: :math:`s` is computed correctly rounded with integer arithmetic (XLA
+  may compute a float division by a constant as a multiplication by its rounded
+  reciprocal), after an exact power-of-two normalization, so it never underflows.
+- :math:`x_i / s` itself may be computed as :math:`x_i \\cdot (1/s)`, so an exact tie
+  under a scale that is not a power of two may round either way.
+- An all-zero block decodes to zeros. A block holding a NaN or an infinity decodes to all
+  NaN: failures propagate, they are never hidden (``none`` and ``bf16`` keep NaN and inf
+  element by element). Backends that flush float32 subnormals (XLA does on CPU) see
+  subnormal inputs as zeros.
+
+**Rounding** :math:`R` is round-to-nearest in the linear domain, ties to even (the
+neighbour whose integer significand is even), after saturating :math:`|y|` to
+:math:`q_\\max`. It is computed by hand with exact power-of-two arithmetic, identically on
+every backend; for ``fp8`` and ``fp4`` it agrees bit for bit with the ``ml_dtypes``
+cast of the saturated value.
+
+**The e3m0 format** (no library has it). A code is a sign bit and a 3-bit exponent
+:math:`E \\in \\{0, \\dots, 7\\}`: :math:`E = 0` is zero, :math:`E \\ge 1` is
+:math:`\\pm 2^{E-7}`. There are no subnormals, infinities or NaNs, so the unscaled
+values are :math:`\\{0\\} \\cup \\{\\pm 2^{-6}, \\pm 2^{-5}, \\dots, \\pm 2^{-1}, \\pm 1\\}`
+(15 values, :math:`q_\\max = 1`, so the scale is the absmax itself). Rounding after
+saturation to :math:`[-1, 1]`: between :math:`2^e` and :math:`2^{e+1}` the linear midpoint
+:math:`1.5 \\cdot 2^e` (not the log-domain midpoint :math:`\\sqrt{2} \\cdot 2^e`) decides,
+and a tie goes up to :math:`2^{e+1}`; below :math:`2^{-6}`, magnitudes up to and including
+:math:`2^{-7}` flush to zero and larger ones go to :math:`2^{-6}`.
+
+**Error feedback.** Each replica keeps a residual :math:`e_m` (zeros at the start),
+sends :math:`c_m = Q(\\Delta_m + e_m)` and keeps :math:`e_m \\leftarrow \\Delta_m + e_m - c_m`
+(:func:`error_feedback`), so that over any number of rounds what was sent adds up to the
+true pseudo-gradients minus the final residual.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+FORMATS = ("none", "bf16", "fp8", "fp4", "e3m0")
+
+SCALE_BITS = 32  # each absmax scale travels as one float32
+
+
+class _Minifloat(NamedTuple):
+  bits: int  # bits per element on the wire
+  mantissa_bits: int  # explicit significand bits m
+  min_exponent: int  # exponent of the smallest normal value (subnormal spacing 2^(emin - m))
+  max_value: float  # largest finite value q_max
+
+
+_MINIFLOATS = {
+    "fp8": _Minifloat(bits=8, mantissa_bits=3, min_exponent=-6, max_value=448.0),
+    "fp4": _Minifloat(bits=4, mantissa_bits=1, min_exponent=0, max_value=6.0),
+    # e3m0: {0} and 2^-6 .. 2^0. With no mantissa bits, the "subnormal" grid below 2^-6 is
+    # {0, 2^-6}, which is exactly the format's code E = 0 (zero) and E = 1 (2^-6).
+    "e3m0": _Minifloat(bits=4, mantissa_bits=0, min_exponent=-6, max_value=1.0),
+}
+
+_BITS = {"none": 32, "bf16": 16, **{k: v.bits for k, v in _MINIFLOATS.items()}}
+
+
+def validate_format(name: str) -> None:
+  """Raises a one-line :class:`ValueError` unless ``name`` is one of :data:`FORMATS`.
+
+  Args:
+    name: the wire format (the ``compression`` flag).
+
+  Examples:
+    >>> validate_format("fp4")
+    >>> validate_format("int8")
+    Traceback (most recent call last):
+    ...
+    ValueError: compression must be one of ('none', 'bf16', 'fp8', 'fp4', 'e3m0'), got 'int8'.
+  """
+  if not isinstance(name, str) or name not in FORMATS:
+    raise ValueError(f"compression must be one of {FORMATS}, got {name!r}.")
+
+
+def validate_block_size(block_size: int | None) -> None:
+  """Raises a one-line :class:`ValueError` unless ``block_size`` is None or a positive int.
+
+  Args:
+    block_size: elements per absmax-scaling block; None scales each tensor as one block.
+
+  Examples:
+    >>> validate_block_size(32)
+    >>> validate_block_size(0)
+    Traceback (most recent call last):
+    ...
+    ValueError: compression block_size must be a positive integer or None, got 0.
+  """
+  if block_size is None:
+    return
+  if (not isinstance(block_size, (int, np.integer)) or isinstance(block_size, bool)
+      or block_size <= 0):
+    raise ValueError(
+        f"compression block_size must be a positive integer or None, got {block_size!r}.")
+
+
+def bits_per_element(name: str) -> int:
+  """Bits one element takes on the wire, not counting the scales.
+
+  Args:
+    name: the wire format, one of :data:`FORMATS`.
+
+  Returns:
+    32, 16, 8, 4 or 4 for ``none``, ``bf16``, ``fp8``, ``fp4``, ``e3m0``.
+
+  Examples:
+    >>> [bits_per_element(f) for f in FORMATS]
+    [32, 16, 8, 4, 4]
+  """
+  validate_format(name)
+  return _BITS[name]
+
+
+def max_value(name: str) -> float:
+  """Largest finite value :math:`q_\\max` of a scaled format (before scaling).
+
+  Absmax scaling maps the absmax of each block to it.
+
+  Args:
+    name: ``fp8``, ``fp4`` or ``e3m0``.
+
+  Returns:
+    448.0, 6.0 or 1.0.
+
+  Raises:
+    ValueError: for ``none`` and ``bf16``, which are not scaled.
+
+  Examples:
+    >>> max_value("fp8"), max_value("fp4"), max_value("e3m0")
+    (448.0, 6.0, 1.0)
+  """
+  return _minifloat(name).max_value
+
+
+def representable_values(name: str) -> np.ndarray:
+  """Sorted finite values of an unscaled format (zero once), as float32.
+
+  For ``fp8`` and ``fp4`` the set is read off every bit pattern of the ``ml_dtypes`` type;
+  ``e3m0`` is defined by this module (see the module docstring).
+
+  Args:
+    name: ``fp8``, ``fp4`` or ``e3m0``.
+
+  Returns:
+    A sorted 1-D float32 array: 253 values for ``fp8``, 15 for ``fp4`` and ``e3m0``.
+
+  Raises:
+    ValueError: for ``none`` and ``bf16``, whose value sets are not small grids.
+
+  Examples:
+    >>> representable_values("fp4").tolist()
+    [-6.0, -4.0, -3.0, -2.0, -1.5, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    >>> representable_values("e3m0")[7:].tolist()
+    [0.0, 0.015625, 0.03125, 0.0625, 0.125, 0.25, 0.5, 1.0]
+  """
+  _minifloat(name)
+  if name == "e3m0":
+    mags = [0.0] + [2.0**e for e in range(-6, 1)]
+    values = np.array(mags + [-m for m in mags], dtype=np.float32)
+  else:
+    dtype = {"fp8": ml_dtypes.float8_e4m3fn, "fp4": ml_dtypes.float4_e2m1fn}[name]
+    nbits = _MINIFLOATS[name].bits
+    codes = np.arange(2**nbits, dtype=np.uint8)
+    values = codes.view(dtype).astype(np.float32)  # ml_dtypes stores fp4 one per byte
+    values = values[np.isfinite(values)]
+  return np.unique(values + np.float32(0.0))  # + 0 turns -0 into 0
+
+
+def round_to_format(y: jax.Array, name: str) -> jax.Array:
+  """Rounds float32 values to the unscaled grid of ``fp8``, ``fp4`` or ``e3m0``.
+
+  Saturates first, then rounds to nearest in the linear domain with ties to even. With
+  :math:`m` mantissa bits and smallest normal exponent :math:`e_\\min`:
+
+  .. math::
+     e = \\max(\\lfloor \\log_2 |y| \\rfloor, e_\\min), \\qquad
+     R(y) = \\operatorname{sign}(y)\\, 2^{e-m}\\,
+       \\operatorname{rne}\\!\\left(\\min(|y|, q_\\max) / 2^{e-m}\\right)
+
+  Every step is exact (powers of two and an integer-valued round), so the result does not
+  depend on how a backend converts to float8 or float4. NaN stays NaN.
+
+  Args:
+    y: values in the unscaled domain (any shape).
+    name: ``fp8``, ``fp4`` or ``e3m0``.
+
+  Returns:
+    float32 values of :func:`representable_values`, same shape as ``y``.
+
+  Examples:
+    >>> y = jnp.array([0.25, 0.26, 0.75, 1.25, 5.0, 7.0, -2.5])
+    >>> round_to_format(y, "fp4").tolist()
+    [0.0, 0.5, 1.0, 1.0, 4.0, 6.0, -2.0]
+    >>> round_to_format(jnp.array([0.75, 0.74, 2.0**-7, 3.0, -0.3]), "e3m0").tolist()
+    [1.0, 0.5, 0.0, 1.0, -0.25]
+  """
+  _minifloat(name)
+  return _round_to_format(jnp.asarray(y, jnp.float32), name)
+
+
+@functools.partial(jax.jit, static_argnames=("name",))
+def _round_to_format(y: jax.Array, name: str) -> jax.Array:
+  fmt = _MINIFLOATS[name]
+  mag = jnp.minimum(jnp.abs(y), fmt.max_value)  # saturate (NaN stays NaN)
+  _, k = jnp.frexp(mag)  # mag = f * 2^k, f in [0.5, 1): floor(log2 mag) = k - 1
+  e = jnp.maximum(k - 1, fmt.min_exponent)  # binade exponent, clamped into the subnormals
+  ulp = _pow2(e - fmt.mantissa_bits)
+  rounded = jnp.round(mag / ulp) * ulp  # jnp.round is round-half-to-even
+  return jnp.copysign(rounded, y)
+
+
+def quantize(x: jax.Array, name: str, *, block_size: int | None = None) -> jax.Array:
+  """Sends ``x`` through the wire format: encode, then decode back to float32.
+
+  ``none`` is the identity, ``bf16`` the round-to-nearest-even cast; the scaled formats
+  use per-block absmax scaling (see the module docstring):
+
+  .. math::
+     Q(x_i) = s\\, R(x_i / s), \\qquad s = \\frac{\\max_{j \\in \\text{block}} |x_j|}{q_\\max}
+
+  Args:
+    x: the tensor to send (any shape; cast to float32).
+    name: the wire format, one of :data:`FORMATS`.
+    block_size: elements per scaling block along the flattened tensor; None uses one
+      scale for the whole tensor. Ignored (but validated) for ``none`` and ``bf16``.
+
+  Returns:
+    float32 array shaped like ``x``: what the receiver decodes.
+
+  Examples:
+    >>> x = jnp.array([0.25, -0.875, 1.5, 3.0])
+    >>> quantize(x, "fp4").tolist()  # s = 3 / 6: x / s = 0.5, -1.75 (a tie), 3, 6
+    [0.25, -1.0, 1.5, 3.0]
+    >>> quantize(jnp.array([4.0, 1.5, -0.5, 0.375]), "e3m0", block_size=2).tolist()
+    [4.0, 2.0, -0.5, 0.5]
+    >>> jax.jit(lambda t: quantize(t, "bf16"))(jnp.array([1.0 + 2.0**-9])).tolist()
+    [1.0]
+  """
+  validate_format(name)
+  validate_block_size(block_size)
+  block_size = None if block_size is None else int(block_size)
+  return _quantize(jnp.asarray(x, jnp.float32), name, block_size)
+
+
+@functools.partial(jax.jit, static_argnames=("name", "block_size"))
+def _quantize(x: jax.Array, name: str, block_size: int | None) -> jax.Array:
+  # Jitted so that eager callers compile the whole thing once per shape, not op by op.
+  if name == "none":
+    return x
+  if name == "bf16":
+    return x.astype(jnp.bfloat16).astype(jnp.float32)
+  if x.size == 0:
+    return x
+  n = x.size
+  flat = x.reshape(-1)
+  if block_size is None or block_size >= n:
+    blocks = flat.reshape(1, n)
+  else:
+    num_blocks = -(-n // block_size)
+    blocks = jnp.pad(flat, (0, num_blocks * block_size - n)).reshape(num_blocks, block_size)
+  out = _quantize_blocks(blocks, name)
+  return out.reshape(-1)[:n].reshape(x.shape)
+
+
+def quantize_tree(tree: Any, name: str, *, block_size: int | None = None) -> Any:
+  """Applies :func:`quantize` to every leaf of a pytree (one scale set per leaf).
+
+  Args:
+    tree: a pytree of arrays.
+    name: the wire format, one of :data:`FORMATS`.
+    block_size: as in :func:`quantize`.
+
+  Returns:
+    A pytree of float32 arrays with the same structure.
+
+  Examples:
+    >>> out = quantize_tree({"w": jnp.array([3.0, 0.6]), "b": jnp.zeros(2)}, "fp4")
+    >>> out["w"].tolist(), out["b"].tolist()
+    ([3.0, 0.5], [0.0, 0.0])
+  """
+  validate_format(name)
+  validate_block_size(block_size)
+  return jax.tree.map(lambda leaf: quantize(leaf, name, block_size=block_size), tree)
+
+
+def wire_bits(num_elements: int, name: str, *, block_size: int | None = None) -> int:
+  """Exact bits one tensor takes on the wire, scales included.
+
+  .. math::
+     \\text{bits} = n \\cdot b_Q + 32 \\cdot n_\\text{blocks}, \\qquad
+     n_\\text{blocks} = \\lceil n / \\text{block\\_size} \\rceil
+     \\ (1 \\text{ per tensor when block\\_size is None, } 0 \\text{ if } n = 0)
+
+  with no scale term for ``none`` and ``bf16``. Padding of the last block is not sent.
+
+  Args:
+    num_elements: elements n in the tensor.
+    name: the wire format, one of :data:`FORMATS`.
+    block_size: as in :func:`quantize`.
+
+  Returns:
+    The number of bits (an int).
+
+  Examples:
+    >>> wire_bits(1000, "fp4")  # 1000 * 4 + one float32 scale
+    4032
+    >>> wire_bits(1000, "fp4", block_size=32)  # 1000 * 4 + 32 scales
+    5024
+    >>> wire_bits(1000, "bf16", block_size=32)
+    16000
+  """
+  validate_format(name)
+  validate_block_size(block_size)
+  if (not isinstance(num_elements, (int, np.integer)) or isinstance(num_elements, bool)
+      or num_elements < 0):
+    raise ValueError(f"num_elements must be a non-negative integer, got {num_elements!r}.")
+  n = int(num_elements)
+  bits = n * _BITS[name]
+  if name in _MINIFLOATS and n:
+    bits += SCALE_BITS * (1 if block_size is None else math.ceil(n / block_size))
+  return bits
+
+
+def wire_bits_tree(tree: Any, name: str, *, block_size: int | None = None) -> int:
+  """Total :func:`wire_bits` over the leaves of a pytree (arrays or shape-dtype structs).
+
+  Args:
+    tree: a pytree whose leaves have a ``size`` (arrays, ``jax.ShapeDtypeStruct``).
+    name: the wire format, one of :data:`FORMATS`.
+    block_size: as in :func:`quantize`.
+
+  Returns:
+    The number of bits (an int).
+
+  Examples:
+    >>> wire_bits_tree({"w": jnp.zeros((10, 100)), "b": jnp.zeros(7)}, "fp8")
+    8120
+  """
+  return sum(wire_bits(int(np.prod(leaf.shape, dtype=np.int64)), name, block_size=block_size)
+             for leaf in jax.tree.leaves(tree))
+
+
+def error_feedback(delta: Any, residual: Any, name: str, *,
+                   block_size: int | None = None) -> tuple[Any, Any]:
+  """One round of error feedback: send the quantized sum, keep what was lost.
+
+  .. math::
+     c = Q(\\Delta + e), \\qquad e \\leftarrow \\Delta + e - c
+
+  Over K rounds :math:`\\sum_k c_k = \\sum_k \\Delta_k - e_K` (up to float32 rounding);
+  with ``none`` the residual stays exactly zero.
+
+  Args:
+    delta: the pseudo-gradient :math:`\\Delta_m` (a pytree of arrays).
+    residual: the residual :math:`e_m`, same structure; None means zeros (first round).
+    name: the wire format, one of :data:`FORMATS`.
+    block_size: as in :func:`quantize`.
+
+  Returns:
+    ``(sent, new_residual)``: two float32 pytrees shaped like ``delta``.
+
+  Examples:
+    >>> delta = jnp.array([0.3125, 1.0])
+    >>> sent, res = error_feedback(delta, None, "e3m0")
+    >>> sent.tolist(), res.tolist()
+    ([0.25, 1.0], [0.0625, 0.0])
+    >>> sent, res = error_feedback(delta, res, "e3m0")  # 0.375 is a tie: rounds up
+    >>> sent.tolist(), res.tolist()
+    ([0.5, 1.0], [-0.125, 0.0])
+  """
+  validate_format(name)
+  validate_block_size(block_size)
+  delta = jax.tree.map(lambda d: jnp.asarray(d, jnp.float32), delta)
+  if residual is None:
+    target = delta
+  else:
+    target = jax.tree.map(lambda d, e: d + jnp.asarray(e, jnp.float32), delta, residual)
+  sent = quantize_tree(target, name, block_size=block_size)
+  new_residual = jax.tree.map(jnp.subtract, target, sent)
+  return sent, new_residual
+
+
+# ----------------------------------------------------------------------------- internals
+
+
+def _minifloat(name: str) -> _Minifloat:
+  validate_format(name)
+  if name not in _MINIFLOATS:
+    raise ValueError(
+        f"compression {name!r} has no scaled value grid; expected one of {tuple(_MINIFLOATS)}.")
+  return _MINIFLOATS[name]
+
+
+def _pow2(e: jax.Array) -> jax.Array:
+  """Exact 2**e as float32 for integer e in [-126, 127] (built from the exponent bits)."""
+  bits = (e.astype(jnp.int32) + 127) << 23
+  return jax.lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def _odd_times_pow2(value: float) -> tuple[int, int]:
+  """Splits a positive integer-valued or power-of-two float into (odd, e): value = odd * 2**e."""
+  mantissa, exponent = math.frexp(value)
+  odd, e = int(mantissa * 2**53), exponent - 53
+  while odd % 2 == 0:
+    odd, e = odd // 2, e + 1
+  return odd, e
+
+
+def _divide_exactly_rounded(mant: jax.Array, odd: int) -> tuple[jax.Array, jax.Array]:
+  """Correctly rounded mant / odd in integers: returns (quo, k) with mant / odd ~ quo * 2^-k.
+
+  ``mant`` is a 24-bit significand in [2^23, 2^24); ``k`` is picked so that ``quo`` has 24
+  bits (2^24 after rounding up at most), so ``quo`` converts to float32 exactly. Rounding is
+  to nearest; an odd divisor never leaves an exact tie. This avoids float division, which
+  XLA may compute as a multiplication by a rounded reciprocal.
+  """
+  b = odd.bit_length()
+  k = jnp.where((mant << b) < (odd << 24), b, b - 1)
+  num = mant << k
+  quo = num // odd
+  rem = num - quo * odd
+  return quo + (2 * rem > odd).astype(jnp.int32), k
+
+
+def _quantize_blocks(blocks: jax.Array, name: str) -> jax.Array:
+  """Absmax-scaled quantize/dequantize of each row of a (num_blocks, block) array."""
+  fmt = _MINIFLOATS[name]
+  odd, exp2 = _odd_times_pow2(fmt.max_value)  # q_max = odd * 2^exp2: 7 * 2^6, 3 * 2^1, 1
+  absmax = jnp.max(jnp.abs(blocks), axis=1, keepdims=True)  # NaN if the block has a NaN
+  finite = jnp.isfinite(absmax)
+  # Blocks below 2^-100 (float32 subnormals included) are scaled up by 2^64, exactly.
+  tiny = absmax < 2.0**-100
+  blocks = jnp.where(tiny, blocks * 2.0**64, blocks)
+  a = jnp.where(tiny, absmax * 2.0**64, absmax)
+  a = jnp.where(finite & (a > 0), a, 1.0)
+  # a = mant * 2^(ef - 150) = a_n * p with a_n = mant * 2^-23 in [1, 2), p = 2^(ef - 127).
+  bits = jax.lax.bitcast_convert_type(a, jnp.int32)
+  ef = (bits >> 23) & 0xFF
+  mant = (bits & 0x7FFFFF) | 0x800000
+  pexp = ef - 127
+  # The scale s = a / q_max, correctly rounded, as s_n * p (s_n never under- or overflows).
+  quo, k = _divide_exactly_rounded(mant, odd)
+  s_n = quo.astype(jnp.float32) * _pow2(-23 - k - exp2)
+  half = pexp // 2  # x / p in two exact steps (2^-pexp alone may not be a normal float)
+  x_n = blocks * _pow2(-half) * _pow2(half - pexp)
+  q = round_to_format(x_n / s_n, name)
+  decoded = (q * s_n) * _pow2(pexp)
+  decoded = jnp.where(jnp.abs(q) == fmt.max_value, jnp.copysign(a, q), decoded)
+  decoded = jnp.where(tiny, decoded * 2.0**-64, decoded)
+  return jnp.where(finite, decoded, jnp.nan)

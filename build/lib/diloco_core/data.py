@@ -1,0 +1,269 @@
+"""Training data: a seeded synthetic language with an exact loss floor, or a local file.
+
+Two kinds of data, both sharded over the :math:`M` DiLoCo replicas and both pure numpy
+(the trainer converts batches to JAX arrays):
+
+* **Synthetic** (``DataConfig.source="synthetic"``): a random sparse :math:`k`-th order
+  Markov source over a vocabulary of :math:`V` tokens (:class:`MarkovSource`). Its
+  stationary distribution is solved to machine precision, so the *entropy rate* and the
+  Bayes-optimal cross-entropy of the eval set (the **loss floor** no model can beat)
+  are exact numbers, not estimates.
+* **A local file** (``DataConfig.source="path/to/file"``): UTF-8 text read as bytes
+  (vocabulary 256), or a 1-D integer ``.npy`` array of token ids. Nothing is ever
+  downloaded. The last 10% of the tokens are held out for evaluation.
+
+Every batch is a pure function of ``(seed, replica, step)``: each replica's sequences
+come from a counter-based generator ``np.random.default_rng([stream, seed, replica,
+step])`` with distinct stream ids for the source tables, training and eval, so resuming
+at step :math:`t` reproduces the exact batches and train and eval never share draws.
+
+Sharding over replicas (``DataConfig.distribution``):
+
+* ``"iid"``: every replica draws an independent stream of the same distribution (one
+  Markov source; for a file, random crops of the whole training split).
+* ``"non-iid"``: the heterogeneous setting of the DiLoCo paper. Synthetic data has
+  :math:`M` independently drawn sub-sources, one per replica; each of replica
+  :math:`m`'s sequences comes from sub-source :math:`m` with probability
+  :math:`s` = ``non_iid_share`` and otherwise from a sub-source drawn uniformly from
+  all :math:`M` (so :math:`s = 0` is the i.i.d. version of the very same data and
+  :math:`s = 1` fully disjoint shards). Every non-iid sequence starts with a *tag*
+  token (token id :math:`m` for sub-source :math:`m`) that is only ever an input, so
+  the floor stays exact; the eval set is the uniform mixture of the sub-sources. For a
+  file, replica :math:`m` crops only from its own contiguous :math:`1/M` of the
+  training split.
+
+This module holds the config (:class:`DataConfig`), the synthetic dataset with its replica
+sharding (:class:`SyntheticDataset`) and :func:`make_dataset`; the Markov source lives in
+:mod:`diloco_core.markov`, file data in :mod:`diloco_core.files` and the batch interface in
+:mod:`diloco_core.dataset`. Their public names are re-exported here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import pathlib
+
+import numpy as np
+
+from diloco_core.dataset import _EVAL_STREAM, _SOURCE_STREAM, _TRAIN_STREAM, Dataset, check_step
+from diloco_core.files import EVAL_FRACTION, FileDataset
+from diloco_core.markov import MarkovSource, _Tables, de_bruijn
+from diloco_core.validity import check_choice, check_int, is_int, is_real
+
+__all__ = [
+    "DataConfig", "Dataset", "EVAL_FRACTION", "FileDataset", "MAX_STATES", "MAX_TABLE_ENTRIES",
+    "MarkovSource", "SyntheticDataset", "de_bruijn", "make_dataset",
+]
+
+_DISTRIBUTIONS = ("iid", "non-iid")
+
+MAX_STATES = 2**20  # largest number of contexts V**k of a synthetic source
+MAX_TABLE_ENTRIES = 2**24  # largest V**k * branching (the transition tables' size)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  """What data to train on and how to shard it over replicas.
+
+  The synthetic-source fields (``vocab_size``, ``order``, ``branching``,
+  ``concentration``) are ignored for file data but still validated.
+  """
+
+  source: str = "synthetic"  # "synthetic", or a path to a UTF-8 text file or an .npy of token ids
+  distribution: str = "iid"  # "iid" | "non-iid"
+  vocab_size: int = 64  # V, synthetic only (text files: 256; .npy: the model's vocab)
+  order: int = 2  # k, the Markov order of the synthetic source
+  branching: int = 4  # b, allowed next tokens per context (the source's sparsity)
+  concentration: float = 0.5  # Dirichlet concentration of next-token probabilities; inf = uniform
+  non_iid_share: float = 0.9  # non-iid: share of a replica's sequences from its own sub-source
+  eval_sequences: int = 64  # sequences in the fixed held-out eval set
+  seed: int = 0  # data seed (independent of the model-init seed)
+
+  def __post_init__(self):
+    if not isinstance(self.source, (str, pathlib.PurePath)) or not str(self.source):
+      raise ValueError(
+          f"DataConfig.source must be 'synthetic' or a path to a .txt/.npy file, got {self.source!r}.")
+    check_choice("DataConfig.distribution", self.distribution, _DISTRIBUTIONS)
+    for name, low in (("vocab_size", 2), ("order", 1), ("branching", 1), ("eval_sequences", 1),
+                      ("seed", 0)):
+      check_int(f"DataConfig.{name}", getattr(self, name), low=low)
+    if self.branching > self.vocab_size:
+      raise ValueError(
+          f"DataConfig.branching must be in [1, vocab_size={self.vocab_size}], got {self.branching!r}.")
+    c = self.concentration
+    uniform = isinstance(c, (float, np.floating)) and c == math.inf
+    if not uniform and not (is_real(c) and c > 0):
+      raise ValueError(f"DataConfig.concentration must be > 0 (or inf for uniform), got {c!r}.")
+    s = self.non_iid_share
+    if not is_real(s) or not 0.0 <= s <= 1.0:
+      raise ValueError(f"DataConfig.non_iid_share must be in [0, 1], got {s!r}.")
+    if self.is_synthetic:
+      states = self.vocab_size**self.order
+      if states > MAX_STATES:
+        raise ValueError(
+            f"DataConfig.vocab_size**order = {self.vocab_size}**{self.order} = {states} contexts"
+            f" exceeds the limit {MAX_STATES}; lower vocab_size or order.")
+      if states * self.branching > MAX_TABLE_ENTRIES:
+        raise ValueError(
+            f"DataConfig.vocab_size**order * branching = {states * self.branching} table entries"
+            f" exceeds the limit {MAX_TABLE_ENTRIES}; lower vocab_size, order or branching.")
+
+  @property
+  def is_synthetic(self) -> bool:
+    return str(self.source) == "synthetic"
+
+
+
+class SyntheticDataset(Dataset):
+  """The synthetic Markov language (see the module docstring and :class:`MarkovSource`).
+
+  For ``"iid"`` every sequence is :math:`T+1` tokens of one source and the floor
+  averages positions :math:`1..T`; for ``"non-iid"`` token 0 is the tag of the
+  sequence's sub-source and tokens :math:`1..T` are that sub-source's sequence, all
+  scored (the first given only the tag). With :math:`e^{(m)}_j` the
+  :meth:`MarkovSource.position_entropies` of the eval sequence's source :math:`m_i`
+  (eval sequence :math:`i` uses sub-source :math:`i \\bmod M`):
+
+  .. math::
+     L^* = \\frac{1}{N}\\sum_{i=1}^{N} \\frac{1}{T} \\sum_{j=1}^{T}
+       \\begin{cases} e^{(m_i)}_j & \\text{iid} \\\\ e^{(m_i)}_{j-1} & \\text{non-iid}
+       \\end{cases}
+  """
+
+  def __init__(self, cfg: DataConfig, *, replicas: int, batch_size: int, seq_len: int):
+    self.config = cfg
+    self.replicas, self.batch_size, self.seq_len = replicas, batch_size, seq_len
+    self.vocab_size = cfg.vocab_size
+    self.tagged = cfg.distribution == "non-iid"
+    if self.tagged and replicas > cfg.vocab_size:
+      raise ValueError(
+          f"non-iid synthetic data tags each sequence with its sub-source's token id, so it"
+          f" needs replicas ({replicas}) <= DataConfig.vocab_size ({cfg.vocab_size}).")
+    num_sources = replicas if self.tagged else 1
+    self.sources = [
+        MarkovSource.random(vocab_size=cfg.vocab_size, order=cfg.order, branching=cfg.branching,
+                            concentration=cfg.concentration, seed=[_SOURCE_STREAM, cfg.seed, m, 0])
+        for m in range(num_sources)
+    ]
+    self._tables = _Tables(self.sources)
+    self._body = seq_len if self.tagged else seq_len + 1  # tokens drawn from the source
+    self._steps = max(0, self._body - cfg.order)
+
+    # Per-position floors of each source over the T scored positions.
+    floors = []
+    for src in self.sources:
+      e = src.position_entropies(self._body)
+      floors.append(e if self.tagged else e[1:])
+    n = cfg.eval_sequences
+    self._eval_which = np.arange(n) % num_sources
+    weights = np.bincount(self._eval_which, minlength=num_sources) / n  # eval share of each
+    self.position_floor = sum(w * f for w, f in zip(weights, floors))
+    self.loss_floor = float(self.position_floor.mean())
+    self.entropy_rate = float(sum(w * s.entropy_rate for w, s in zip(weights, self.sources)))
+    rng = np.random.default_rng([_EVAL_STREAM, cfg.seed, 0, 0])
+    self._eval = self._draw(self._eval_which, rng.random(n), rng.random((n, self._steps)))
+
+  def _draw(self, which, u_start, u_next) -> np.ndarray:
+    body = self._tables.sample(which, u_start, u_next)[:, :self._body]
+    if not self.tagged:
+      return body
+    return np.concatenate([which.astype(np.int32)[:, None], body], axis=1)
+
+  def train_batch(self, step: int) -> np.ndarray:
+    """Training sequences of every replica at ``step``.
+
+    Args:
+      step: the global training (inner) step, >= 0.
+
+    Returns:
+      int32 array [replicas, batch_size, seq_len + 1].
+    """
+    step = check_step(step)
+    cfg, b = self.config, self.batch_size
+    which, u_start, u_next = [], [], []
+    for r in range(self.replicas):
+      rng = np.random.default_rng([_TRAIN_STREAM, cfg.seed, r, step])
+      if self.tagged:
+        own = rng.random(b) < cfg.non_iid_share
+        which.append(np.where(own, r, rng.integers(0, self.replicas, size=b)))
+      else:
+        which.append(np.zeros(b, dtype=np.int64))
+      u_start.append(rng.random(b))
+      u_next.append(rng.random((b, self._steps)))
+    x = self._draw(np.concatenate(which), np.concatenate(u_start), np.concatenate(u_next))
+    return x.reshape(self.replicas, b, self.seq_len + 1)
+
+  def eval_batch(self) -> np.ndarray:
+    return self._eval.copy()
+
+  def describe(self) -> dict:
+    cfg = self.config
+    c = cfg.concentration
+    out = {
+        "kind": "synthetic",
+        "distribution": cfg.distribution,
+        "vocab_size": self.vocab_size,
+        "order": cfg.order,
+        "branching": cfg.branching,
+        "concentration": float(c) if math.isfinite(c) else "inf",
+        "contexts": cfg.vocab_size**cfg.order,
+        "sub_sources": len(self.sources),
+        "source_entropy_rates": [s.entropy_rate for s in self.sources],
+        "entropy_rate": self.entropy_rate,
+        "loss_floor": self.loss_floor,
+        "eval_sequences": cfg.eval_sequences,
+        "eval_tokens": cfg.eval_sequences * self.seq_len,
+        "tokens_available": None,  # unlimited
+        "replicas": self.replicas,
+        "batch_size": self.batch_size,
+        "seq_len": self.seq_len,
+        "tokens_per_step": self.replicas * self.batch_size * self.seq_len,
+        "seed": cfg.seed,
+    }
+    if self.tagged:
+      out["non_iid_share"] = float(cfg.non_iid_share)
+    return out
+
+
+def make_dataset(cfg: DataConfig, *, replicas: int, batch_size: int, seq_len: int,
+                 model_vocab_size: int | None = None) -> Dataset:
+  """Builds the dataset described by ``cfg`` for ``replicas`` x ``batch_size`` sequences.
+
+  Args:
+    cfg: the data config.
+    replicas: M, number of DiLoCo replicas (data shards).
+    batch_size: sequences per replica per step.
+    seq_len: T, scored positions per sequence (each sequence has T + 1 tokens).
+    model_vocab_size: the model's vocabulary; token ids must be below it (for .npy it
+      is also the dataset's vocabulary).
+
+  Returns:
+    A :class:`SyntheticDataset` or :class:`FileDataset`.
+
+  Examples:
+    >>> ds = make_dataset(DataConfig(vocab_size=16, order=2, branching=2),
+    ...                   replicas=2, batch_size=3, seq_len=8)
+    >>> ds.train_batch(0).shape, ds.train_batch(0).dtype, ds.eval_batch().shape
+    ((2, 3, 9), dtype('int32'), (64, 9))
+    >>> bool(np.array_equal(ds.train_batch(5), ds.train_batch(5)))
+    True
+    >>> 0 < ds.entropy_rate <= np.log(2) and ds.loss_floor > ds.entropy_rate
+    True
+  """
+  if not isinstance(cfg, DataConfig):
+    raise ValueError(f"make_dataset needs a DataConfig, got {type(cfg).__name__}.")
+  for name, value in (("replicas", replicas), ("batch_size", batch_size), ("seq_len", seq_len)):
+    check_int(f"make_dataset {name}", value)
+  if model_vocab_size is not None and (not is_int(model_vocab_size) or model_vocab_size < 1):
+    raise ValueError(f"make_dataset model_vocab_size must be None or an integer >= 1, got"
+                     f" {model_vocab_size!r}.")
+  replicas, batch_size, seq_len = int(replicas), int(batch_size), int(seq_len)
+  if cfg.is_synthetic:
+    if model_vocab_size is not None and model_vocab_size < cfg.vocab_size:
+      raise ValueError(
+          f"model vocab_size ({model_vocab_size}) is smaller than DataConfig.vocab_size"
+          f" ({cfg.vocab_size}); token ids would fall outside the vocabulary.")
+    return SyntheticDataset(cfg, replicas=replicas, batch_size=batch_size, seq_len=seq_len)
+  return FileDataset(cfg, replicas=replicas, batch_size=batch_size, seq_len=seq_len,
+                     model_vocab_size=model_vocab_size)

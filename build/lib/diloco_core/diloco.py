@@ -1,0 +1,376 @@
+"""The model-agnostic DiLoCo / Streaming DiLoCo step (SPEC.md), written with drjax.
+
+:class:`DiLoCo` takes any params pytree, a ``loss_fn(params, batch)``, an inner optax
+optimizer and a :class:`~diloco_core.DiLoCoConfig`. One call of its jitted ``step`` does,
+for inner step t (counting from 1):
+
+1. every replica m takes one inner step on its own batch (``drjax.map_fn``; nothing
+   crosses replicas);
+2. if fragment p is due (:func:`~diloco_core.sent_fragment`), each replica computes
+   :math:`\\Delta_m = \\theta_g[p] - \\theta_m[p]`, compresses it
+   (:math:`Q`, optional error feedback), the replicas average in float32
+   (``drjax.reduce_mean``: the only cross-replica collective, over one fragment), and the
+   outer optimizer (default ``optax.sgd(η, μ, nesterov=True)``) updates
+   :math:`\\theta_g[p]` and its slice of the outer state;
+3. if the fragment sent at t − τ is due, every replica merges
+   :math:`\\theta_m[p] \\leftarrow \\alpha\\,\\theta_m[p] + (1-\\alpha)\\,\\theta_g[p]`.
+
+Send and merge run under :func:`jax.lax.cond` inside the same jitted function, and the
+fragment is a traced index (:class:`~diloco_core.Fragments`), so there is one compiled
+program for every step and every P.
+
+Hyperparameters are inputs, not constants. H, τ, η, μ, α (and any named hyperparameter
+of the optimizers, e.g. the inner learning rate) enter the compiled step as scalars, so
+runs that differ only in them share one program:
+:meth:`~diloco_core.hyperparams.TracedHyperparams.with_hyperparams` returns a copy that
+reuses the compiled step (a sweep over η compiles once). The optimizers may be given as
+factories ``hparams -> optax.GradientTransformation`` for that purpose.
+
+Fragments in flight. Because τ < H, fragment p is merged before it is sent again, and
+:math:`\\theta_g[p]` only changes at p's sends; so at merge time :math:`\\theta_g[p]` still
+holds exactly the value computed at the send. The in-flight set is therefore fully
+described by ``(global_params, step)``, which the state holds (and checkpoints), and no
+second copy of the model is kept (DESIGN.md proposed one; it would cost one model of
+memory for nothing). With replica drops (the ``participation`` mask of :meth:`DiLoCo.step`)
+the state also holds, per replica and fragment, whether it took part in that fragment's
+latest sync (``participants``, [M, P], sharded like the replicas so that reading it at the
+merge needs no communication), so the merge knows whom to heal; a checkpoint holds that too.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import drjax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import struct
+
+from diloco_core import compression
+from diloco_core.config import DiLoCoConfig
+from diloco_core.fragments import LAYER, OTHER, SHARED, Fragments, leaf_paths
+from diloco_core.hyperparams import Optimizer, TracedHyperparams, check_hyperparams
+from diloco_core.hyperparams import resolve_optimizer
+from diloco_core.mesh import MeshPlacement, make_mesh
+from diloco_core.schedule import merged_fragment, sent_fragment
+
+LossFn = Callable[[Any, Any], jax.Array]
+#: The config fields that are traced inputs of the step rather than compiled-in constants
+#: (none of them changes a shape): H and τ (int32), η, μ and α (float32).
+CONFIG_HYPERPARAMS = ("sync_every", "overlap", "outer_lr", "outer_momentum", "alpha")
+
+
+class DiLoCoState(struct.PyTreeNode):
+  """The whole training state of DiLoCo / Streaming DiLoCo as one pytree.
+
+  Attributes:
+    params: every replica's params, leading axis M (the ``diloco`` placement).
+    opt_state: every replica's inner optimizer state, leading axis M.
+    global_params: the global copy θ_g (what is evaluated and exported).
+    outer_state: the outer optimizer state (the Nesterov momentum v), shaped like θ_g.
+    ef_residual: every replica's error-feedback residual (leading axis M), or None.
+    step: inner steps done (int32 scalar).
+    participants: float32 [M, P]: entry (m, p) says how replica m took part in fragment
+      p's latest sync: 1 present, 0 dropped (its merge heals m), -1 nobody was present
+      (its merge leaves m alone). All ones unless :meth:`DiLoCo.step` gets a mask.
+  """
+
+  params: Any
+  opt_state: Any
+  global_params: Any
+  outer_state: Any
+  ef_residual: Any
+  step: jax.Array
+  participants: jax.Array
+
+
+def inner_update(loss_fn: LossFn, optimizer: optax.GradientTransformation, params, opt_state, batch):
+  """One optimizer step of one model on one batch; returns (params, opt_state, loss)."""
+  loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+  updates, opt_state = optimizer.update(grads, opt_state, params)
+  return optax.apply_updates(params, updates), opt_state, loss
+
+
+def default_outer_optimizer(hparams: dict) -> optax.GradientTransformation:
+  """SPEC.md's outer optimizer: ``optax.sgd(η, μ, nesterov=True)`` from ``hparams``."""
+  return optax.sgd(hparams["outer_lr"], momentum=hparams["outer_momentum"], nesterov=True)
+
+
+def stack_replicas(tree, replicas: int):
+  """Copies every leaf of ``tree`` M times along a new leading axis (identical replicas)."""
+  return jax.tree.map(lambda x: jnp.broadcast_to(x, (replicas, *x.shape)), tree)
+
+
+class DiLoCo(TracedHyperparams, MeshPlacement):
+  """DiLoCo (P = 1) and Streaming DiLoCo (any P) for any params pytree.
+
+  Args:
+    loss_fn: ``loss_fn(params, batch) -> scalar``; ``batch`` is one replica's batch.
+    inner_optimizer: the optax optimizer each replica runs (AdamW in the papers).
+    config: the outer-loop settings; ``algorithm`` must be ``"diloco"`` or ``"streaming"``.
+    layer_mask: a pytree of bools shaped like the params marking the stacked-layer
+      leaves (leading axis L). Needed when P > 1; everything else is fragment 0.
+    outer_optimizer: defaults to ``optax.sgd(outer_lr, outer_momentum, nesterov=True)``
+      with η and μ traced (:func:`default_outer_optimizer`). Any optax optimizer (or
+      factory ``hparams -> optimizer``) whose state holds params-shaped trees works;
+      each fragment updates only its slice of them.
+    mesh: a mesh with a ``diloco`` axis (replicas) and a ``data`` axis (sequences within
+      a replica), see :mod:`diloco_core.mesh`; default: one device.
+    hyperparams: extra named hyperparameters (floats) for optimizer factories, e.g.
+      ``{"inner_lr": 3e-3}``; with H, τ, η, μ, α (:data:`CONFIG_HYPERPARAMS`) they form
+      the dict (:attr:`~diloco_core.hyperparams.TracedHyperparams.hyperparams`) the step
+      receives as scalars (int32 for H and τ, float32 otherwise) and the factories are
+      built from.
+
+  Examples:
+    Two replicas minimising :math:`(w - x)^2` on their own targets; after one sync with
+    η = 1, μ = 0 the global copy is the mean of the replicas (FedAvg):
+
+    >>> cfg = DiLoCoConfig(replicas=2, sync_every=1, outer_lr=1.0, outer_momentum=0.0)
+    >>> algo = DiLoCo(lambda w, x: jnp.sum((w - x) ** 2), optax.sgd(0.25), cfg)
+    >>> state = algo.init(jnp.zeros(()))
+    >>> state, metrics = algo.step(state, jnp.array([1.0, 3.0]))
+    >>> state.params.tolist(), float(state.global_params)
+    ([1.0, 1.0], 1.0)
+
+    The same compiled step with another outer learning rate (η = 0.5: halfway to the mean);
+    H, τ, μ and α can change the same way:
+
+    >>> algo2 = algo.with_hyperparams(outer_lr=0.5)
+    >>> state2, _ = algo2.step(algo2.init(jnp.zeros(())), jnp.array([1.0, 3.0]))
+    >>> float(state2.global_params), algo2._step is algo._step
+    (0.5, True)
+  """
+
+  def __init__(self, loss_fn: LossFn, inner_optimizer: Optimizer, config: DiLoCoConfig, *,
+               layer_mask: Any = None, outer_optimizer: Optimizer | None = None, mesh=None,
+               hyperparams: dict[str, float] | None = None):
+    if config.algorithm not in ("diloco", "streaming"):
+      raise ValueError(f"DiLoCo needs algorithm 'diloco' or 'streaming', got {config.algorithm!r};"
+                       " use DataParallel for 'dp'.")
+    self.config = config
+    self.loss_fn = loss_fn
+    self.inner_optimizer = inner_optimizer
+    self.outer_optimizer = default_outer_optimizer if outer_optimizer is None else outer_optimizer
+    self.extra_hyperparams = check_hyperparams(CONFIG_HYPERPARAMS, hyperparams)
+    self.layer_mask = layer_mask
+    self.mesh = make_mesh() if mesh is None else mesh
+    self.fragments: Fragments | None = None
+
+  replica_fields = ("params", "opt_state", "ef_residual", "participants")
+  config_hyperparams = CONFIG_HYPERPARAMS
+  integer_hyperparams = ("sync_every", "overlap")
+
+  # ---- set-up ------------------------------------------------------------------------------
+  def _build(self, params) -> None:
+    cfg = self.config
+    leaves, self._treedef = jax.tree.flatten(params)
+    if self.layer_mask is None:
+      is_layer = [False] * len(leaves)
+    else:
+      mask_leaves, mask_def = jax.tree.flatten(self.layer_mask)
+      if mask_def != self._treedef:
+        raise ValueError("layer_mask must have exactly the structure of the params pytree.")
+      is_layer = [bool(m) for m in mask_leaves]
+    self.fragments = Fragments(is_layer, [np.shape(x) for x in leaves], cfg.fragments,
+                               cfg.fragment_pattern, paths=leaf_paths(params))
+    self._kinds = [LAYER if m else OTHER for m in is_layer]
+    kinds_tree = jax.tree.unflatten(self._treedef, self._kinds)
+    outer_opt = resolve_optimizer(self.outer_optimizer, self.hyperparams)
+    abstract = jax.eval_shape(outer_opt.init, params)
+    self._outer_kinds = jax.tree.leaves(optax.tree_utils.tree_map_params(
+        outer_opt, lambda _, kind: kind, abstract, kinds_tree,
+        transform_non_params=lambda _: SHARED))
+    bits = [sum(compression.wire_bits(int(np.prod(s)), cfg.compression,
+                                      block_size=cfg.compression_block)
+                for s in self.fragments.leaf_shapes(p)) for p in range(cfg.fragments)]
+    self.fragment_bytes = [b / 8 for b in bits]
+
+  def init(self, params) -> DiLoCoState:
+    """The initial state: every replica and the global copy start from ``params``.
+
+    Compiles nothing if this object (or the one it was copied from by
+    :meth:`~diloco_core.hyperparams.TracedHyperparams.with_hyperparams`) already holds a
+    step for params of this structure.
+    """
+    cfg, hp = self.config, self.hyperparams
+    params = jax.tree.map(lambda x: jnp.array(x, copy=True), params)  # state is donated
+    replicas = stack_replicas(params, cfg.replicas)
+    opt_state = stack_replicas(resolve_optimizer(self.inner_optimizer, hp).init(params),
+                               cfg.replicas)
+    residual = None
+    if cfg.error_feedback:
+      residual = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), replicas)
+    state = self._place_state(DiLoCoState(
+        params=replicas, opt_state=opt_state, global_params=params,
+        outer_state=resolve_optimizer(self.outer_optimizer, hp).init(params),
+        ef_residual=residual, step=jnp.zeros((), jnp.int32),
+        participants=jnp.ones((cfg.replicas, cfg.fragments), jnp.float32)))
+    def make_step():
+      self._build(params)
+      return self._jit_step(drjax.program(diloco=cfg.replicas)(self._step_impl), state)
+
+    self._compile_once(state, make_step)
+    return state
+
+  # ---- the step ------------------------------------------------------------------------------
+  def step(self, state: DiLoCoState, batch, participation=None
+           ) -> tuple[DiLoCoState, dict[str, jax.Array]]:
+    """One inner step on every replica, then the due send and merge (jitted).
+
+    Args:
+      state: the current state (donated: do not reuse it after the call).
+      batch: a pytree whose leaves have a leading axis M (one batch per replica).
+      participation: optional float32 [M] mask of the replicas that take part in the sync
+        sent at this step (1 present, 0 dropped; ignored when nothing is sent). Dropped
+        replicas are left out of the average (it is renormalised over the present ones)
+        and healed at that fragment's merge: their fragment is *replaced* by the new
+        global one (α does not apply to them). If nobody is present, the fragment's outer
+        update is skipped and its merge leaves every replica alone. None (the default)
+        means everyone and runs exactly the unmasked computation; an all-ones mask gives
+        the same numbers bit for bit (one more compiled program).
+
+    Returns:
+      The new state and metrics ``{"loss": [M] per-replica train loss before the update,
+      "sent": bool, "merged": bool}``, all on device.
+
+    Examples:
+      Replica 1 misses the first sync (η = 1, μ = 0): the global copy is replica 0's
+      params alone, and replica 1 is then replaced by it:
+
+      >>> cfg = DiLoCoConfig(replicas=2, sync_every=1, outer_lr=1.0, outer_momentum=0.0)
+      >>> algo = DiLoCo(lambda w, x: jnp.sum((w - x) ** 2), optax.sgd(0.25), cfg)
+      >>> state = algo.init(jnp.zeros(()))
+      >>> state, _ = algo.step(state, jnp.array([1.0, 3.0]), jnp.array([1.0, 0.0]))
+      >>> float(state.global_params), state.params.tolist(), state.participants.tolist()
+      (0.5, [0.5, 0.5], [[1.0], [0.0]])
+    """
+    if self._step is None:
+      raise RuntimeError("call init(params) before step().")
+    with jax.set_mesh(self.mesh):
+      hp = self._device_hyperparams()
+      if participation is None:
+        return self._step(state, batch, hp)
+      return self._step(state, batch, hp, jnp.asarray(participation, jnp.float32))
+
+  def _send(self, branch, k, hp, g, outer, r, ef, present=None):
+    """Outer update of one fragment; returns the new (global, outer, residual) leaf lists.
+
+    ``present`` ([M] float, or None for everyone) masks out dropped replicas.
+    """
+    cfg, frag = self.config, self.fragments
+    g_sub = frag.take(g, self._kinds, branch, k, axis=0)
+    r_sub = frag.take(r, self._kinds, branch, k, axis=1)
+    e_sub = frag.take(ef, self._kinds, branch, k, axis=1) if ef is not None else None
+
+    def pseudo_gradient(g_m, r_m, e_m):
+      delta = [(a - b).astype(jnp.float32) for a, b in zip(g_m, r_m)]
+      if e_m is None:
+        return compression.quantize_tree(delta, cfg.compression, block_size=cfg.compression_block), None
+      return compression.error_feedback(delta, e_m, cfg.compression, block_size=cfg.compression_block)
+
+    sent, e_new = drjax.map_fn(pseudo_gradient, (drjax.broadcast(g_sub), r_sub, e_sub))
+    if present is None:
+      delta = drjax.reduce_mean(sent)  # float32: the only cross-replica collective
+      e_sub = e_new
+    else:
+      # Mean over the present replicas only: zero the others (where, not a product, so a
+      # dropped replica's non-finite Δ cannot leak in) and rescale by M / count, which is
+      # exactly 1 with everyone present (then bit-identical to the unmasked mean).
+      on = present > 0
+      kept = drjax.map_fn(lambda s, o: [jnp.where(o, x, 0.0) for x in s], (sent, on))
+      scale = cfg.replicas / jnp.maximum(jnp.sum(present), 1.0)
+      delta = [x * scale for x in drjax.reduce_mean(kept)]
+      if e_sub is not None:
+        e_sub = drjax.map_fn(lambda a, b, o: [jnp.where(o, x, y) for x, y in zip(a, b)],
+                             (e_new, e_sub, on))
+    o_sub = frag.take(outer, self._outer_kinds, branch, k, axis=0)
+    outer_opt = resolve_optimizer(self.outer_optimizer, hp)
+    sub_def = jax.tree.structure(jax.eval_shape(outer_opt.init, g_sub))
+    updates, new_outer = outer_opt.update(
+        delta, jax.tree.unflatten(sub_def, o_sub), g_sub)
+    new_g = optax.apply_updates(g_sub, updates)
+    g = frag.put(g, self._kinds, branch, new_g, k, axis=0)
+    outer = frag.put(outer, self._outer_kinds, branch, jax.tree.leaves(new_outer), k, axis=0)
+    if ef is not None:
+      ef = frag.put(ef, self._kinds, branch, e_sub, k, axis=1)
+    return g, outer, ef
+
+  def _merge(self, branch, k, alpha, g, r, how):
+    """Blends one fragment of every replica towards the global copy; returns new replica leaves.
+
+    ``how`` ([M], placed) is how each replica took part in that fragment's sync (see
+    ``DiLoCoState.participants``): present ones blend, dropped ones are replaced by the
+    global copy (healed), and if nobody took part nothing changes.
+    """
+    frag = self.fragments
+    g_sub = frag.take(g, self._kinds, branch, k, axis=0)
+    r_sub = frag.take(r, self._kinds, branch, k, axis=1)
+
+    def blend(loc, glob, h):
+      # where(True, x, ·) is x bit for bit: with everyone present this is the plain blend.
+      out = []
+      for a, b in zip(loc, glob):
+        al = alpha.astype(a.dtype)
+        out.append(jnp.where(h > 0, (al * a + (1 - al) * b).astype(a.dtype),
+                             jnp.where(h == 0, b.astype(a.dtype), a)))
+      return out
+
+    merged = drjax.map_fn(blend, (r_sub, drjax.broadcast(g_sub), how))
+    return frag.put(r, self._kinds, branch, merged, k, axis=1)
+
+  def _step_impl(self, state: DiLoCoState, batch, hp, participation=None):
+    cfg = self.config  # only its structural fields: H, τ, η, μ, α come in ``hp`` (traced)
+    update = functools.partial(inner_update, self.loss_fn, resolve_optimizer(self.inner_optimizer, hp))
+    params, opt_state, loss = drjax.map_fn(update, (state.params, state.opt_state, batch))
+    t = state.step + 1
+
+    g = jax.tree.leaves(state.global_params)
+    outer = jax.tree.leaves(state.outer_state)
+    r = jax.tree.leaves(params)
+    ef = None if state.ef_residual is None else jax.tree.leaves(state.ef_residual)
+
+    h, tau = hp["sync_every"], hp["overlap"]
+    is_send, p_send = sent_fragment(t, h, cfg.fragments)
+    # A sync that nobody takes part in is skipped: no outer update for that fragment.
+    is_update = is_send if participation is None else is_send & (jnp.sum(participation) > 0)
+    g, outer, ef = jax.lax.cond(
+        is_update,
+        lambda ops: self.fragments.switch(p_send, lambda b, k: self._send(b, k, hp, *ops)),
+        lambda ops: ops[:2] + (ops[3],),
+        (g, outer, r, ef, participation))
+    # How each replica took part in each fragment's latest sync (its merge heals the dropped
+    # ones). Per replica, so the merge reads it without communication.
+    present = jnp.ones((cfg.replicas,), jnp.float32) if participation is None else participation
+    code = jnp.where(jnp.sum(present) > 0, present, -1.0)  # -1: the sync was skipped
+    participants = drjax.map_fn(
+        lambda row, c: jnp.where(is_send, row.at[p_send].set(c), row), (state.participants, code))
+
+    is_merge, p_merge = merged_fragment(t, h, cfg.fragments, tau)
+    how = drjax.map_fn(lambda row: row[p_merge], participants)
+    r = jax.lax.cond(
+        is_merge,
+        lambda ops: self.fragments.switch(p_merge, lambda b, k: self._merge(b, k, hp["alpha"], *ops)),
+        lambda ops: ops[1],
+        (g, r, how))
+
+    unflat = functools.partial(jax.tree.unflatten, self._treedef)
+    new_state = DiLoCoState(
+        params=unflat(r), opt_state=opt_state, global_params=unflat(g),
+        outer_state=jax.tree.unflatten(jax.tree.structure(state.outer_state), outer),
+        ef_residual=None if ef is None else unflat(ef), step=t, participants=participants)
+    return new_state, {"loss": loss, "sent": is_send, "merged": is_merge}
+
+  # ---- accounting and views ------------------------------------------------------------------
+  def bytes_sent(self, t: int) -> float:
+    """Bytes each replica puts on the wire after inner step t (0 when nothing is sent)."""
+    is_send, p = sent_fragment(t, self.config.sync_every, self.config.fragments)
+    return self.fragment_bytes[p] if is_send else 0.0
+
+  @staticmethod
+  def eval_params(state: DiLoCoState):
+    """The params to evaluate and export: the global copy θ_g."""
+    return state.global_params

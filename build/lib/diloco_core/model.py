@@ -1,0 +1,185 @@
+"""A small decoder-only transformer in Flax NNX with layer-stacked parameters.
+
+Every block's weights live in one :class:`flax.nnx.Param` per kind with a leading
+layer axis of length L (``blocks/wq`` has shape ``[L, d, h, d_h]``, and so on), and the
+forward pass runs :func:`jax.lax.scan` over that axis. This is what lets Streaming
+DiLoCo take "every third layer" as one fragment with a single traced index instead of
+P separately compiled branches. The params pytree the DiLoCo core sees is the plain
+nested dict :func:`split_params` returns; ``blocks/*`` are the stacked-layer leaves
+(:func:`layer_mask`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from diloco_core.model_config import ModelConfig
+
+
+def _rms_norm(x: jax.Array, scale: jax.Array, eps: float = 1e-6) -> jax.Array:
+  x32 = x.astype(jnp.float32)
+  normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  return (normed * scale).astype(x.dtype)
+
+
+def _rope(x: jax.Array, positions: jax.Array) -> jax.Array:
+  """Rotary embedding on ``x[..., T, heads, d_h]`` (rotate-half convention)."""
+  half = x.shape[-1] // 2
+  freqs = 1.0 / (10000.0 ** (jnp.arange(half, dtype=jnp.float32) / half))
+  angles = positions[:, None].astype(jnp.float32) * freqs[None, :]  # [T, half]
+  sin, cos = jnp.sin(angles)[:, None, :], jnp.cos(angles)[:, None, :]
+  x1, x2 = x[..., :half], x[..., half:]
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def _block(cfg: ModelConfig, x: jax.Array, w: dict[str, jax.Array]) -> jax.Array:
+  """One pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+  t = x.shape[-2]
+  h = _rms_norm(x, w["attn_norm"])
+  q = jnp.einsum("btd,dhk->bthk", h, w["wq"])
+  k = jnp.einsum("btd,dhk->bthk", h, w["wk"])
+  v = jnp.einsum("btd,dhk->bthk", h, w["wv"])
+  if cfg.positions == "rope":
+    pos = jnp.arange(t)
+    q, k = _rope(q, pos), _rope(k, pos)
+  groups = cfg.n_heads // cfg.kv_heads
+  k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
+  logits = jnp.einsum("bqhk,bshk->bhqs", q, k).astype(jnp.float32) / math.sqrt(cfg.head_dim)
+  causal = jnp.tril(jnp.ones((t, t), dtype=bool))
+  logits = jnp.where(causal, logits, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+  attn = jnp.einsum("bhqs,bshk->bqhk", probs, v)
+  x = x + jnp.einsum("bthk,hkd->btd", attn, w["wo"])
+  h = _rms_norm(x, w["mlp_norm"])
+  if cfg.mlp == "swiglu":
+    hidden = jax.nn.silu(h @ w["w_gate"]) * (h @ w["w_up"])
+  else:
+    hidden = jax.nn.gelu(h @ w["w_up"])
+  return x + hidden @ w["w_down"]
+
+
+class StackedBlocks(nnx.Module):
+  """The L transformer blocks, each weight stacked on a leading layer axis."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    L, d, f, dh = cfg.n_layers, cfg.d_model, cfg.d_ff, cfg.head_dim
+    std = 0.02
+    out_std = std / math.sqrt(2 * L)  # GPT-2 style scaling of residual projections
+
+    def normal(shape, s):
+      return nnx.Param(s * jax.random.normal(rngs.params(), (L, *shape), jnp.float32))
+
+    self.attn_norm = nnx.Param(jnp.ones((L, d), jnp.float32))
+    self.wq = normal((d, cfg.n_heads, dh), std)
+    self.wk = normal((d, cfg.kv_heads, dh), std)
+    self.wv = normal((d, cfg.kv_heads, dh), std)
+    self.wo = normal((cfg.n_heads, dh, d), out_std)
+    self.mlp_norm = nnx.Param(jnp.ones((L, d), jnp.float32))
+    if cfg.mlp == "swiglu":
+      self.w_gate = normal((d, f), std)
+    self.w_up = normal((d, f), std)
+    self.w_down = normal((f, d), out_std)
+    self.cfg = cfg
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    names = ["attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_up", "w_down"]
+    if self.cfg.mlp == "swiglu":
+      names.append("w_gate")
+    stacked = {n: getattr(self, n)[...] for n in names}
+
+    def body(carry, w):
+      return _block(self.cfg, carry, w), None
+
+    x, _ = jax.lax.scan(body, x, stacked)
+    return x
+
+
+class Transformer(nnx.Module):
+  """Decoder-only transformer: embeddings, L stacked pre-norm blocks, final norm, head.
+
+  Examples:
+    >>> from diloco_core.model_config import get_preset, param_count
+    >>> model = Transformer(get_preset("tiny"), rngs=nnx.Rngs(0))
+    >>> model(jnp.zeros((2, 8), jnp.int32)).shape
+    (2, 8, 32)
+    >>> params = split_params(model)[1]
+    >>> sum(x.size for x in jax.tree.leaves(params)) == param_count(get_preset("tiny"))
+    True
+  """
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    if cfg.num_experts != 1:
+      raise ValueError(
+          "the built-in Transformer is dense: num_experts must be 1 (MoE configs are for"
+          f" analysis sizing only), got {cfg.num_experts}.")
+    self.cfg = cfg
+    self.embed = nnx.Param(0.02 * jax.random.normal(rngs.params(), (cfg.vocab_size, cfg.d_model)))
+    if cfg.positions == "learned":
+      self.pos_embed = nnx.Param(
+          0.02 * jax.random.normal(rngs.params(), (cfg.max_seq_len, cfg.d_model)))
+    self.blocks = StackedBlocks(cfg, rngs=rngs)
+    self.final_norm = nnx.Param(jnp.ones((cfg.d_model,), jnp.float32))
+    if not cfg.tie_embeddings:
+      self.head = nnx.Param(0.02 * jax.random.normal(rngs.params(), (cfg.d_model, cfg.vocab_size)))
+
+  def __call__(self, tokens: jax.Array) -> jax.Array:
+    """Maps int tokens ``[..., T]`` to float32 logits ``[..., T, V]``."""
+    t = tokens.shape[-1]
+    if t > self.cfg.max_seq_len:
+      raise ValueError(f"sequence length {t} exceeds the model's max_seq_len {self.cfg.max_seq_len}.")
+    x = self.embed[...][tokens]
+    if self.cfg.positions == "learned":
+      x = x + self.pos_embed[...][:t]
+    x = self.blocks(x)
+    x = _rms_norm(x, self.final_norm[...])
+    head = self.embed[...].T if self.cfg.tie_embeddings else self.head[...]
+    return (x @ head).astype(jnp.float32)
+
+
+def split_params(model: nnx.Module) -> tuple[nnx.GraphDef, dict[str, Any]]:
+  """Splits an NNX model into its graph and a plain nested dict of parameter arrays."""
+  graphdef, state = nnx.split(model, nnx.Param)
+  return graphdef, nnx.to_pure_dict(state)
+
+
+def layer_mask(params: dict[str, Any]) -> dict[str, Any]:
+  """Marks the stacked-layer leaves (``blocks/*``, leading axis L) with True."""
+  return {k: jax.tree.map(lambda _: k == "blocks", v) for k, v in params.items()}
+
+
+def init_model(cfg: ModelConfig, seed: int) -> tuple[Callable, dict[str, Any]]:
+  """Builds the model and returns ``(apply_fn, params)``.
+
+  ``apply_fn(params, tokens) -> logits`` is a pure function of the plain params dict.
+
+  Args:
+    cfg: the model shape.
+    seed: the parameter-initialisation seed.
+
+  Returns:
+    The pure apply function and the initial params (a nested dict of float32 arrays).
+
+  Examples:
+    >>> from diloco_core.model_config import get_preset
+    >>> apply_fn, params = init_model(get_preset("tiny"), seed=0)
+    >>> apply_fn(params, jnp.ones((1, 4), jnp.int32)).shape
+    (1, 4, 32)
+  """
+  graphdef, params = split_params(Transformer(cfg, rngs=nnx.Rngs(seed)))
+
+  def apply_fn(p, tokens):
+    return nnx.merge(graphdef, p)(tokens)
+
+  return apply_fn, params
+
+
+def lm_loss(apply_fn: Callable, params: Any, tokens: jax.Array) -> jax.Array:
+  """Mean next-token cross-entropy (nats) of ``tokens[..., :-1] -> tokens[..., 1:]``."""
+  logits = apply_fn(params, tokens[..., :-1])
+  return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[..., 1:]).mean()
