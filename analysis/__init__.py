@@ -15,10 +15,14 @@ Command line: ``python -m analysis --help``.
 
 from analysis.bandwidth import allreduce_factor
 from analysis.bandwidth import hidden_bandwidth
+from analysis.bandwidth import hiding_window
 from analysis.bandwidth import payload_bytes
 from analysis.bandwidth import required_bandwidth
+from analysis.bandwidth import streaming_required_bandwidth
+from analysis.bandwidth import streaming_stall
 from analysis.bandwidth import t_comm
 from analysis.bandwidth import utilization_no_overlap
+from analysis.bandwidth import utilization_overlapped
 from analysis.experiments import named_sweep
 from analysis.hardware import HARDWARE
 from analysis.hardware import HardwareSpec
@@ -54,6 +58,7 @@ from analysis.simulate import SIM_MODELS
 from analysis.simulate import SimModel
 from analysis.simulate import SimResult
 from analysis.simulate import bandwidth_for_utilization
+from analysis.simulate import fragment_layers_of
 from analysis.simulate import get_sim_model
 from analysis.simulate import paper_table
 from analysis.simulate import run_simulation

@@ -28,6 +28,7 @@ from analysis.models import MODELS
 from analysis.models import get_model
 from analysis.models import model_stats
 from analysis.models import model_table
+from diloco_core.validity import FRAGMENT_PATTERNS
 from diloco_core.validity import check_int
 from diloco_core.validity import check_real
 from diloco_core.validity import check_schedule
@@ -108,9 +109,10 @@ def _roofline(a) -> None:
   print()
   print(f"Across slices (DCN), {a.bits:g}-bit payload, M={m}. critical_tokens_per_slice: "
         f"compute-bound above it; max_slices: largest M for this global batch; "
-        f"gbps_per_slice: bandwidth for {a.target:.0%} utilization with blocking transfers "
-        f"(closed form; for Streaming with tau >= 1, the bandwidth that hides every "
-        f"transfer); memory_gb_per_chip: replica state sharded over the slice (HBM "
+        f"gbps_per_slice: bandwidth for {a.target:.0%} utilization, each payload reduced "
+        f"during its sending step's backward pass (closed form; for Streaming with tau >= 1, "
+        f"the bandwidth that hides every transfer); memory_gb_per_chip: replica state "
+        f"sharded over the slice (HBM "
         f"{hw.hbm_bytes / 1e9:.0f} GB).")
   print(table.to_string(formatters=dict(
       critical_tokens_per_slice=lambda v: f"{v:,.0f}", gbps_per_slice=_fmt,
@@ -129,8 +131,8 @@ def _plan(a) -> None:
         f"seq_len {p.seq_len}; step time {p.step_time:.4g} s at MFU {p.mfu:g}; DP across "
         f"slices is compute-bound above {p.dp_critical_tokens:,.0f} tokens per slice")
   print(f"network per slice: link {p.link_gbps:,.4g} Gbit/s, in-pod DCN {p.dcn_gbps:,.4g} Gbit/s;"
-        f" {p.bits:g}-bit payload; Gbit/s per slice: blocking transfers at {p.target:.0%} "
-        f"utilization (tau = 0) or every fragment hidden behind tau steps (tau >= 1)")
+        f" {p.bits:g}-bit payload; Gbit/s per slice: {p.target:.0%} utilization (tau = 0) or "
+        f"every fragment hidden behind its step's backward pass and tau steps (tau >= 1)")
   print()
   fmt = {"Gbit/s per slice": _fmt, "GB per sync": lambda v: f"{v:,.3g}",
          "memory GB/replica": lambda v: f"{v:,.0f}", "memory GB/chip": lambda v: f"{v:,.2f}"}
@@ -142,12 +144,14 @@ def _plan(a) -> None:
 
 def _simulate(a) -> None:
   common = dict(replicas=a.replicas, sync_every=a.sync_every,
-                fragment_layers=a.fragment_layers, latency=a.latency)
+                fragment_layers=a.fragment_layers, latency=a.latency,
+                fragment_pattern=a.fragment_pattern, bucket_layers=a.bucket_layers)
   if a.table:
     t0 = time.perf_counter()
     table = sim.paper_table(rounding=a.rounding, **common)
     print(f"Bandwidth (Gbit/s) for each compute utilization, rounding={a.rounding} "
-          f"(M={a.replicas}, H={a.sync_every}, {a.fragment_layers} layers per fragment, "
+          f"(M={a.replicas}, H={a.sync_every}, {a.fragment_layers} layers per fragment "
+          f"({a.fragment_pattern}), "
           f"tau=1 for overlap rows, latency {a.latency} s); "
           f"computed in {time.perf_counter() - t0:.2f} s")
     print(table.to_string(float_format=lambda v: f"{v:.3g}"))
@@ -256,7 +260,7 @@ def _add_plan(sub) -> None:
                  help="the cross-slice link per slice, Gbit/s")
   q.add_argument("--mfu", type=float, default=0.5, help="model FLOPs utilization (0.5)")
   q.add_argument("--target", type=float, default=0.95,
-                 help="compute utilization for blocking transfers (0.95)")
+                 help="compute utilization to plan for (0.95)")
   q.add_argument("--bits", type=float, default=16, help="bits per value on the wire (16)")
   q.add_argument("--sync-every", type=int, nargs="+", default=None,
                  help="H candidates (default: L + 1 and "
@@ -283,9 +287,13 @@ def _add_simulate(sub) -> None:
   s.add_argument("--sync-every", type=int, default=100, help="H (100)")
   s.add_argument("--fragment-layers", type=int, default=3,
                  help="layers per Streaming fragment; must divide the layers (3)")
+  s.add_argument("--fragment-pattern", default="strided", choices=FRAGMENT_PATTERNS,
+                 help="how layers are dealt to fragments, as in the trainer (strided)")
+  s.add_argument("--bucket-layers", type=int, default=1,
+                 help="layers per gradient bucket, released when its backward pass ends (1)")
   s.add_argument("--overlap", type=int, default=0, help="tau, steps before merging (0)")
   s.add_argument("--bits", type=float, default=16, help="bits per value on the wire (16)")
-  s.add_argument("--latency", type=float, default=0.0, help="seconds per transfer (0)")
+  s.add_argument("--latency", type=float, default=0.0, help="seconds per chunk (0)")
   s.add_argument("--target", type=float, nargs="+", default=None,
                  help="target utilizations in (0, 1) (default: 0.5 0.8 0.9 0.95 0.99)")
   s.add_argument("--bandwidth", type=float, nargs="+", default=None,

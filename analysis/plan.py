@@ -12,17 +12,22 @@ gives that command line.
 Bandwidth per slice, with :math:`T` the step time, :math:`u` the target utilization,
 :math:`V` the bytes a replica sends to all-reduce the whole model
 (:func:`~analysis.bandwidth.payload_bytes`) and :math:`V_\\max` those of the largest
-fragment (fragment 0 holds the embeddings, so fragments are not all the same size):
+fragment (fragment 0 holds the embeddings, so fragments are not all the same size).
+Every payload is reduced layer by layer while the backward pass of the step that sends
+it runs, as in the Streaming DiLoCo paper's simulation (:func:`candidate_bandwidth`):
 
-* DP, DiLoCo and Streaming with :math:`\\tau = 0` (blocking transfers): the bandwidth
-  at which the transfers of one sync period leave a fraction :math:`u` of the wall time
-  to compute, :math:`W = V / (H T (1-u)/u)` with :math:`H = 1` for DP
-  (:func:`~analysis.bandwidth.required_bandwidth`; Streaming sends the same :math:`V`
-  per :math:`H` steps as DiLoCo, in :math:`P` pieces);
-* Streaming with :math:`\\tau \\ge 1`: the bandwidth at which every fragment arrives
-  within its :math:`\\tau` steps of overlap, so that no step waits,
-  :math:`W = V_\\max / (\\min(\\tau, H/P)\\, T)`
-  (:func:`~analysis.bandwidth.hidden_bandwidth`).
+* DP, DiLoCo and Streaming with :math:`\\tau = 0`: the bandwidth at which the waits of
+  one sync period leave a fraction :math:`u` of the wall time to compute. DP and DiLoCo
+  send :math:`V` in :math:`L` chunks every :math:`1` or :math:`H` steps
+  (:func:`~analysis.bandwidth.required_bandwidth`); Streaming sends its :math:`P - 1`
+  strided layer fragments and fragment 0 (the embeddings and head, taken as released
+  when its step ends) one every :math:`H/P` steps
+  (:func:`~analysis.bandwidth.streaming_required_bandwidth`);
+* with :math:`\\tau \\ge 1`: the bandwidth at which every fragment arrives within the
+  rest of its step's backward pass and its :math:`\\tau` steps of overlap, so that no
+  step waits (:func:`~analysis.bandwidth.hidden_bandwidth`).
+
+These are the simulator's accounting (:mod:`analysis.simulate` checks them).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import pandas as pd
 from analysis.bandwidth import hidden_bandwidth
 from analysis.bandwidth import payload_bytes
 from analysis.bandwidth import required_bandwidth
+from analysis.bandwidth import streaming_required_bandwidth
 from analysis.hardware import HardwareSpec
 from analysis.hardware import check_hardware
 from analysis.hardware import get_hardware
@@ -44,11 +50,13 @@ from analysis.models import check_model
 from analysis.models import fragment_sizes
 from analysis.models import get_model
 from analysis.models import model_stats
+from analysis.roofline import METHODS
 from analysis.roofline import dp_critical_batch_per_slice
 from analysis.roofline import t_math
 from diloco_core.model_config import ModelConfig
 from diloco_core.model_config import param_count
 from diloco_core.validity import allowed_fragments
+from diloco_core.validity import check_choice
 from diloco_core.validity import check_int
 from diloco_core.validity import check_real
 
@@ -180,15 +188,58 @@ def candidates(layers: int, sync_every=None, overlaps=OVERLAPS) -> list[tuple]:
   return out
 
 
+def candidate_bandwidth(method, *, target, payload, step_time, layers, sync_every=1,
+                        fragments=1, overlap=0, first_fragment=0.0, latency=0.0):
+  """Bytes/s a DP, DiLoCo or Streaming candidate needs (the rule of the module docstring).
+
+  Args:
+    method: "dp", "diloco" or "streaming".
+    target: u, the utilization for the τ = 0 candidates.
+    payload: V, bytes a replica sends to all-reduce the whole model.
+    step_time: T, seconds per inner step.
+    layers: L.
+    sync_every, fragments, overlap: H, P, τ (fragment 0 holds the non-layer parameters,
+      fragments 1..P-1 the layers, strided, as in the trainer).
+    first_fragment: V_0, bytes of fragment 0 (Streaming only).
+    latency: ε, seconds per chunk.
+
+  Returns:
+    Bytes/s.
+
+  Examples:
+    >>> # DiLoCo, 2 GB every 100 steps of 0.1 s, 24 layers, 95%: 27.1 Gbit/s.
+    >>> w = candidate_bandwidth("diloco", target=0.95, payload=2e9, step_time=0.1, layers=24,
+    ...                         sync_every=100)
+    >>> round(w / GBIT, 1)
+    27.1
+  """
+  check_choice("method", method, METHODS)
+  if method == "dp":
+    return required_bandwidth(target, payload, step_time, 1, latency, chunks=layers)
+  if method == "diloco" or fragments == 1:  # one payload of the whole model
+    if overlap == 0:
+      return required_bandwidth(target, payload, step_time, sync_every, latency,
+                                   chunks=layers)
+    return hidden_bandwidth(payload, step_time, overlap, sync_every, chunks=layers)
+  p = fragments - 1  # layer fragments
+  if overlap == 0:
+    return streaming_required_bandwidth(target, payload - first_fragment, step_time,
+                                           sync_every, p, layers, 0, latency,
+                                           first_payload=first_fragment)
+  every = sync_every / fragments
+  layer_part = hidden_bandwidth((payload - first_fragment) / p, step_time, overlap, every,
+                                   chunks=layers // p)
+  return max(float(layer_part),
+             float(hidden_bandwidth(first_fragment, step_time, overlap, every, chunks=1)))
+
+
 def candidate_table(model: ModelConfig, hardware: HardwareSpec, cands, *, slices: int,
                     chips_per_slice: int, step_time: float, target: float, bits: float,
                     latency: float = 0.0) -> pd.DataFrame:
   """Bandwidth per slice and memory of each candidate ``(method, H, P, τ)`` (see the module).
 
-  Blocking candidates (τ = 0) send the whole model's :math:`V` in :math:`P` transfers per
-  :math:`H` steps, each with latency :math:`\\varepsilon`:
-  :math:`W = V / (H T (1-u)/u - P\\varepsilon)`; overlapped ones (τ >= 1) hide the largest
-  fragment behind :math:`\\min(\\tau, H/P)` steps (latency not modelled).
+  Each candidate's bandwidth is :func:`candidate_bandwidth` (latency :math:`\\varepsilon`
+  per transfer for τ = 0; not modelled for τ >= 1).
 
   Args:
     model: the resolved model (a ModelConfig).
@@ -197,9 +248,9 @@ def candidate_table(model: ModelConfig, hardware: HardwareSpec, cands, *, slices
     slices: M.
     chips_per_slice: n.
     step_time: T, seconds per inner step.
-    target: u, the utilization planned for with blocking transfers.
+    target: u, the utilization planned for by the τ = 0 candidates.
     bits: bits per value on the wire.
-    latency: ε, seconds per blocking transfer.
+    latency: ε, seconds per transfer (τ = 0).
 
   Returns:
     A DataFrame indexed by :func:`label`, with the columns of :class:`Plan`'s table except
@@ -210,11 +261,12 @@ def candidate_table(model: ModelConfig, hardware: HardwareSpec, cands, *, slices
   dcn_gbps = hw.dcn_bandwidth * chips_per_slice / GBIT
   rows = {}
   for method, h, p, tau in cands:
-    largest = payload_bytes(max(fragment_sizes(model, p)), bits, slices)
-    if tau == 0:  # blocking: the average over a period of H steps
-      w = required_bandwidth(target, payload, step_time, h, latency=p * latency)
-    else:
-      w = hidden_bandwidth(largest, step_time, tau, h / p)
+    sizes = fragment_sizes(model, p)
+    largest = payload_bytes(max(sizes), bits, slices)
+    w = candidate_bandwidth(method, target=target, payload=payload, step_time=step_time,
+                            layers=model.n_layers, sync_every=h, fragments=p, overlap=tau,
+                            first_fragment=payload_bytes(sizes[0], bits, slices) if p > 1 else 0.0,
+                            latency=latency)
     mem = memory_per_replica(model, method=method, sync_every=h, fragments=p,
                              overlap=tau).total
     rows[label(method, h, p, tau)] = {
@@ -239,9 +291,8 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
   :math:`P` the schedule rules allow (:func:`largest_fragments`; for :math:`H = L + 1` that is
   MaxText's :math:`H = P = L + 1`, one layer per fragment) and each τ of ``overlaps``
   with :math:`\\tau < H`. At fixed :math:`H` and τ the largest :math:`P` needs the least
-  bandwidth: :math:`V / (\\min(P\\tau, H)\\,T)` for τ ≥ 1 with fragments of equal size, the
-  same for every :math:`P` when τ = 0, and it sends the smallest transfers. Bandwidths
-  follow the module docstring.
+  bandwidth (each fragment is smaller and hides behind its own step's backward pass, for
+  τ = 0 too) and sends the smallest transfers. Bandwidths follow the module docstring.
 
   Selection rule, with :math:`W_c` the bandwidth candidate :math:`c` needs and
   :math:`W` the link:
@@ -267,7 +318,7 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
     global_batch_tokens: B, tokens per step over all slices.
     link_gbps: W, the cross-slice link per slice, Gbit/s.
     mfu: model FLOPs utilization of the inner step, in (0, 1].
-    target: utilization the blocking candidates are planned for, in (0, 1).
+    target: utilization the τ = 0 candidates are planned for, in (0, 1).
     bits: bits per value on the wire (16: bf16).
     sync_every: H candidates (an int or a sequence); None for :math:`L + 1` and the ladder.
     overlaps: τ candidates for Streaming (an int or a sequence of integers >= 0).
@@ -280,17 +331,17 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
 
   Examples:
     >>> p = plan_run("qwen3-8b", "v5p", slices=2, chips_per_slice=64, seq_len=4096,
-    ...              global_batch_tokens=2**21, link_gbps=100)
+    ...              global_batch_tokens=2**21, link_gbps=20)
     >>> round(p.step_time, 3), round(float(p.table.loc["DP", "Gbit/s per slice"]), 1)
-    (3.759, 662.4)
+    (3.759, 49.7)
     >>> p.choice
     'Streaming H=10 P=10 tau=0'
     >>> p.reason  # doctest: +NORMALIZE_WHITESPACE
-    'DP needs 662.4 Gbit/s per slice, more than the 100 Gbit/s link; Streaming H=10 P=10
-    tau=0 needs 66.24 Gbit/s and has the smallest H that fits (then the smallest tau, then
+    'DP needs 49.75 Gbit/s per slice, more than the 20 Gbit/s link; Streaming H=10 P=10
+    tau=0 needs 13.46 Gbit/s and has the smallest H that fits (then the smallest tau, then
     the largest P).'
     >>> plan_run("qwen3-8b", "v5p", slices=2, chips_per_slice=64, seq_len=4096,
-    ...          global_batch_tokens=2**21, link_gbps=1000).choice
+    ...          global_batch_tokens=2**21, link_gbps=100).choice
     'DP'
   """
   cfg, hw = get_model(model), get_hardware(hardware)

@@ -276,35 +276,37 @@ def diloco_critical_batch_per_slice(hardware, sync_every, *, model=None, seq_len
       compute_fraction=compute_fraction)) / h)
 
 
-def streaming_window_steps(sync_every, fragments, overlap=0):
-  """Steps of compute a Streaming DiLoCo fragment's bytes are spread over (roofline view).
+def streaming_window_steps(sync_every, fragments, overlap=0, *, compute_fraction=2 / 3):
+  """Backward passes of compute a Streaming DiLoCo fragment's bytes hide behind (roofline view).
 
-  A fragment sent at step :math:`t` is merged after step :math:`t+\\tau`: its bytes
-  share the link with the compute of :math:`\\tau + 1` steps (the sending step and the
-  :math:`\\tau` it overlaps). The link also carries one fragment every
-  :math:`\\Delta h = H/P` steps, so the window cannot exceed that on average:
+  Outer gradients are reduced layer by layer while the *sending* step's backward pass
+  runs (the Streaming DiLoCo paper's accounting, arXiv 2501.18512, Figure 3 and Table 4;
+  :func:`~analysis.bandwidth.hiding_window`), and a fragment sent during step :math:`t`
+  is merged before step :math:`t+\\tau+1`: it hides behind that backward pass (a
+  fraction :math:`c` of a step) and :math:`\\tau` whole steps. Counted in backward
+  passes, the unit of :math:`B^*_\\text{DP}`, and capped like DiLoCo's average by the
+  link carrying one fragment every :math:`\\Delta h = H/P` steps:
 
   .. math::
-     w = \\min(\\tau + 1,\\; H / P)
-
-  Only the :math:`\\tau` later steps can *hide* the transfer, since a fragment is sent
-  after the sending step's update (the semantics page, docs/semantics.md; see
-  :func:`~analysis.bandwidth.hidden_bandwidth` and the simulator).
+     w = \\min\\!\\left(1 + \\frac{\\tau}{c},\\; \\frac{H}{P}\\right)
 
   Args:
     sync_every: H.
     fragments: P, a divisor of H (``diloco_core.validity.check_schedule``).
     overlap: τ (0 <= τ < H).
+    compute_fraction: c, the share of a step the backward pass takes (2/3).
 
   Returns:
-    The window in steps.
+    The window in backward passes.
 
   Examples:
     >>> streaming_window_steps(100, 4, overlap=1), streaming_window_steps(100, 50, 5)
-    (2.0, 2.0)
+    (2.5, 2.0)
   """
   h, p, tau = check_schedule(sync_every, fragments, overlap)
-  return float(min(tau + 1, h / p))
+  c = check_real("compute_fraction", compute_fraction, low=0.0, high=1.0, low_open=True,
+                 high_open=False)
+  return float(min(1.0 + tau / c, h / p))
 
 
 def streaming_critical_batch_per_slice(hardware, sync_every, fragments, overlap=0, *,
@@ -312,17 +314,17 @@ def streaming_critical_batch_per_slice(hardware, sync_every, fragments, overlap=
                                        compute_fraction=2 / 3):
   """Per-slice batch above which Streaming DiLoCo's *peak* traffic is compute-bound.
 
-  Streaming sends :math:`1/P` of the model at a time (the peak bytes per step are
-  divided by :math:`P`) and each transfer may take :math:`w` step times
-  (:func:`streaming_window_steps`):
+  Streaming sends :math:`1/P` of the model at a time and each fragment hides behind
+  :math:`w` backward passes (:func:`streaming_window_steps`): its own step's backward
+  pass, as DP's gradients do, plus :math:`\\tau` steps.
 
   .. math::
      B^*_\\text{stream} = \\frac{B^*_\\text{DP, slice}}{P \\cdot w}
-       = \\frac{B^*_\\text{DP, slice}}{\\min(P(\\tau+1),\\, H)}
+       = \\frac{B^*_\\text{DP, slice}}{\\min(P(1 + \\tau / c),\\, H)}
 
-  With :math:`P(\\tau+1) \\ge H` this is DiLoCo's average threshold; with
-  :math:`P = 1, \\tau = 0` it is the DP one, since vanilla DiLoCo's peak is a whole
-  model in one step (its *average* is :func:`diloco_critical_batch_per_slice`).
+  With :math:`P = 1, \\tau = 0` this is the DP threshold (vanilla DiLoCo's peak is a
+  whole model reduced during one backward pass); with :math:`P(1 + \\tau/c) \\ge H` it
+  is DiLoCo's average (:func:`diloco_critical_batch_per_slice`).
 
   Args:
     hardware: a HardwareSpec.
@@ -339,7 +341,7 @@ def streaming_critical_batch_per_slice(hardware, sync_every, fragments, overlap=
     >>> from analysis.hardware import get_hardware
     >>> v5p = get_hardware("v5p")
     >>> round(streaming_critical_batch_per_slice(v5p, 96, fragments=8, overlap=1))
-    4590
+    3672
     >>> streaming_critical_batch_per_slice(v5p, 10, fragments=3)
     Traceback (most recent call last):
     ...
@@ -351,7 +353,8 @@ def streaming_critical_batch_per_slice(hardware, sync_every, fragments, overlap=
   dp = np.asarray(dp_critical_batch_per_slice(
       hardware, model=model, seq_len=seq_len, bits=bits, replicas=replicas,
       compute_fraction=compute_fraction))
-  return _checks.out(dp / (p * streaming_window_steps(h, p, tau)))
+  return _checks.out(dp / (p * streaming_window_steps(h, p, tau,
+                                                      compute_fraction=compute_fraction)))
 
 
 def max_slices(global_batch_tokens, hardware, *, method="dp", sync_every=1, fragments=1,
@@ -378,7 +381,7 @@ def max_slices(global_batch_tokens, hardware, *, method="dp", sync_every=1, frag
   (bf16 halves it, 4 bits divides it by 8), MoE (times
   :math:`N_\\text{total}/N_\\text{active}`), long contexts (attention FLOPs lower it),
   an MFU below 1 (lower it by the MFU), a few slices (the exact :math:`+1` above),
-  and DiLoCo / Streaming (divided by :math:`H` / :math:`\\min(P(\\tau+1), H)`).
+  and DiLoCo / Streaming (divided by :math:`H` / :math:`\\min(P(1 + \\tau/c), H)`).
 
   Args:
     global_batch_tokens: B, tokens per step over all slices (array-like).

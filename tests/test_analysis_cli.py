@@ -117,8 +117,8 @@ def test_in_process_errors_and_help(capsys):
                 "--global-batch-tokens", "--link-gbps", "--mfu", "--target", "--bits",
                 "--sync-every", "--overlaps"]),
       ("simulate", ["--model", "--method", "--step-time", "--replicas", "--sync-every",
-                    "--fragment-layers", "--overlap", "--bits", "--latency", "--target",
-                    "--bandwidth", "--table", "--rounding"])]:
+                    "--fragment-layers", "--fragment-pattern", "--bucket-layers", "--overlap",
+                    "--bits", "--latency", "--target", "--bandwidth", "--table", "--rounding"])]:
     with pytest.raises(SystemExit) as e:
       cli.main([command, "--help"])
     assert e.value.code == 0

@@ -154,10 +154,13 @@ def test_diloco_and_streaming_critical_batches():
   assert rl.diloco_critical_batch_per_slice(V5P, 100) == pytest.approx(734.4)
   assert rl.diloco_critical_batch_per_slice(V5P, 1) == pytest.approx(73440.0)
   s = rl.streaming_critical_batch_per_slice
-  assert s(V5P, 96, 8, overlap=1) == pytest.approx(73440.0 / 16)
+  # Each fragment hides behind its own step's backward pass (2/3 of a step) and tau
+  # steps: 1 + tau / (2/3) backward passes, 2.5 for tau = 1; P = 8: 73440 / 20.
+  assert s(V5P, 96, 8, overlap=1) == pytest.approx(73440.0 / 20)
   assert s(V5P, 100, 1, overlap=0) == pytest.approx(73440.0)  # vanilla DiLoCo's peak
   assert s(V5P, 100, 50, overlap=5) == pytest.approx(734.4)  # capped by H: DiLoCo's
-  assert rl.streaming_window_steps(96, 8, 1) == 2.0
+  assert rl.streaming_window_steps(96, 8, 1) == 2.5
+  assert rl.streaming_window_steps(96, 8, 1, compute_fraction=1.0) == 2.0
   assert rl.streaming_window_steps(100, 50, 5) == 2.0
   # Monotone: more overlap and more fragments lower the peak threshold; more H too.
   values = [s(V5P, 100, 4, overlap=t) for t in range(0, 30)]
@@ -200,7 +203,7 @@ def test_max_slices_exact_and_by_hand():
   assert rl.max_slices(gbs, V5P, bits=32) == 29  # floor(1 + 4194304 / 146880)
   assert rl.max_slices(gbs, V5P, method="diloco", sync_every=100) == 5712
   assert rl.max_slices(gbs, V5P, method="streaming", sync_every=96, fragments=8,
-                       overlap=1) == math.floor(1 + gbs / 4590)
+                       overlap=1) == math.floor(1 + gbs / 3672)
   np.testing.assert_array_equal(rl.max_slices([73440, 73439], V5P), [2, 1])
   # The closed form is the exact solution of B/M >= B*(M) with a(M) = 2(M-1)/M.
   for g in (1e5, 1e6, 3.3e6, 1e8):
@@ -214,19 +217,50 @@ def test_max_slices_exact_and_by_hand():
 # ------------------------------------------------------------ utilization, bandwidth
 
 
-def test_required_bandwidth_by_hand():
+def test_required_bandwidth_blocking_by_hand():
+  # One chunk released when the step ends (chunks=1): the blocking form.
   # V = 2e9 B, T = 0.1 s, H = 100, u = 0.95: W = 2e9 / (10 * 0.05 / 0.95) = 3.8e9 B/s.
-  assert bw.required_bandwidth(0.95, 2e9, 0.1, 100) == pytest.approx(3.8e9)
+  blocking = dict(chunks=1)
+  assert bw.required_bandwidth(0.95, 2e9, 0.1, 100, **blocking) == pytest.approx(3.8e9)
   # With 0.5 s of latency per sync: 2e9 / (0.5263... - 0.5) = 7.6e10 B/s.
-  assert bw.required_bandwidth(0.95, 2e9, 0.1, 100, latency=0.5) == pytest.approx(7.6e10)
-  assert bw.required_bandwidth(0.95, 2e9, 0.1, 100, latency=1.0) == math.inf
+  assert bw.required_bandwidth(0.95, 2e9, 0.1, 100, latency=0.5, **blocking) == pytest.approx(
+      7.6e10)
+  assert bw.required_bandwidth(0.95, 2e9, 0.1, 100, latency=1.0, **blocking) == math.inf
   # Inverse of utilization_no_overlap.
   for u in (0.5, 0.8, 0.95):
-    w = bw.required_bandwidth(u, 2e9, 0.1, 7, latency=0.01)
+    w = bw.required_bandwidth(u, 2e9, 0.1, 7, latency=0.01, **blocking)
     assert bw.utilization_no_overlap(w, 2e9, 0.1, 7, latency=0.01) == pytest.approx(u)
   # 0.99 would allow 0.7 * 0.01 / 0.99 = 0.00707 s of idle time: less than the latency.
-  assert bw.required_bandwidth(0.99, 2e9, 0.1, 7, latency=0.01) == math.inf
-  np.testing.assert_allclose(bw.required_bandwidth([0.5, 0.9], 1e9, 1.0), [1e9, 9e9])
+  assert bw.required_bandwidth(0.99, 2e9, 0.1, 7, latency=0.01, **blocking) == math.inf
+  np.testing.assert_allclose(bw.required_bandwidth([0.5, 0.9], 1e9, 1.0, **blocking),
+                             [1e9, 9e9])
+
+
+def test_required_bandwidth_overlapped_by_hand():
+  # Released continuously over the backward pass (2/3 T): W = V / (sigma + 2T/3).
+  # V = 2e9, T = 0.3, s = 1, u = 0.5: sigma = 0.3, W = 2e9 / 0.5 = 4e9 B/s.
+  assert bw.required_bandwidth(0.5, 2e9, 0.3) == pytest.approx(4e9)
+  # tau = 1 adds a step: 2e9 / (0.3 + 0.2 + 0.3) = 2.5e9.
+  assert bw.required_bandwidth(0.5, 2e9, 0.3, overlap=1) == pytest.approx(2.5e9)
+  # 4 chunks: the first leaves after a quarter of the backward pass, omega = (2/3)(3/4):
+  # 2e9 / (0.3 + 0.15) = 4.444e9; the last chunk (5e8 B) alone needs 5e8 / 0.3.
+  assert bw.required_bandwidth(0.5, 2e9, 0.3, chunks=4) == pytest.approx(2e9 / 0.45)
+  # At a tight target the last chunk binds: u = 0.99, s = 1, 100 chunks, T = 1:
+  # sigma = 1/99; V / (sigma + 0.66) vs (V/100) / sigma = V * 0.99.
+  w = bw.required_bandwidth(0.99, 1.0, 1.0, chunks=100)
+  assert w == pytest.approx(max(1 / (1 / 99 + 2 / 3 * 0.99), 0.01 * 99))
+  # Inverse of utilization_overlapped, with latency, chunks and overlap.
+  for u in (0.5, 0.8, 0.95):
+    for kw in (dict(), dict(chunks=24), dict(chunks=3, overlap=1)):
+      w = bw.required_bandwidth(u, 2e9, 0.1, 7, latency=0.01, **kw)
+      assert bw.utilization_overlapped(w, 2e9, 0.1, 7, latency=0.01, **kw) == pytest.approx(u)
+  # Hiding never hurts: overlapped <= blocking.
+  assert bw.required_bandwidth(0.9, 2e9, 0.1, 10) < bw.required_bandwidth(0.9, 2e9, 0.1, 10,
+                                                                          chunks=1)
+  assert bw.hiding_window(0, chunks=1) == 0.0 and bw.hiding_window(2) == pytest.approx(8 / 3)
+  with pytest.raises(ValueError,
+                     match=r"forward_fraction \(φ\) must be a finite number in \[0, 1\]"):
+    bw.hiding_window(forward_fraction=1.5)
 
 
 def test_utilization_limits():
@@ -238,12 +272,19 @@ def test_utilization_limits():
 
 
 def test_hidden_bandwidth_by_hand():
-  assert bw.hidden_bandwidth(2.5e8, 0.1, overlap=1) == pytest.approx(2.5e9)
-  assert bw.hidden_bandwidth(2.5e8, 0.1, overlap=2) == pytest.approx(1.25e9)
+  # Continuous release: V / ((tau + 2/3) T).
+  assert bw.hidden_bandwidth(2.5e8, 0.1, overlap=1) == pytest.approx(2.5e8 / (5 / 3 * 0.1))
+  assert bw.hidden_bandwidth(2.5e8, 0.1, overlap=2) == pytest.approx(2.5e8 / (8 / 3 * 0.1))
+  assert bw.hidden_bandwidth(2.5e8, 0.1, overlap=0) == pytest.approx(2.5e8 / (2 / 3 * 0.1))
+  # The link keeps up with one transfer every 2 steps: 2.5e8 / 0.2.
   assert bw.hidden_bandwidth(2.5e8, 0.1, overlap=5, steps_between_sends=2) == pytest.approx(
       1.25e9)
-  with pytest.raises(ValueError, match=r"overlap \(τ\) must be an integer >= 1, got 0"):
-    bw.hidden_bandwidth(2.5e8, 0.1, overlap=0)
+  # 3 chunks, tau = 1: omega = 1 + (2/3)(2/3); the last chunk needs (V/3) / T, less.
+  assert bw.hidden_bandwidth(3e8, 0.1, overlap=1, chunks=3) == pytest.approx(3e8 / (13 / 9 * 0.1))
+  # With chunks and tau = 0 the last chunk is released as its step ends: never hidden.
+  assert bw.hidden_bandwidth(3e8, 0.1, overlap=0, chunks=3) == math.inf
+  with pytest.raises(ValueError, match=r"overlap \(τ\) must be an integer >= 0, got -1"):
+    bw.hidden_bandwidth(2.5e8, 0.1, overlap=-1)
 
 
 def test_memory_per_replica_by_hand():

@@ -15,6 +15,7 @@ from analysis.plots.results import plot_curves
 from analysis.plots.results import plot_lines
 from analysis.plots.results import plot_metric
 from analysis.plots.results import plot_tradeoff
+from analysis.plots.timelines import plot_hiding
 from analysis.plots.timelines import plot_schedule
 from analysis.plots.timelines import plot_timeline
 from analysis.plots.timelines import schedule_text

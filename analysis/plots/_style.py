@@ -61,9 +61,9 @@ def fmt(value: Any) -> str:
   return str(value)
 
 
-def new_figure(figsize=(6.4, 3.8), ncols=1):
+def new_figure(figsize=(6.4, 3.8), ncols=1, nrows=1):
   with plt.rc_context(_STYLE):
-    fig, axes = plt.subplots(1, ncols, figsize=figsize, layout="constrained", squeeze=False)
+    fig, axes = plt.subplots(nrows, ncols, figsize=figsize, layout="constrained", squeeze=False)
   for ax in axes.ravel():
     ax.grid(True, alpha=0.3)
     ax.spines[["top", "right"]].set_visible(False)

@@ -1,7 +1,8 @@
 """Timelines: the communication schedules of DP, DiLoCo and Streaming DiLoCo, and simulated runs.
 
 :func:`schedule_text` and :func:`plot_schedule` draw :func:`diloco_core.schedule.schedule_table`;
-:func:`plot_timeline` draws a run of :mod:`analysis.simulate`.
+:func:`plot_timeline` draws a run of :mod:`analysis.simulate`, :func:`plot_hiding` one sync
+of several runs, where each transfer hides behind compute.
 """
 
 from __future__ import annotations
@@ -178,4 +179,48 @@ def plot_timeline(timeline: pd.DataFrame, *, start: float | None = None, end: fl
   ax.legend(fontsize=8, ncol=4, loc="upper right", bbox_to_anchor=(1.0, 1.3))
   if title:
     ax.set_title(title, loc="left")
+  return done(fig)
+
+
+def plot_hiding(runs: dict, *, after: float = 0.5, title: str | None = None):
+  """One sync of each simulated run, compute against the link: where each transfer hides.
+
+  For each :class:`analysis.simulate.SimResult`, from the start of the first step of its
+  measured window that sends to a little after the step that needs what it sent: the
+  per-layer forward and backward passes and the idle time (top lane), the chunks on the
+  link (bottom lane), the *hiding window* (shaded, from the first chunk's release to the
+  start of the step that needs the payload) and that step's start (dashed). Time is
+  counted from the start of the sending step.
+
+  Args:
+    runs: ``{label: SimResult}``, drawn top to bottom.
+    after: how much of the needing step to show, in steps.
+    title: the figure title.
+
+  Returns:
+    The matplotlib Figure.
+  """
+  fig, axes = new_figure(figsize=(8.0, 1.75 * len(runs) + 0.4), nrows=len(runs))
+  for i, (ax, (name, r)) in enumerate(zip(axes, runs.items())):
+    tr = r.transfers
+    step = int(tr.loc[tr["step"] >= r.window[0], "step"].iloc[0])
+    sent = tr[tr["step"] == step]
+    t0 = r.step_start[step - 1]
+    deadline = r.step_start[int(sent["needed_by"].iloc[0]) - 1] - t0
+    end = max(deadline, sent["arrival"].max() - t0) + after * r.step_time
+    tl = r.timeline(layers=True)
+    tl = tl.assign(start=tl["start"] - t0, end=tl["end"] - t0)
+    plot_timeline(tl, start=0.0, end=end, ax=ax, title=name)
+    ax.axvspan(sent["ready"].min() - t0, deadline, color="C2", alpha=0.2, lw=0, zorder=0,
+               label="hiding window")
+    ax.axvline(deadline, color="k", ls="--", lw=1, label="needed by")
+    ax.get_legend().remove()
+    if i < len(runs) - 1:
+      ax.set_xlabel("")
+  handles, labels = axes[0].get_legend_handles_labels()
+  keep = dict(zip(labels, handles))
+  fig.legend(keep.values(), keep.keys(), loc="outside lower center", ncol=len(keep),
+             fontsize=8, frameon=False)
+  if title:
+    fig.suptitle(title)
   return done(fig)
