@@ -104,13 +104,14 @@ class DataParallel(AlgorithmBase):
     """
     return super().step(state, batch, participation)
 
-  def _step_args(self, state, batch, participation) -> tuple:
+  def step_args(self, state, batch, participation=None) -> tuple:
+    """``(state, batch, hyperparameters)``: an all-ones ``participation`` is dropped."""
     if participation is not None:
       mask = np.asarray(jax.device_get(participation), np.float32)
       if mask.shape != (self.config.replicas,) or not np.all(mask == 1.0):
         raise ValueError("DataParallel: participation must be None or all ones (DP has no sync to"
                          f" miss), got {mask.tolist()}.")
-    return super()._step_args(state, batch, None)
+    return super().step_args(state, batch, None)
 
   def bytes_sent(self, t: int) -> float:
     """Bytes each replica sends per step: the full float32 gradient."""
