@@ -222,7 +222,7 @@ def _remove_leftovers(out: str) -> None:
       shutil.rmtree(os.path.join(d, name), ignore_errors=True)
 
 
-def restore_latest(out: str, target, config: dict, must_match: Sequence[str] = ()) -> Restored:
+def restore_latest(out: str, target, config: dict, must_match: Sequence[str]) -> Restored:
   """Restores the newest valid checkpoint of ``<out>`` into the structure of ``target``.
 
   Damaged checkpoints (unreadable, truncated, checksum mismatch) are skipped with a

@@ -39,12 +39,16 @@ def _option_name(path: str) -> str:
   return path[len("algo."):] if path.startswith("algo.") else path
 
 
-#: field path (as errors name it) -> command-line flag, for every field that has one.
-FLAGS = {_option_name(path): "--" + spec(f).flag for path, f in walk(TrainConfig) if spec(f).flag}
+def flags(cls=TrainConfig) -> dict[str, str]:
+  """Field path (as errors name it) -> command-line flag, for every field of ``cls`` that has one."""
+  return {_option_name(path): "--" + spec(f).flag for path, f in walk(cls) if spec(f).flag}
 
 
-def to_flags(message: str) -> str:
-  """Rewrites the backticked field names of a library message to their flags.
+FLAGS = flags(TrainConfig)
+
+
+def to_flags(message: str, cls=TrainConfig) -> str:
+  """Rewrites the backticked field names of a library message to the flags of ``cls``'s fields.
 
   Examples:
     >>> to_flags("resume needs `out`: the directory of the run to continue.")
@@ -54,7 +58,8 @@ def to_flags(message: str) -> str:
     >>> to_flags("`data.seed` and `progress` and `unknown`")
     '--data-seed and --no-progress and unknown'
   """
-  return re.sub(r"`([A-Za-z_][\w.]*)`", lambda m: FLAGS.get(m.group(1), m.group(1)), message)
+  table = FLAGS if cls is TrainConfig else flags(cls)
+  return re.sub(r"`([A-Za-z_][\w.]*)`", lambda m: table.get(m.group(1), m.group(1)), message)
 
 
 def _get(config, path: str):
@@ -76,25 +81,31 @@ def _add_option(group, path: str, f: dataclasses.Field, default) -> None:
   group.add_argument("--" + s.flag, dest=path, type=kind, default=default, help=text)
 
 
-def _add_options(parser: argparse.ArgumentParser, defaults: dict, only=None) -> None:
-  """Adds the flag of every field (or of the paths in ``only``) to its ``--help`` group."""
+def _add_options(parser: argparse.ArgumentParser, cls, defaults: dict, only=None) -> None:
+  """Adds the flag of every field of ``cls`` (or of the paths in ``only``) to its ``--help`` group."""
   groups = {name: parser.add_argument_group(title) for name, title in GROUPS.items()}
-  for path, f in walk(TrainConfig):
+  for path, f in walk(cls):
     if spec(f).flag and (only is None or path in only):
       _add_option(groups[spec(f).group or "run"], path, f, defaults[path])
 
 
-def _defaults(config: TrainConfig) -> dict:
-  return {path: _get(config, path) for path, _ in walk(TrainConfig)}
+def _defaults(config) -> dict:
+  return {path: _get(config, path) for path, _ in walk(type(config))}
 
 
-def build_parser() -> argparse.ArgumentParser:
-  """The parser of ``python -m diloco_core.train`` (defaults: those of :class:`TrainConfig`)."""
+def build_parser(defaults: TrainConfig | None = None) -> argparse.ArgumentParser:
+  """The parser of ``python -m diloco_core.train``.
+
+  Args:
+    defaults: the config whose values are the defaults, and whose class's fields are the
+      options (default: ``TrainConfig()``).
+  """
+  defaults = TrainConfig() if defaults is None else defaults
   p = argparse.ArgumentParser(
       prog="python -m diloco_core.train",
       description="Train the built-in transformer with DP, DiLoCo or Streaming DiLoCo.",
       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-  _add_options(p, _defaults(TrainConfig()))
+  _add_options(p, type(defaults), _defaults(defaults))
   g = [a for a in p._action_groups if a.title == GROUPS["devices"]][0]
   g.add_argument("--coordinator", default=None, help="multi-process: host:port of process 0 (or JAX_COORDINATOR_ADDRESS)")
   g.add_argument("--num-processes", type=int, default=None, help="multi-process: number of processes (or JAX_NUM_PROCESSES)")
@@ -107,7 +118,7 @@ def config_from_args(args: argparse.Namespace, base: TrainConfig | None = None) 
   option that the parser offers set from ``args``."""
   base = TrainConfig() if base is None else base
   values: dict[str, dict] = {"": {}, "algo": {}, "data": {}}
-  for path, f in walk(TrainConfig):
+  for path, f in walk(type(base)):
     if not hasattr(args, path):
       continue
     value = getattr(args, path)
@@ -153,7 +164,7 @@ def build_compare_parser() -> argparse.ArgumentParser:
                               description=compare_lib.__doc__.splitlines()[0],
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   defaults = {**_defaults(TrainConfig()), **compare_lib.DEFAULTS}
-  _add_options(p, defaults, only=set(compare_lib.DEFAULTS))
+  _add_options(p, TrainConfig, defaults, only=set(compare_lib.DEFAULTS))
   return p
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from diloco_core import DataConfig, DataParallel, DiLoCo, DiLoCoConfig, load_params
 from diloco_core import checkpoint as ckpt
+from diloco_core.fields import must_match_fields
 from diloco_core.train import TrainConfig, build_parser, config_from_args, main, participation, train
 from tiny_run import tiny
 
@@ -117,7 +118,7 @@ def test_restore_gives_the_same_pytree_bit_for_bit(tmp_path):
   apply_fn, params = init_model(cfg.model_config(vocab_size=16), cfg.seed)
   algo = make_algorithm(cfg, lambda p, t: lm_loss(apply_fn, p, t), params)
   fresh = algo.init(params)
-  restored = ckpt.restore_latest(str(tmp_path), fresh, dataclasses.asdict(cfg))
+  restored = ckpt.restore_latest(str(tmp_path), fresh, dataclasses.asdict(cfg), must_match_fields(TrainConfig))
   assert restored.step == STEPS and jax.tree.structure(restored.state) == jax.tree.structure(result.state)
   for x, y in zip(jax.tree.leaves(restored.state), jax.tree.leaves(result.state)):
     assert x.dtype == y.dtype and x.sharding == y.sharding

@@ -94,8 +94,8 @@ def test_new_shapes_compile_a_new_step():
 
 
 @pytest.mark.parametrize("changes,match", [
-    (dict(alpha=2.0), r"alpha \(α\) must be in \[0, 1\], got 2.0"),
-    (dict(outer_momentum=1.0), r"outer_momentum \(μ\) must be in \[0, 1\)"),
+    (dict(alpha=2.0), r"alpha \(α\) must be a finite number in \[0, 1\], got 2.0"),
+    (dict(outer_momentum=1.0), r"outer_momentum \(μ\) must be a finite number in \[0, 1\)"),
     (dict(sync_every=4), r"sync_every \(H=4\) must be a multiple of fragments \(P=3\)"),
     (dict(overlap=6), r"overlap \(τ\) must be an integer with 0 <= τ < sync_every \(H=6\), got 6"),
     (dict(inner_lr=0.1), r"unknown hyperparameter\(s\) \['inner_lr'\]; allowed: \['alpha', 'outer_lr', 'outer_momentum', 'overlap', 'sync_every'\]"),
