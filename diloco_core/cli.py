@@ -72,13 +72,16 @@ def _add_option(group, path: str, f: dataclasses.Field, default) -> None:
   s = spec(f)
   text = (f"{s.symbol}: {s.help}" if s.symbol else s.help).replace("%", "%%")
   if isinstance(default, bool):  # a switch: --resume sets True, --no-progress sets False
+    if default:
+      text += f" (without it: {_option_name(path)}=%(default)s)"  # not "--no-progress (default: True)"
     group.add_argument("--" + s.flag, dest=path, action="store_false" if default else "store_true",
                        default=default, help=text)
     return
   kind = s.parse or (type(default) if default is not None else str)
   if kind not in (int, float, str):  # parsed after argparse, so its error is a one-line ValueError
     kind, default = str, None
-  group.add_argument("--" + s.flag, dest=path, type=kind, default=default, help=text)
+  group.add_argument("--" + s.flag, dest=path, type=kind, default=default, help=text,
+                     metavar=s.flag.upper().replace("-", "_"))
 
 
 def _add_options(parser: argparse.ArgumentParser, cls, defaults: dict, only=None) -> None:

@@ -99,17 +99,17 @@ class TrainConfig:
   out: str | None = field(None, flag="out", group=_R, result=False,
                           help="output directory for metrics.jsonl and summary.json (none: no files)")
   overwrite: bool = field(False, flag="overwrite", group=_R, result=False,
-                          help="allow out to hold a finished run")
+                          help="allow the output directory to hold a finished run")
   progress: bool = field(True, flag="no-progress", group=_R, result=False, help="hide the progress bar")
   mesh: str | None = field(
       None, flag="mesh", group="devices", program=True,
       help="device mesh 'diloco=D,data=B' (D*B = devices, D | M, B | batch); default: one device")
   checkpoint_every: int = field(
       0, flag="checkpoint-every", group=_C,
-      help="save <out>/checkpoints/<step> every N steps (a multiple of log_every; 0: never)")
+      help="save <out>/checkpoints/<step> every N steps (a multiple of the log interval; 0: never)")
   keep_checkpoints: int = field(3, flag="keep-checkpoints", group=_C, help="keep the newest k checkpoints")
   resume: bool = field(False, flag="resume", group=_C,
-                       help="continue the run in out from its newest valid checkpoint")
+                       help="continue the run in the output directory from its newest valid checkpoint")
   init_from: str | None = field(
       None, flag="init-from", group=_C,
       help="start from a plain params checkpoint (e.g. a DP run's <out>/final_params):"
@@ -118,7 +118,7 @@ class TrainConfig:
                                help="simulated replica drops 'step:replica,...' at sync steps (0-based replicas)")
   drop_prob: float = field(
       0.0, flag="drop-prob", group=_C,
-      help="simulated drops: each replica misses each sync with this probability (seeded by seed)")
+      help="simulated drops: each replica misses each sync with this probability (seeded by the model seed)")
 
   def validate(self) -> None:
     """Raises a one-line ``ValueError`` for any invalid option, before anything compiles."""

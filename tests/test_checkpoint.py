@@ -205,9 +205,9 @@ def test_non_finite_params_name_the_step_and_replica():
   check_finite(algo, ok, 4, state, None)
   bad = state.replace(params=state.params.at[1, 0].set(jnp.inf))
 
-  def message(*args):  # the library names the option by field; the CLI by flag
+  def message(*args, algorithm=algo):  # the library names the option by field; the CLI by flag
     with pytest.raises(FloatingPointError) as e:
-      check_finite(algo, *args)
+      check_finite(algorithm, *args)
     return to_flags(str(e.value))
 
   assert message(ok, 4, bad, "ck/2") == ("non-finite params after step 4 on replica(s) [1]; lower --inner-lr"
@@ -221,7 +221,7 @@ def test_non_finite_params_name_the_step_and_replica():
   dp = DataParallel(quad, optax.sgd(0.5), DiLoCoConfig(algorithm="dp", replicas=3))
   dp_state = dp.init(jnp.zeros(2))
   check_finite(dp, ok, 4, dp_state, None)
-  assert message(ok, 4, dp_state.replace(params=jnp.array([jnp.nan, 0.0])), None) == (
+  assert message(ok, 4, dp_state.replace(params=jnp.array([jnp.nan, 0.0])), None, algorithm=dp) == (
       "non-finite params after step 4; lower --inner-lr.")
 
 
