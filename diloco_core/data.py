@@ -56,10 +56,17 @@ __all__ = [
     "MarkovSource", "SyntheticDataset", "de_bruijn", "make_dataset",
 ]
 
+from diloco_core import fields
+
 _DISTRIBUTIONS = ("iid", "non-iid")
 
 MAX_STATES = 2**20  # largest number of contexts V**k of a synthetic source
 MAX_TABLE_ENTRIES = 2**24  # largest V**k * branching (the transition tables' size)
+
+
+def _field(default, **kw):
+  """A data field (:mod:`diloco_core.fields`): in the CLI's data group, must match on resume."""
+  return fields.field(default, group="data", must_match=True, **kw)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,15 +77,15 @@ class DataConfig:
   ``concentration``) are ignored for file data but still validated.
   """
 
-  source: str = "synthetic"  # "synthetic", or a path to a UTF-8 text file or an .npy of token ids
-  distribution: str = "iid"  # "iid" | "non-iid"
-  vocab_size: int = 64  # V, synthetic only (text files: 256; .npy: the model's vocab)
-  order: int = 2  # k, the Markov order of the synthetic source
-  branching: int = 4  # b, allowed next tokens per context (the source's sparsity)
-  concentration: float = 0.5  # Dirichlet concentration of next-token probabilities; inf = uniform
-  non_iid_share: float = 0.9  # non-iid: share of a replica's sequences from its own sub-source
-  eval_sequences: int = 64  # sequences in the fixed held-out eval set
-  seed: int = 0  # data seed (independent of the model-init seed)
+  source: str = _field("synthetic", flag="data", help="'synthetic', or a local .txt (UTF-8, byte tokens) or .npy (token ids) file")
+  distribution: str = _field("iid", flag="distribution", help="iid or non-iid replica shards")
+  vocab_size: int = _field(64, flag="data-vocab", help="synthetic: vocabulary size V (text files: 256; .npy: the model's)")
+  order: int = _field(2, flag="data-order", help="synthetic: Markov order k")
+  branching: int = _field(4, flag="data-branching", help="synthetic: allowed next tokens per context")
+  concentration: float = _field(0.5, help="Dirichlet concentration of next-token probabilities; inf = uniform")
+  non_iid_share: float = _field(0.9, help="non-iid: share of a replica's sequences from its own sub-source")
+  eval_sequences: int = _field(64, help="sequences in the fixed held-out eval set")
+  seed: int = _field(0, flag="data-seed", help="seed of the synthetic source and of the sampling (independent of the model-init seed)")
 
   def __post_init__(self):
     if not isinstance(self.source, (str, pathlib.PurePath)) or not str(self.source):
