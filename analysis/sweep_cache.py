@@ -23,12 +23,12 @@ from typing import Any
 
 import pandas as pd
 
+from diloco_core.fields import non_result_fields
+
 #: The environment variable that names the cache folder (the docs build sets it).
 CACHE_ENV = "DILOCO_SWEEPS_CACHE"
 #: The cache folder when neither an argument nor the environment names one.
 DEFAULT_CACHE_DIR = ".cache/sweeps"
-# TrainConfig fields that change no number.
-_NOT_RESULTS = ("out", "overwrite", "progress")  # TODO(integrator): from diloco_core field metadata
 
 
 def cache_dir(path: str | os.PathLike | None = None) -> pathlib.Path:
@@ -57,7 +57,7 @@ def code_version() -> str:
 def config_dict(cfg) -> dict[str, Any]:
   """Every field of a TrainConfig that can change a result, as nested plain Python."""
   d = dataclasses.asdict(cfg)
-  for name in _NOT_RESULTS:
+  for name in non_result_fields(type(cfg)):  # out, overwrite, progress: from the field metadata
     d.pop(name, None)
   return d
 

@@ -44,7 +44,10 @@ def flags(cls=TrainConfig) -> dict[str, str]:
   return {_option_name(path): "--" + spec(f).flag for path, f in walk(cls) if spec(f).flag}
 
 
-FLAGS = flags(TrainConfig)
+#: The process options of multi-process runs: arguments of initialize_distributed, not config fields.
+PROCESS_FLAGS = {"coordinator": "--coordinator", "num_processes": "--num-processes",
+                 "process_id": "--process-id"}
+FLAGS = {**flags(TrainConfig), **PROCESS_FLAGS}
 
 
 def to_flags(message: str, cls=TrainConfig) -> str:
@@ -188,7 +191,9 @@ def compare_main(argv: list[str] | None = None) -> int:
   floor = results["dp"].summary["loss_floor"]
   os.makedirs(args.out, exist_ok=True)
   table.to_csv(os.path.join(args.out, "comparison.csv"))
-  from analysis.compare_plot import loss_figure  # matplotlib: only at the edge, only here
+  import matplotlib
+  matplotlib.use("Agg")  # files only, no window
+  from analysis.plots import loss_figure  # matplotlib: only at the edge, only here
   loss_figure(results, floor).savefig(os.path.join(args.out, "loss.png"), dpi=120)
   with pd.option_context("display.float_format", "{:.4f}".format, "display.width", 120):
     print()

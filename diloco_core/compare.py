@@ -8,7 +8,7 @@ entropy floor, bytes each replica sent in total and at peak, wall time) and writ
 
 This module is the library part (the runs and the table's rows); the command line, the
 table and the figure are built at the edge (:func:`diloco_core.cli.compare_main`,
-``analysis.compare_plot``).
+``analysis.plots.loss_figure``).
 """
 
 from __future__ import annotations

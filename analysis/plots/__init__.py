@@ -2,7 +2,8 @@
 
 Nothing here computes a result. Figures are closed in pyplot before they are returned, so a
 notebook shows them only where they are displayed or glued. By figure family:
-:mod:`analysis.plots.results` (sweep results and calculator tables) and
+:mod:`analysis.plots.results` (sweep results and calculator tables),
+:mod:`analysis.plots.compare` (the main job's loss curves) and
 :mod:`analysis.plots.timelines` (communication schedules and simulated runs).
 """
 
@@ -10,6 +11,7 @@ from analysis.plots._style import LABELS
 from analysis.plots._style import SYMBOLS
 from analysis.plots._style import label
 from analysis.plots._style import short
+from analysis.plots.compare import loss_figure
 from analysis.plots.results import plot_bars
 from analysis.plots.results import plot_curves
 from analysis.plots.results import plot_lines

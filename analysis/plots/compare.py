@@ -13,8 +13,6 @@ def loss_figure(results: dict, floor: float | None):
   Returns:
     A matplotlib figure.
   """
-  import matplotlib
-  matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   fig, ax = plt.subplots(figsize=(6.4, 4.0))
   for name, r in results.items():
