@@ -224,7 +224,7 @@ class DiLoCo(AlgorithmBase):
     """The initial state: every replica and the global copy start from ``params``.
 
     Compiles nothing if this object (or the one it was copied from by
-    :meth:`~diloco_core.AlgorithmBase.with_hyperparams`) already holds a
+    :meth:`~diloco_core.algorithm.AlgorithmBase.with_hyperparams`) already holds a
     step for params of this structure.
     """
     cfg, hp = self.config, self.hyperparams
