@@ -30,7 +30,7 @@ def parse_mesh(spec: str | None) -> dict[str, int] | None:
     >>> parse_mesh("diloco=2,model=4")
     Traceback (most recent call last):
     ...
-    ValueError: mesh axis 'model' is not one of ('diloco', 'data'); write e.g. `mesh`="diloco=2,data=4".
+    ValueError: mesh axis 'model' is not one of ('diloco', 'data'); write e.g. `mesh`='diloco=2,data=4'.
   """
   if spec is None:
     return None
@@ -38,9 +38,9 @@ def parse_mesh(spec: str | None) -> dict[str, int] | None:
   for part in spec.split(","):
     name, sep, value = part.strip().partition("=")
     if not sep:
-      raise ValueError(f"mesh entry {part!r} must look like name=size; write e.g. `mesh`="diloco=2,data=4".")
+      raise ValueError(f"mesh entry {part!r} must look like name=size; write e.g. `mesh`='diloco=2,data=4'.")
     if name not in AXES:
-      raise ValueError(f"mesh axis {name!r} is not one of {AXES}; write e.g. `mesh`="diloco=2,data=4".")
+      raise ValueError(f"mesh axis {name!r} is not one of {AXES}; write e.g. `mesh`='diloco=2,data=4'.")
     if name in out:
       raise ValueError(f"mesh axis {name!r} is given twice in {spec!r}.")
     try:
@@ -61,8 +61,8 @@ def check_mesh(shape: dict[str, int], *, replicas: int, batch_size: int,
   if d * b > n:
     raise ValueError(
         f"mesh diloco={d} x data={b} needs {d * b} devices, but {n} are available; choose sizes"
-        f" whose product is at most {n} (e.g. `mesh`=\"diloco={_largest_divisor(n, replicas)},"
-        f"data={n // _largest_divisor(n, replicas)}).")
+        f" whose product is at most {n} (e.g. `mesh`='diloco={_largest_divisor(n, replicas)},"
+        f"data={n // _largest_divisor(n, replicas)}').")
   if replicas % d:
     raise ValueError(
         f"replicas (M={replicas}) must be divisible by the mesh's diloco axis ({d}); choose"
