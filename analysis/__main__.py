@@ -28,6 +28,10 @@ from analysis.models import MODELS
 from analysis.models import get_model
 from analysis.models import model_stats
 from analysis.models import model_table
+from diloco_core.validity import FRAGMENT_PATTERNS
+from diloco_core.validity import check_int
+from diloco_core.validity import check_real
+from diloco_core.validity import check_schedule
 
 _GBIT = 1e9 / 8  # bytes/s in one Gbit/s
 
@@ -52,55 +56,42 @@ def _default_fragments(layers: int) -> int:
   return 1 + next(d for d in range(min(4, layers), layers + 1) if layers % d == 0)
 
 
-def _roofline(a) -> None:
-  hw = get_hardware(a.hardware)
-  cfg = get_model(a.model)
-  stats = model_stats(cfg, a.seq_len)
-  seq = stats.seq_len
-  m, n = a.slices, a.chips_per_slice
-  if m < 1 or n < 1:
-    raise ValueError(f"--slices and --chips-per-slice must be >= 1, got {m} and {n}.")
-  if a.global_batch_tokens <= 0:
-    raise ValueError(f"--global-batch-tokens must be > 0, got {a.global_batch_tokens}.")
-  if not 0 < a.mfu <= 1:
-    raise ValueError(f"--mfu must be in (0, 1], got {a.mfu}.")
+def _roofline_table(a, hw, cfg, stats, step) -> pd.DataFrame:
+  """The three methods' rows: the planner's bandwidth and memory, and the roofline's batches."""
+  m, n, seq, bits = a.slices, a.chips_per_slice, stats.seq_len, a.bits
   h, tau = a.sync_every, a.overlap
   p = _default_fragments(cfg.n_layers) if a.fragments is None else a.fragments
+  check_schedule(h, p, tau, num_layers=cfg.n_layers)
+  cands = [("dp", 1, 1, 0), ("diloco", h, 1, 0), ("streaming", h, p, tau)]
+  planned = plan_lib.candidate_table(cfg, hw, cands, slices=m, chips_per_slice=n,
+                                     step_time=step, target=a.target, bits=bits,
+                                     latency=a.latency)
+  kw = dict(model=cfg, seq_len=seq, bits=bits)
+  critical = [rl.dp_critical_batch_per_slice(hw, replicas=m, **kw),
+              rl.diloco_critical_batch_per_slice(hw, h, replicas=m, **kw),
+              rl.streaming_critical_batch_per_slice(hw, h, p, tau, replicas=m, **kw)]
+  slices = [rl.max_slices(a.global_batch_tokens, hw, method=method, sync_every=h,
+                          fragments=f, overlap=t, **kw) for method, h, f, t in cands]
+  table = pd.DataFrame({"critical_tokens_per_slice": critical, "max_slices": slices,
+                        "gbps_per_slice": planned["Gbit/s per slice"].to_numpy(),
+                        "memory_gb_per_chip": planned["memory GB/chip"].to_numpy()},
+                       index=list(planned.index))
+  table["compute_bound"] = a.global_batch_tokens / m >= table["critical_tokens_per_slice"]
+  return table
+
+
+def _roofline(a) -> None:
+  hw, cfg = get_hardware(a.hardware), get_model(a.model)
+  for name in ("slices", "chips_per_slice", "global_batch_tokens"):
+    check_int(name, getattr(a, name))
+  check_real("mfu", a.mfu, low=0.0, high=1.0, low_open=True, high_open=False)
+  stats = model_stats(cfg, a.seq_len)
+  seq, m, n = stats.seq_len, a.slices, a.chips_per_slice
   tokens_slice = a.global_batch_tokens / m
   tokens_chip = tokens_slice / n
-  step = rl.t_math(stats.flops_per_token * tokens_slice, n * hw.peak_flops * a.mfu)
-  kw = dict(model=cfg, seq_len=seq, bits=a.bits, replicas=m)
-  gbs_kw = dict(model=cfg, seq_len=seq, bits=a.bits)
-  payload = rl.payload_bytes(stats.total_params, a.bits, m)
+  step = plan_lib.step_time(stats, hw, tokens_slice, n, a.mfu)
   ici = rl.dp_critical_batch_per_chip(hw, model=cfg, seq_len=seq, bits=a.bits)
-
-  rows = {}
-  rows["DP"] = dict(
-      critical_tokens_per_slice=rl.dp_critical_batch_per_slice(hw, **kw),
-      max_slices=rl.max_slices(a.global_batch_tokens, hw, method="dp", **gbs_kw),
-      gbps_per_slice=rl.required_bandwidth(a.target, payload, step, 1, a.latency) / _GBIT,
-      memory_gb_per_chip=rl.memory_per_replica(cfg, method="dp").total / n / 1e9)
-  rows[f"DiLoCo H={h}"] = dict(
-      critical_tokens_per_slice=rl.diloco_critical_batch_per_slice(hw, h, **kw),
-      max_slices=rl.max_slices(a.global_batch_tokens, hw, method="diloco", sync_every=h,
-                               **gbs_kw),
-      gbps_per_slice=rl.required_bandwidth(a.target, payload, step, h, a.latency) / _GBIT,
-      memory_gb_per_chip=rl.memory_per_replica(cfg, method="diloco", sync_every=h).total
-      / n / 1e9)
-  if tau == 0:
-    w = rl.required_bandwidth(a.target, payload / p, step, h / p, a.latency)
-  else:
-    w = rl.hidden_bandwidth(payload / p, step, tau, h / p)
-  rows[f"Streaming H={h} P={p} tau={tau}"] = dict(
-      critical_tokens_per_slice=rl.streaming_critical_batch_per_slice(hw, h, p, tau, **kw),
-      max_slices=rl.max_slices(a.global_batch_tokens, hw, method="streaming", sync_every=h,
-                               fragments=p, overlap=tau, **gbs_kw),
-      gbps_per_slice=w / _GBIT,
-      memory_gb_per_chip=rl.memory_per_replica(cfg, method="streaming", sync_every=h,
-                                               fragments=p, overlap=tau).total / n / 1e9)
-  table = pd.DataFrame.from_dict(rows, orient="index")
-  table["compute_bound"] = tokens_slice >= table["critical_tokens_per_slice"]
-
+  table = _roofline_table(a, hw, cfg, stats, step)
   print(f"{hw.name}: {hw.peak_flops:.3g} FLOP/s, HBM {hw.hbm_bytes / 1e9:.0f} GB at "
         f"{hw.hbm_bandwidth:.3g} B/s, ICI {hw.ici_bandwidth:.3g} B/s per chip and axis, "
         f"DCN {hw.dcn_bandwidth:.3g} B/s per chip ({hw.chips_per_host} chips per host)")
@@ -118,9 +109,10 @@ def _roofline(a) -> None:
   print()
   print(f"Across slices (DCN), {a.bits:g}-bit payload, M={m}. critical_tokens_per_slice: "
         f"compute-bound above it; max_slices: largest M for this global batch; "
-        f"gbps_per_slice: bandwidth for {a.target:.0%} utilization with blocking transfers "
-        f"(closed form; for Streaming with tau >= 1, the bandwidth that hides every "
-        f"transfer); memory_gb_per_chip: replica state sharded over the slice (HBM "
+        f"gbps_per_slice: bandwidth for {a.target:.0%} utilization, each payload reduced "
+        f"during its sending step's backward pass (closed form; for Streaming with tau >= 1, "
+        f"the bandwidth that hides every transfer); memory_gb_per_chip: replica state "
+        f"sharded over the slice (HBM "
         f"{hw.hbm_bytes / 1e9:.0f} GB).")
   print(table.to_string(formatters=dict(
       critical_tokens_per_slice=lambda v: f"{v:,.0f}", gbps_per_slice=_fmt,
@@ -133,15 +125,14 @@ def _plan(a) -> None:
                         seq_len=a.seq_len, global_batch_tokens=a.global_batch_tokens,
                         link_gbps=a.link_gbps, mfu=a.mfu, target=a.target, bits=a.bits,
                         sync_every=a.sync_every, **kw)
-  hw = get_hardware(a.hardware)
   print(f"model {a.model}: {p.params:,} parameters ({p.active_params:,} active), {p.layers} "
-        f"layers; {hw.name}, {p.slices} slices x {p.chips_per_slice} chips")
+        f"layers; {p.hardware_name}, {p.slices} slices x {p.chips_per_slice} chips")
   print(f"run: {p.global_batch_tokens:,} tokens per step, {p.tokens_per_slice:,.0f} per slice, "
         f"seq_len {p.seq_len}; step time {p.step_time:.4g} s at MFU {p.mfu:g}; DP across "
         f"slices is compute-bound above {p.dp_critical_tokens:,.0f} tokens per slice")
   print(f"network per slice: link {p.link_gbps:,.4g} Gbit/s, in-pod DCN {p.dcn_gbps:,.4g} Gbit/s;"
-        f" {p.bits:g}-bit payload; Gbit/s per slice: blocking transfers at {p.target:.0%} "
-        f"utilization (tau = 0) or every fragment hidden behind tau steps (tau >= 1)")
+        f" {p.bits:g}-bit payload; Gbit/s per slice: {p.target:.0%} utilization (tau = 0) or "
+        f"every fragment hidden behind its step's backward pass and tau steps (tau >= 1)")
   print()
   fmt = {"Gbit/s per slice": _fmt, "GB per sync": lambda v: f"{v:,.3g}",
          "memory GB/replica": lambda v: f"{v:,.0f}", "memory GB/chip": lambda v: f"{v:,.2f}"}
@@ -153,12 +144,14 @@ def _plan(a) -> None:
 
 def _simulate(a) -> None:
   common = dict(replicas=a.replicas, sync_every=a.sync_every,
-                fragment_layers=a.fragment_layers, latency=a.latency)
+                fragment_layers=a.fragment_layers, latency=a.latency,
+                fragment_pattern=a.fragment_pattern, bucket_layers=a.bucket_layers)
   if a.table:
     t0 = time.perf_counter()
     table = sim.paper_table(rounding=a.rounding, **common)
     print(f"Bandwidth (Gbit/s) for each compute utilization, rounding={a.rounding} "
-          f"(M={a.replicas}, H={a.sync_every}, {a.fragment_layers} layers per fragment, "
+          f"(M={a.replicas}, H={a.sync_every}, {a.fragment_layers} layers per fragment "
+          f"({a.fragment_pattern}), "
           f"tau=1 for overlap rows, latency {a.latency} s); "
           f"computed in {time.perf_counter() - t0:.2f} s")
     print(table.to_string(float_format=lambda v: f"{v:.3g}"))
@@ -212,7 +205,20 @@ def build_parser() -> argparse.ArgumentParser:
               description="Roofline calculator and compute-utilization simulator for DP, "
                           "DiLoCo and Streaming DiLoCo.")
   sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+  _add_roofline(sub)
+  _add_plan(sub)
+  _add_simulate(sub)
+  h = sub.add_parser("hardware", help="list the hardware catalog",
+                     description="The hardware catalog (per chip, bytes and bytes/s).")
+  h.set_defaults(func=_hardware)
+  m = sub.add_parser("models", help="list the model catalog",
+                     description="The model catalog with parameter counts and FLOPs/token.")
+  m.add_argument("--seq-len", type=int, default=None, help="context length (default: own)")
+  m.set_defaults(func=_models)
+  return p
 
+
+def _add_roofline(sub) -> None:
   r = sub.add_parser("roofline", help="critical batches, max slices, bandwidth and memory",
                      description="Roofline numbers for one run: critical batch sizes, the "
                                  "largest number of slices, cross-slice bandwidth for a "
@@ -227,8 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
   r.add_argument("--bits", type=float, default=16, help="bits per value on the wire (16)")
   r.add_argument("--sync-every", type=int, default=100, help="H, DiLoCo inner steps (100)")
   r.add_argument("--fragments", type=int, default=None,
-                 help="P, Streaming fragments incl. fragment 0 (the embeddings); P - 1 must "
-                      "divide the layers (default: 1 + the smallest divisor of L >= 4)")
+                 help="P, Streaming fragments incl. fragment 0 (the embeddings); P must divide "
+                      "H and P - 1 the layers (default: 1 + the smallest divisor of L >= 4)")
   r.add_argument("--overlap", type=int, default=1, help="tau, Streaming overlap steps (1)")
   r.add_argument("--mfu", type=float, default=1.0,
                  help="model FLOPs utilization used for the step time (1.0: peak)")
@@ -237,9 +243,11 @@ def build_parser() -> argparse.ArgumentParser:
   r.add_argument("--latency", type=float, default=0.0, help="seconds per transfer (0)")
   r.set_defaults(func=_roofline)
 
+
+def _add_plan(sub) -> None:
   q = sub.add_parser("plan", help="candidate H, P, tau for a link, and a suggestion",
                      description="Plan a run across slices: for DP, DiLoCo and Streaming "
-                                 "DiLoCo candidates (H, P, tau valid under SPEC.md), the "
+                                 "DiLoCo candidates (H, P, tau valid for the trainer), the "
                                  "bandwidth per slice and memory each needs, and the one "
                                  "suggested for the link (see analysis.plan.plan_run).")
   _add_hardware_and_model(q)
@@ -252,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
                  help="the cross-slice link per slice, Gbit/s")
   q.add_argument("--mfu", type=float, default=0.5, help="model FLOPs utilization (0.5)")
   q.add_argument("--target", type=float, default=0.95,
-                 help="compute utilization for blocking transfers (0.95)")
+                 help="compute utilization to plan for (0.95)")
   q.add_argument("--bits", type=float, default=16, help="bits per value on the wire (16)")
   q.add_argument("--sync-every", type=int, nargs="+", default=None,
                  help="H candidates (default: L + 1 and "
@@ -262,6 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
                       f"{' '.join(map(str, plan_lib.OVERLAPS))})")
   q.set_defaults(func=_plan)
 
+
+def _add_simulate(sub) -> None:
   s = sub.add_parser("simulate", help="simulated utilization and bandwidth for a target",
                      description="Discrete-event simulation of M datacenters on one WAN link; "
                                  "prints the bandwidth (Gbit/s) needed for each target "
@@ -277,9 +287,13 @@ def build_parser() -> argparse.ArgumentParser:
   s.add_argument("--sync-every", type=int, default=100, help="H (100)")
   s.add_argument("--fragment-layers", type=int, default=3,
                  help="layers per Streaming fragment; must divide the layers (3)")
+  s.add_argument("--fragment-pattern", default="strided", choices=FRAGMENT_PATTERNS,
+                 help="how layers are dealt to fragments, as in the trainer (strided)")
+  s.add_argument("--bucket-layers", type=int, default=1,
+                 help="layers per gradient bucket, released when its backward pass ends (1)")
   s.add_argument("--overlap", type=int, default=0, help="tau, steps before merging (0)")
   s.add_argument("--bits", type=float, default=16, help="bits per value on the wire (16)")
-  s.add_argument("--latency", type=float, default=0.0, help="seconds per transfer (0)")
+  s.add_argument("--latency", type=float, default=0.0, help="seconds per chunk (0)")
   s.add_argument("--target", type=float, nargs="+", default=None,
                  help="target utilizations in (0, 1) (default: 0.5 0.8 0.9 0.95 0.99)")
   s.add_argument("--bandwidth", type=float, nargs="+", default=None,
@@ -289,15 +303,6 @@ def build_parser() -> argparse.ArgumentParser:
   s.add_argument("--rounding", default="grid", choices=("grid", "exact"),
                  help="table values: the paper's grid or exact bisection (grid)")
   s.set_defaults(func=_simulate)
-
-  h = sub.add_parser("hardware", help="list the hardware catalog",
-                     description="The hardware catalog (per chip, bytes and bytes/s).")
-  h.set_defaults(func=_hardware)
-  m = sub.add_parser("models", help="list the model catalog",
-                     description="The model catalog with parameter counts and FLOPs/token.")
-  m.add_argument("--seq-len", type=int, default=None, help="context length (default: own)")
-  m.set_defaults(func=_models)
-  return p
 
 
 def main(argv=None) -> int:

@@ -1,20 +1,12 @@
-"""Argument checks shared by the analysis modules: one-line ValueErrors naming the option."""
+"""Checks of array-like numeric arguments (numpy broadcasting), one-line ValueErrors naming them.
+
+Scalars and options (integers, reals, choices, the schedule H, P, τ) are checked by
+``diloco_core.validity``, shared with the trainer; only what is specific to arrays is here.
+"""
 
 from __future__ import annotations
 
 import numpy as np
-
-
-def positive_int(name: str, value) -> int:
-  if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-    raise ValueError(f"{name} must be a positive integer, got {value!r}.")
-  return int(value)
-
-
-def nonneg_int(name: str, value) -> int:
-  if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
-    raise ValueError(f"{name} must be a non-negative integer, got {value!r}.")
-  return int(value)
 
 
 def positive(name: str, value) -> np.ndarray:
@@ -25,7 +17,16 @@ def positive(name: str, value) -> np.ndarray:
   return arr
 
 
+def positive_integers(name: str, value) -> np.ndarray:
+  """Array of whole numbers, all >= 1 (as floats)."""
+  arr = positive(name, value)
+  if np.any(arr != np.round(arr)):
+    raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+  return arr
+
+
 def nonneg(name: str, value) -> np.ndarray:
+  """Array of numbers, all >= 0."""
   arr = np.asarray(value, dtype=float)
   if arr.size == 0 or np.any(np.isnan(arr)) or np.any(arr < 0):
     raise ValueError(f"{name} must be >= 0, got {value!r}.")
@@ -38,12 +39,6 @@ def fraction(name: str, value) -> np.ndarray:
   if arr.size == 0 or np.any(np.isnan(arr)) or np.any(arr <= 0) or np.any(arr >= 1):
     raise ValueError(f"{name} must be strictly between 0 and 1, got {value!r}.")
   return arr
-
-
-def choice(name: str, value, allowed) -> str:
-  if value not in allowed:
-    raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}.")
-  return value
 
 
 def out(x):

@@ -201,3 +201,21 @@ def hardware_for_device_kind(device_kind: str) -> HardwareSpec | None:
   """
   kind = str(device_kind).lower()
   return next((HARDWARE[key] for sub, key in _DEVICE_KINDS if sub in kind), None)
+
+
+def check_hardware(hardware) -> HardwareSpec:
+  """``hardware`` if it is a :class:`HardwareSpec`; else a one-line ValueError.
+
+  The calculator's functions take resolved specs; :func:`get_hardware` resolves a catalog
+  name once, at the entry point (:func:`analysis.plan.plan_run`, the command line).
+
+  Examples:
+    >>> check_hardware("v5p")
+    Traceback (most recent call last):
+    ...
+    ValueError: hardware must be a HardwareSpec (analysis.get_hardware resolves a catalog name), got 'v5p'.
+  """
+  if not isinstance(hardware, HardwareSpec):
+    raise ValueError(f"hardware must be a HardwareSpec (analysis.get_hardware resolves a "
+                     f"catalog name), got {hardware!r}.")
+  return hardware

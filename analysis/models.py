@@ -21,6 +21,8 @@ from diloco_core.model_config import ModelConfig
 from diloco_core.model_config import flops_per_token
 from diloco_core.model_config import layer_param_count
 from diloco_core.model_config import param_count
+from diloco_core.validity import check_fragments_divide_layers
+from diloco_core.validity import check_int
 
 
 def _chinchilla(d_model: int, n_layers: int, n_heads: int) -> ModelConfig:
@@ -90,6 +92,24 @@ def get_model(model: str | ModelConfig) -> ModelConfig:
   return MODELS[by_lower[key]]
 
 
+def check_model(model, *, optional: bool = False) -> ModelConfig | None:
+  """``model`` if it is a ModelConfig (or None when ``optional``); else a one-line ValueError.
+
+  The calculator's functions take resolved models; :func:`get_model` resolves a catalog
+  name once, at the entry point (:func:`analysis.plan.plan_run`, the command line).
+
+  Examples:
+    >>> check_model("8B")
+    Traceback (most recent call last):
+    ...
+    ValueError: model must be a ModelConfig (analysis.get_model resolves a catalog name), got '8B'.
+  """
+  if (model is None and optional) or isinstance(model, ModelConfig):
+    return model
+  raise ValueError(f"model must be a ModelConfig (analysis.get_model resolves a catalog name), "
+                   f"got {model!r}.")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelStats:
   """Sizes that drive the roofline: communication/memory vs. compute."""
@@ -124,15 +144,13 @@ def model_stats(model: str | ModelConfig, seq_len: int | None = None) -> ModelSt
     9.1
   """
   cfg = get_model(model)
-  t = cfg.max_seq_len if seq_len is None else seq_len
-  if not isinstance(t, int) or isinstance(t, bool) or t <= 0:
-    raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}.")
+  t = cfg.max_seq_len if seq_len is None else check_int("seq_len", seq_len)
   return ModelStats(total_params=param_count(cfg), active_params=param_count(cfg, active=True),
                     flops_per_token=flops_per_token(cfg, t), seq_len=t)
 
 
 def fragment_sizes(model: str | ModelConfig, fragments: int) -> list[int]:
-  """Parameters in each Streaming DiLoCo fragment, as SPEC.md assigns them.
+  """Parameters in each Streaming DiLoCo fragment, as the semantics page (docs/semantics.md) assigns them.
 
   Fragment 0 holds everything outside the stacked layers (embeddings, final norm,
   head); the :math:`L` layers are split evenly over fragments :math:`1..P-1`. With
@@ -151,14 +169,11 @@ def fragment_sizes(model: str | ModelConfig, fragments: int) -> list[int]:
     [168, 656, 656]
   """
   cfg = get_model(model)
-  if not isinstance(fragments, int) or isinstance(fragments, bool) or fragments < 1:
-    raise ValueError(f"fragments must be a positive integer, got {fragments!r}.")
+  fragments = check_int("fragments (P)", fragments)
+  check_fragments_divide_layers(fragments, cfg.n_layers)
   total = param_count(cfg)
   if fragments == 1:
     return [total]
-  if cfg.n_layers % (fragments - 1):
-    raise ValueError(
-        f"fragments - 1 ({fragments - 1}) must divide the number of layers ({cfg.n_layers}).")
   per_layer = layer_param_count(cfg)
   layers_each = cfg.n_layers // (fragments - 1)
   return [total - cfg.n_layers * per_layer] + [layers_each * per_layer] * (fragments - 1)

@@ -1,26 +1,33 @@
 """Pick H (``sync_every``), P (``fragments``) and τ (``overlap``) for a run across slices.
 
-:func:`plan_run` lists trainer configurations that are valid under SPEC.md (DP, DiLoCo
-and Streaming DiLoCo for a ladder of :math:`H`), computes for each the cross-slice
-bandwidth it needs and its memory with the closed forms of :mod:`analysis.roofline`,
+:func:`plan_run` lists trainer configurations that are valid under the schedule rules of
+``diloco_core.validity`` (the semantics page, docs/semantics.md): DP, DiLoCo
+and Streaming DiLoCo for a ladder of :math:`H`. It computes for each the cross-slice
+bandwidth it needs and its memory with the closed forms of :mod:`analysis.bandwidth` and
+:mod:`analysis.memory` (:func:`candidate_table`, which ``python -m analysis roofline`` uses too),
 and applies one documented selection rule against the bandwidth of the link. The result
 is a :class:`Plan`; ``python -m analysis plan`` prints it and :meth:`Plan.command`
 gives that command line.
 
 Bandwidth per slice, with :math:`T` the step time, :math:`u` the target utilization,
 :math:`V` the bytes a replica sends to all-reduce the whole model
-(:func:`~analysis.roofline.payload_bytes`) and :math:`V_\\max` those of the largest
-fragment (fragment 0 holds the embeddings, so fragments are not all the same size):
+(:func:`~analysis.bandwidth.payload_bytes`) and :math:`V_\\max` those of the largest
+fragment (fragment 0 holds the embeddings, so fragments are not all the same size).
+Every payload is reduced layer by layer while the backward pass of the step that sends
+it runs, as in the Streaming DiLoCo paper's simulation (:func:`candidate_bandwidth`):
 
-* DP, DiLoCo and Streaming with :math:`\\tau = 0` (blocking transfers): the bandwidth
-  at which the transfers of one sync period leave a fraction :math:`u` of the wall time
-  to compute, :math:`W = V / (H T (1-u)/u)` with :math:`H = 1` for DP
-  (:func:`~analysis.roofline.required_bandwidth`; Streaming sends the same :math:`V`
-  per :math:`H` steps as DiLoCo, in :math:`P` pieces);
-* Streaming with :math:`\\tau \\ge 1`: the bandwidth at which every fragment arrives
-  within its :math:`\\tau` steps of overlap, so that no step waits,
-  :math:`W = V_\\max / (\\min(\\tau, H/P)\\, T)`
-  (:func:`~analysis.roofline.hidden_bandwidth`).
+* DP, DiLoCo and Streaming with :math:`\\tau = 0`: the bandwidth at which the waits of
+  one sync period leave a fraction :math:`u` of the wall time to compute. DP and DiLoCo
+  send :math:`V` in :math:`L` chunks every :math:`1` or :math:`H` steps
+  (:func:`~analysis.bandwidth.required_bandwidth`); Streaming sends its :math:`P - 1`
+  strided layer fragments and fragment 0 (the embeddings and head, taken as released
+  when its step ends) one every :math:`H/P` steps
+  (:func:`~analysis.bandwidth.streaming_required_bandwidth`);
+* with :math:`\\tau \\ge 1`: the bandwidth at which every fragment arrives within the
+  rest of its step's backward pass and its :math:`\\tau` steps of overlap, so that no
+  step waits (:func:`~analysis.bandwidth.hidden_bandwidth`).
+
+These are the simulator's accounting (:mod:`analysis.simulate` checks them).
 """
 
 from __future__ import annotations
@@ -30,14 +37,28 @@ import numbers
 
 import pandas as pd
 
-from analysis import _checks
-from analysis import roofline as rl
+from analysis.bandwidth import hidden_bandwidth
+from analysis.bandwidth import payload_bytes
+from analysis.bandwidth import required_bandwidth
+from analysis.bandwidth import streaming_required_bandwidth
 from analysis.hardware import HardwareSpec
+from analysis.hardware import check_hardware
 from analysis.hardware import get_hardware
+from analysis.memory import memory_per_replica
+from analysis.models import ModelStats
+from analysis.models import check_model
 from analysis.models import fragment_sizes
 from analysis.models import get_model
 from analysis.models import model_stats
+from analysis.roofline import METHODS
+from analysis.roofline import dp_critical_batch_per_slice
+from analysis.roofline import t_math
 from diloco_core.model_config import ModelConfig
+from diloco_core.model_config import param_count
+from diloco_core.validity import allowed_fragments
+from diloco_core.validity import check_choice
+from diloco_core.validity import check_int
+from diloco_core.validity import check_real
 
 GBIT = 1e9 / 8  # bytes/s in one Gbit/s
 SYNC_EVERY_LADDER = (10, 20, 50, 100, 200, 500, 1000)  # H candidates, besides L + 1
@@ -73,7 +94,8 @@ class Plan:
   active_params: int  # parameters a token touches (compute)
   layers: int  # L
   dcn_gbps: float  # the slice's share of the in-pod DCN, Gbit/s
-  dp_critical_tokens: float  # rl.dp_critical_batch_per_slice, tokens per slice
+  hardware_name: str  # the chip's display name (HardwareSpec.name)
+  dp_critical_tokens: float  # roofline.dp_critical_batch_per_slice, tokens per slice
   table: pd.DataFrame
   choice: str | None  # label of the suggested row, None when nothing fits
   reason: str  # one sentence saying why
@@ -100,13 +122,8 @@ class Plan:
     return argv
 
 
-def _number(name, value, check):
-  if isinstance(value, bool) or not isinstance(value, numbers.Real):
-    raise ValueError(f"{name} must be a number, got {value!r}.")
-  return float(check(name, value))
-
-
-def _ints(name, values, check) -> tuple[int, ...]:
+def _ints(name, values, *, low) -> tuple[int, ...]:
+  """An int or a non-empty sequence of ints >= ``low``, as a sorted tuple without repeats."""
   if isinstance(values, str):
     raise ValueError(f"{name} must be an integer or a sequence of integers, got {values!r}.")
   values = (values,) if isinstance(values, numbers.Integral) else values
@@ -117,7 +134,7 @@ def _ints(name, values, check) -> tuple[int, ...]:
         f"{name} must be an integer or a sequence of integers, got {values!r}.") from None
   if not values:
     raise ValueError(f"{name} must not be empty.")
-  return tuple(sorted({check(name, v) for v in values}))
+  return tuple(sorted({check_int(name, v, low=low) for v in values}))
 
 
 def largest_fragments(sync_every: int, layers: int) -> int:
@@ -128,14 +145,135 @@ def largest_fragments(sync_every: int, layers: int) -> int:
     layers: L.
 
   Returns:
-    P (1 when no P > 1 is valid).
+    P (1 when no P > 1 is valid), among ``diloco_core.validity.allowed_fragments``.
 
   Examples:
     >>> largest_fragments(37, 36), largest_fragments(100, 36), largest_fragments(10, 48)
     (37, 10, 5)
   """
-  return max(p for p in range(1, sync_every + 1)
-             if sync_every % p == 0 and (p == 1 or layers % (p - 1) == 0))
+  return max(p for p in allowed_fragments(layers) if sync_every % p == 0)
+
+
+def label(method: str, sync_every: int = 1, fragments: int = 1, overlap: int = 0) -> str:
+  """The row label of a candidate: "DP", "DiLoCo H=…" or "Streaming H=… P=… tau=…"."""
+  if method == "dp":
+    return "DP"
+  if method == "diloco":
+    return f"DiLoCo H={sync_every}"
+  return f"Streaming H={sync_every} P={fragments} tau={overlap}"
+
+
+def candidates(layers: int, sync_every=None, overlaps=OVERLAPS) -> list[tuple]:
+  """The planner's candidates ``(method, H, P, τ)``: DP, then per H DiLoCo and Streaming.
+
+  Args:
+    layers: L.
+    sync_every: H candidates (sorted ints), None for :math:`L + 1` and the ladder.
+    overlaps: τ candidates for Streaming (sorted ints); those >= H are left out.
+
+  Returns:
+    A list of ``(method, H, P, tau)``, every one valid under
+    ``diloco_core.validity.check_schedule`` with ``num_layers=layers``.
+
+  Examples:
+    >>> candidates(2, sync_every=(6,), overlaps=(0, 6))
+    [('dp', 1, 1, 0), ('diloco', 6, 1, 0), ('streaming', 6, 3, 0)]
+  """
+  out = [("dp", 1, 1, 0)]
+  for h in (sorted({layers + 1, *SYNC_EVERY_LADDER}) if sync_every is None else sync_every):
+    out.append(("diloco", h, 1, 0))
+    p = largest_fragments(h, layers)
+    if p > 1:
+      out += [("streaming", h, p, t) for t in overlaps if t < h]
+  return out
+
+
+def candidate_bandwidth(method, *, target, payload, step_time, layers, sync_every=1,
+                        fragments=1, overlap=0, first_fragment=0.0, latency=0.0):
+  """Bytes/s a DP, DiLoCo or Streaming candidate needs (the rule of the module docstring).
+
+  Args:
+    method: "dp", "diloco" or "streaming".
+    target: u, the utilization for the τ = 0 candidates.
+    payload: V, bytes a replica sends to all-reduce the whole model.
+    step_time: T, seconds per inner step.
+    layers: L.
+    sync_every, fragments, overlap: H, P, τ (fragment 0 holds the non-layer parameters,
+      fragments 1..P-1 the layers, strided, as in the trainer).
+    first_fragment: V_0, bytes of fragment 0 (Streaming only).
+    latency: ε, seconds per chunk.
+
+  Returns:
+    Bytes/s.
+
+  Examples:
+    >>> # DiLoCo, 2 GB every 100 steps of 0.1 s, 24 layers, 95%: 27.1 Gbit/s.
+    >>> w = candidate_bandwidth("diloco", target=0.95, payload=2e9, step_time=0.1, layers=24,
+    ...                         sync_every=100)
+    >>> round(w / GBIT, 1)
+    27.1
+  """
+  check_choice("method", method, METHODS)
+  if method == "dp":
+    return required_bandwidth(target, payload, step_time, 1, latency, chunks=layers)
+  if method == "diloco" or fragments == 1:  # one payload of the whole model
+    if overlap == 0:
+      return required_bandwidth(target, payload, step_time, sync_every, latency,
+                                   chunks=layers)
+    return hidden_bandwidth(payload, step_time, overlap, sync_every, chunks=layers)
+  p = fragments - 1  # layer fragments
+  if overlap == 0:
+    return streaming_required_bandwidth(target, payload - first_fragment, step_time,
+                                           sync_every, p, layers, 0, latency,
+                                           first_payload=first_fragment)
+  every = sync_every / fragments
+  layer_part = hidden_bandwidth((payload - first_fragment) / p, step_time, overlap, every,
+                                   chunks=layers // p)
+  return max(float(layer_part),
+             float(hidden_bandwidth(first_fragment, step_time, overlap, every, chunks=1)))
+
+
+def candidate_table(model: ModelConfig, hardware: HardwareSpec, cands, *, slices: int,
+                    chips_per_slice: int, step_time: float, target: float, bits: float,
+                    latency: float = 0.0) -> pd.DataFrame:
+  """Bandwidth per slice and memory of each candidate ``(method, H, P, τ)`` (see the module).
+
+  Each candidate's bandwidth is :func:`candidate_bandwidth` (latency :math:`\\varepsilon`
+  per transfer for τ = 0; not modelled for τ >= 1).
+
+  Args:
+    model: the resolved model (a ModelConfig).
+    hardware: the resolved chip (a HardwareSpec).
+    cands: ``(method, H, P, tau)`` tuples, e.g. :func:`candidates`.
+    slices: M.
+    chips_per_slice: n.
+    step_time: T, seconds per inner step.
+    target: u, the utilization planned for by the τ = 0 candidates.
+    bits: bits per value on the wire.
+    latency: ε, seconds per transfer (τ = 0).
+
+  Returns:
+    A DataFrame indexed by :func:`label`, with the columns of :class:`Plan`'s table except
+    ``fits link``.
+  """
+  model, hw = check_model(model), check_hardware(hardware)
+  payload = payload_bytes(param_count(model), bits, slices)  # whole model, per replica
+  dcn_gbps = hw.dcn_bandwidth * chips_per_slice / GBIT
+  rows = {}
+  for method, h, p, tau in cands:
+    sizes = fragment_sizes(model, p)
+    largest = payload_bytes(max(sizes), bits, slices)
+    w = candidate_bandwidth(method, target=target, payload=payload, step_time=step_time,
+                            layers=model.n_layers, sync_every=h, fragments=p, overlap=tau,
+                            first_fragment=payload_bytes(sizes[0], bits, slices) if p > 1 else 0.0,
+                            latency=latency)
+    mem = memory_per_replica(model, method=method, sync_every=h, fragments=p,
+                             overlap=tau).total
+    rows[label(method, h, p, tau)] = {
+        "method": method, "H": h, "P": p, "tau": tau, "Gbit/s per slice": w / GBIT,
+        "GB per sync": largest / 1e9, "memory GB/replica": mem / 1e9,
+        "memory GB/chip": mem / chips_per_slice / 1e9, "fits DCN": w / GBIT <= dcn_gbps}
+  return pd.DataFrame.from_dict(rows, orient="index").rename_axis("label")
 
 
 def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_tokens,
@@ -150,12 +288,11 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
 
   Candidates: DP; for every :math:`H` (``sync_every``, default :math:`L + 1` and
   ``SYNC_EVERY_LADDER``), DiLoCo (:math:`P = 1, \\tau = 0`) and Streaming with the largest
-  :math:`P` SPEC.md allows (:func:`largest_fragments`; for :math:`H = L + 1` that is
+  :math:`P` the schedule rules allow (:func:`largest_fragments`; for :math:`H = L + 1` that is
   MaxText's :math:`H = P = L + 1`, one layer per fragment) and each τ of ``overlaps``
   with :math:`\\tau < H`. At fixed :math:`H` and τ the largest :math:`P` needs the least
-  bandwidth: :math:`V / (\\min(P\\tau, H)\\,T)` for τ ≥ 1 with fragments of equal size, the
-  same for every :math:`P` when τ = 0, and it sends the smallest transfers. Bandwidths
-  follow the module docstring.
+  bandwidth (each fragment is smaller and hides behind its own step's backward pass, for
+  τ = 0 too) and sends the smallest transfers. Bandwidths follow the module docstring.
 
   Selection rule, with :math:`W_c` the bandwidth candidate :math:`c` needs and
   :math:`W` the link:
@@ -169,7 +306,8 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
      :math:`\\arg\\min_{c:\\,W_c \\le W}\\,(H_c, \\tau_c, -P_c)`;
   3. if none fits, no choice; the reason names the least bandwidth any candidate needs.
 
-  Memory and HBM are reported, not used by the rule.
+  Memory and HBM are reported, not used by the rule. Catalog names are resolved once, here,
+  and the options are checked where they enter, here (``diloco_core.validity``).
 
   Args:
     model: a catalog name (:mod:`analysis.models`) or a ModelConfig.
@@ -180,7 +318,7 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
     global_batch_tokens: B, tokens per step over all slices.
     link_gbps: W, the cross-slice link per slice, Gbit/s.
     mfu: model FLOPs utilization of the inner step, in (0, 1].
-    target: utilization the blocking candidates are planned for, in (0, 1).
+    target: utilization the τ = 0 candidates are planned for, in (0, 1).
     bits: bits per value on the wire (16: bf16).
     sync_every: H candidates (an int or a sequence); None for :math:`L + 1` and the ladder.
     overlaps: τ candidates for Streaming (an int or a sequence of integers >= 0).
@@ -193,70 +331,61 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
 
   Examples:
     >>> p = plan_run("qwen3-8b", "v5p", slices=2, chips_per_slice=64, seq_len=4096,
-    ...              global_batch_tokens=2**21, link_gbps=100)
+    ...              global_batch_tokens=2**21, link_gbps=20)
     >>> round(p.step_time, 3), round(float(p.table.loc["DP", "Gbit/s per slice"]), 1)
-    (3.759, 662.4)
+    (3.759, 49.7)
     >>> p.choice
     'Streaming H=10 P=10 tau=0'
     >>> p.reason  # doctest: +NORMALIZE_WHITESPACE
-    'DP needs 662.4 Gbit/s per slice, more than the 100 Gbit/s link; Streaming H=10 P=10
-    tau=0 needs 66.24 Gbit/s and has the smallest H that fits (then the smallest tau, then
+    'DP needs 49.75 Gbit/s per slice, more than the 20 Gbit/s link; Streaming H=10 P=10
+    tau=0 needs 13.46 Gbit/s and has the smallest H that fits (then the smallest tau, then
     the largest P).'
     >>> plan_run("qwen3-8b", "v5p", slices=2, chips_per_slice=64, seq_len=4096,
-    ...          global_batch_tokens=2**21, link_gbps=1000).choice
+    ...          global_batch_tokens=2**21, link_gbps=100).choice
     'DP'
   """
-  cfg = get_model(model)
-  hw = get_hardware(hardware)
-  m = _checks.positive_int("slices", slices)
-  n = _checks.positive_int("chips_per_slice", chips_per_slice)
-  seq = _checks.positive_int("seq_len", seq_len)
-  gbt = _checks.positive_int("global_batch_tokens", global_batch_tokens)
-  link = _number("link_gbps", link_gbps, _checks.positive)
-  mfu_f = _number("mfu", mfu, _checks.positive)
-  if mfu_f > 1:
-    raise ValueError(f"mfu must be in (0, 1], got {mfu!r}.")
-  u = _number("target", target, _checks.fraction)
-  b = _number("bits", bits, _checks.positive)
-  hs = None if sync_every is None else _ints("sync_every", sync_every, _checks.positive_int)
-  taus = _ints("overlaps", overlaps, _checks.nonneg_int)
+  cfg, hw = get_model(model), get_hardware(hardware)
+  m = check_int("slices", slices)
+  n = check_int("chips_per_slice", chips_per_slice)
+  seq = check_int("seq_len", seq_len)
+  gbt = check_int("global_batch_tokens", global_batch_tokens)
+  link = check_real("link_gbps", link_gbps, low=0.0, low_open=True)
+  mfu_f = check_real("mfu", mfu, low=0.0, high=1.0, low_open=True, high_open=False)
+  u = check_real("target", target, low=0.0, high=1.0, low_open=True)
+  b = check_real("bits", bits, low=0.0, low_open=True)
+  hs = None if sync_every is None else _ints("sync_every", sync_every, low=1)
+  taus = _ints("overlaps", overlaps, low=0)
 
   stats = model_stats(cfg, seq)
-  L = cfg.n_layers
   tokens_slice = gbt / m
-  step = rl.t_math(stats.flops_per_token * tokens_slice, n * hw.peak_flops * mfu_f)
-  payload = rl.payload_bytes(stats.total_params, b, m)  # whole model, per replica
-  dcn_gbps = hw.dcn_bandwidth * n / GBIT
-
-  candidates = [("DP", "dp", 1, 1, 0)]
-  for h in (sorted({L + 1, *SYNC_EVERY_LADDER}) if hs is None else hs):
-    candidates.append((f"DiLoCo H={h}", "diloco", h, 1, 0))
-    p = largest_fragments(h, L)
-    if p > 1:
-      candidates += [(f"Streaming H={h} P={p} tau={t}", "streaming", h, p, t)
-                     for t in taus if t < h]
-  rows = {}
-  for label, method, h, p, tau in candidates:
-    largest = rl.payload_bytes(max(fragment_sizes(cfg, p)), b, m)
-    if tau == 0:  # blocking: the average over a period of H steps
-      w = rl.required_bandwidth(u, payload, step, h)
-    else:
-      w = rl.hidden_bandwidth(largest, step, tau, h / p)
-    mem = rl.memory_per_replica(cfg, method=method, sync_every=h, fragments=p, overlap=tau).total
-    rows[label] = {"method": method, "H": h, "P": p, "tau": tau, "Gbit/s per slice": w / GBIT,
-                   "GB per sync": largest / 1e9, "memory GB/replica": mem / 1e9,
-                   "memory GB/chip": mem / n / 1e9, "fits DCN": w / GBIT <= dcn_gbps,
-                   "fits link": w / GBIT <= link}
-  table = pd.DataFrame.from_dict(rows, orient="index").rename_axis("label")
+  step = step_time(stats, hw, tokens_slice, n, mfu_f)
+  table = candidate_table(cfg, hw, candidates(cfg.n_layers, hs, taus), slices=m,
+                          chips_per_slice=n, step_time=step, target=u, bits=b)
+  table["fits link"] = table["Gbit/s per slice"] <= link
   choice, reason = _select(table, link)
   return Plan(model=model, hardware=hardware, slices=m, chips_per_slice=n, seq_len=seq,
               global_batch_tokens=gbt, mfu=float(mfu), target=float(target),
               link_gbps=float(link_gbps), bits=bits, sync_every=hs, overlaps=taus,
               step_time=step, tokens_per_slice=tokens_slice, params=stats.total_params,
-              active_params=stats.active_params, layers=L, dcn_gbps=dcn_gbps,
-              dp_critical_tokens=rl.dp_critical_batch_per_slice(
+              active_params=stats.active_params, layers=cfg.n_layers,
+              dcn_gbps=hw.dcn_bandwidth * n / GBIT, hardware_name=hw.name,
+              dp_critical_tokens=dp_critical_batch_per_slice(
                   hw, model=cfg, seq_len=seq, bits=b, replicas=m),
               table=table, choice=choice, reason=reason)
+
+
+def step_time(stats: ModelStats, hardware: HardwareSpec, tokens_per_slice: float,
+              chips_per_slice: int, mfu: float) -> float:
+  """Seconds of one inner step of a slice: :math:`T = F_\\text{token} (B/M) / (n C\\,\\text{MFU})`.
+
+  Examples:
+    >>> from analysis.hardware import get_hardware
+    >>> from analysis.models import model_stats
+    >>> round(step_time(model_stats("8B"), get_hardware("v5p"), 2**20, 256, 1.0), 3)
+    0.517
+  """
+  return t_math(stats.flops_per_token * tokens_per_slice,
+                chips_per_slice * hardware.peak_flops * mfu)
 
 
 def _select(table: pd.DataFrame, link: float) -> tuple[str | None, str]:

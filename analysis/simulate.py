@@ -1,54 +1,71 @@
-"""Discrete-event simulation of compute utilization for DP, DiLoCo and Streaming DiLoCo.
+"""Event simulation of compute utilization for DP, DiLoCo and Streaming DiLoCo.
+
+The accounting is the one of the Streaming DiLoCo paper's compute-utilization
+simulation (Douillard et al. 2025, arXiv 2501.18512: Figure 3 draws its schedule,
+Figure 4 and Table 4 give its results, Figure 7 compares the fragment patterns) and of
+its first author's public calculator (arthurdouillard.com/diloco): "the reduction of
+gradients or outer gradients is overlapped over the backward pass computation".
 
 M datacenters (replicas) run the same schedule and are joined by one WAN link of
-bandwidth W (Gbit/s, 1e9 bits/s) and latency ε (seconds). Because the replicas are
-symmetric, one replica and the link are simulated:
+bandwidth W (Gbit/s, 1e9 bits/s) and latency ε (seconds). The replicas are symmetric,
+so one replica and the link are simulated:
 
-* **compute**: each inner step takes T seconds, a forward pass (``forward_fraction``,
-  1/3) then a backward pass (2/3), each split evenly over the L layers (forward layer
-  0..L-1, backward layer L-1..0). No compute event waits on the network inside a
-  step; the only blocking dependencies are at step starts.
-* **link**: transfers are served first-in first-out. A transfer of V bits occupies the
-  link for V / W seconds (serialization) and arrives ε later; the next transfer may
-  start serializing as soon as the previous one has left (latency is pipelined).
+* **compute**: an inner step takes T seconds, a forward pass (``forward_fraction`` φ,
+  1/3) then a backward pass (2/3), each split evenly over the L layers (forward 0..L-1,
+  backward L-1..0). Compute only waits on the network at step starts.
+* **release**: a payload (DP's gradients, DiLoCo's outer gradients, a Streaming
+  fragment's outer gradients) is cut by layer. Layers form buckets of ``bucket_layers``
+  consecutive layers in backward order; the payload's share of a bucket is released
+  when the backward pass of the bucket's last layer *in the sending step* finishes. So
+  the first chunks leave after φT + b (b = (1-φ)T/L) and the last when the step ends.
+* **link**: chunks are served first-in first-out. A chunk of V bits occupies the link
+  for V / W seconds and arrives ε later (latency is pipelined).
 * **payload**: values × bits of the wire format × the all-reduce factor
-  :math:`2(M-1)/M` (:func:`analysis.roofline.allreduce_factor`); M = 1 sends nothing.
-* **DP**: each layer's gradients are reduced as soon as that layer's backward pass
-  finishes (overlapping the rest of the backward pass); step t+1 starts when every
-  reduction of step t has arrived.
-* **DiLoCo**: after every H-th step the whole model is all-reduced; with overlap τ = 0
-  step t+1 waits for it (with τ > 0, step t+τ+1 does).
-* **Streaming DiLoCo**: the L layers form P = L / ``fragment_layers`` fragments. Fragment
-  p (0-based) is sent after the steps t with :math:`t \\bmod H = \\lfloor (p+1) H / P
-  \\rfloor \\bmod H` and must have arrived before step :math:`t + \\tau + 1` starts.
-  When P divides H this is SPEC.md's schedule (one fragment every Δh = H/P steps); the
-  paper's setting (H = 100 with 8, 16 or 36 fragments) needs the general form, which
-  spaces the syncs ⌊H/P⌋ or ⌈H/P⌉ steps apart.
-* A DiLoCo or Streaming transfer becomes ready at the end of its sending step (SPEC.md
-  computes the pseudo-gradient after that step's inner update), so with overlap τ it
-  can hide behind the τ steps before its merge (:func:`analysis.roofline.hidden_bandwidth`).
+  :math:`2(M-1)/M` (:func:`analysis.bandwidth.allreduce_factor`); M = 1 sends nothing.
+* **deadline**: a payload sent during step t must have arrived before step t + τ + 1
+  starts (τ = 0 for DP). DP sends every layer every step; DiLoCo every layer after
+  every H-th step; Streaming DiLoCo fragment p (0-based) after the steps t with
+  :math:`t \\bmod H = \\lfloor (p+1) H / P \\rfloor \\bmod H` (one fragment every H/P
+  steps when P divides H, as in the semantics page (docs/semantics.md); ⌊H/P⌋ or
+  ⌈H/P⌉ apart otherwise, as in the paper's setting H = 100, P = 8, 16, 36).
+* **fragments**: P = L / ``fragment_layers`` fragments of layers only (the paper's
+  setting: every parameter is in a layer, no embeddings fragment); layers are dealt as
+  the trainer deals them (:class:`diloco_core.fragments.Fragments`): ``"strided"``
+  (default, layer i in fragment i mod P) or ``"sequential"`` (contiguous blocks). Spacing the syncs
+  unevenly and having no embeddings fragment are documented exceptions to the schedule
+  rules of ``diloco_core.validity`` (H mod P = 0, (P − 1) | L), which the simulator does
+  not apply.
 
-Utilization is compute time ÷ wall time over ``periods`` whole sync periods (H steps;
-one step for DP) after ``warmup_periods`` periods, measured from the start of the
-first measured step to the start of the step after the window, so that the waits the
-window's transfers cause are counted. The schedule repeats every period, so the run
-reaches a periodic steady state; the tests check that longer runs give the same values.
+So a Streaming fragment hides behind the rest of its own step's backward pass plus τ
+steps, P times per period; DiLoCo hides once per period; DP hides behind the backward
+pass only, every step. Utilization is compute time ÷ wall time over ``periods`` whole
+sync periods (H steps; one step for DP) after ``warmup_periods`` periods, from the start
+of the first measured step to the start of the step after the window. The schedule
+repeats every period, so the run reaches a periodic steady state (tested).
+
+The event loop (:mod:`analysis.sim_events`) visits only the steps that send or wait,
+and serves a step's chunks in one vectorized pass (a FIFO queue's finish time is a
+cumulative maximum); every bandwidth of a grid is simulated at once.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 import pandas as pd
 
 from analysis import _checks
 from analysis.models import get_model
+from analysis.roofline import METHODS
+from analysis.sim_events import fragment_layers_of  # noqa: F401 (public)
+from analysis.sim_events import run_events
+from analysis.sim_events import schedule
 from diloco_core.model_config import ModelConfig
 from diloco_core.model_config import param_count
+from diloco_core.validity import check_choice
+from diloco_core.validity import check_int
 
-METHODS = ("dp", "diloco", "streaming")
 # The Streaming DiLoCo paper's simulation grid: 50 log-spaced points, 0.1 .. 1000 Gbit/s.
 PAPER_GRID_GBPS = np.logspace(-1, 3, 50)
 PAPER_TARGETS = (0.5, 0.8, 0.9, 0.95, 0.99)
@@ -58,13 +75,13 @@ PAPER_TARGETS = (0.5, 0.8, 0.9, 0.95, 0.99)
 class SimModel:
   """A model as the simulator sees it: size, depth and compute time per step."""
 
-  params: float  # N, parameters (all communicated)
-  layers: int  # L, layers (the unit of DP's per-layer reductions and of fragments)
+  params: float  # N, parameters (all communicated, spread evenly over the layers)
+  layers: int  # L, layers (the unit of gradient release and of fragments)
   step_time: float  # T, seconds of compute per inner step (forward + backward)
 
   def __post_init__(self):
     _checks.positive("SimModel.params", self.params)
-    _checks.positive_int("SimModel.layers", self.layers)
+    check_int("SimModel.layers", self.layers)
     _checks.positive("SimModel.step_time", self.step_time)
 
   @classmethod
@@ -74,8 +91,8 @@ class SimModel:
     return cls(params=float(param_count(cfg)), layers=cfg.n_layers, step_time=step_time)
 
 
-# The Streaming DiLoCo paper's simulation models: 1B / 10B / 100B parameters, 24 / 48 /
-# 108 layers, 0.1 / 0.8 / 4.9 s per step.
+# The Streaming DiLoCo paper's simulation models (its Table 4): 1B / 10B / 100B
+# parameters, 24 / 48 / 108 layers, 0.1 / 0.8 / 4.9 s per step.
 SIM_MODELS: dict[str, SimModel] = {
     "1B": SimModel(params=1e9, layers=24, step_time=0.1),
     "10B": SimModel(params=10e9, layers=48, step_time=0.8),
@@ -112,7 +129,8 @@ class SimResult:
   window: tuple[int, int]  # first and last measured step (1-based, inclusive)
   step_start: np.ndarray  # start time of steps 1..n (index 0 is step 1)
   step_end: np.ndarray  # end time of the same steps
-  transfers: pd.DataFrame  # one row per transfer: step, ready, start, end, arrival, bits, needed_by
+  transfers: pd.DataFrame  # one row per chunk: step, fragment, ready, start, end, arrival,
+  #                          bits, needed_by
   step_time: float  # T
   layers: int  # L
   forward_fraction: float  # share of T spent in the forward pass
@@ -121,8 +139,8 @@ class SimResult:
     """Every event as a row (kind, step, layer, start, end), sorted by start time.
 
     Kinds: "compute" (one per step, or "forward"/"backward" per layer with
-    ``layers=True``), "idle" (a step waiting on the network), "transfer" (from the
-    moment it starts to use the link to its arrival).
+    ``layers=True``), "idle" (a step waiting on the network), "transfer" (a chunk, from
+    the moment it starts to use the link to its arrival).
     """
     steps = np.arange(1, len(self.step_start) + 1)
     frames = []
@@ -131,18 +149,16 @@ class SimResult:
       fwd, bwd = self.forward_fraction * t / n, (1 - self.forward_fraction) * t / n
       j = np.arange(n)
       s = self.step_start[:, None]
-      fwd_start = s + j * fwd
-      bwd_start = s + self.forward_fraction * t + j * bwd
-      for kind, start, dur, layer in (("forward", fwd_start, fwd, j), ("backward", bwd_start,
-                                                                        bwd, n - 1 - j)):
+      for kind, start, dur, layer in (("forward", s + j * fwd, fwd, j),
+                                      ("backward", s + self.forward_fraction * t + j * bwd, bwd,
+                                       n - 1 - j)):
         frames.append(pd.DataFrame(dict(kind=kind, step=np.repeat(steps, n),
                                         layer=np.tile(layer, len(steps)),
                                         start=start.ravel(), end=start.ravel() + dur)))
     else:
       frames.append(pd.DataFrame(dict(kind="compute", step=steps, layer=-1,
                                       start=self.step_start, end=self.step_end)))
-    gap = self.step_start[1:] - self.step_end[:-1]
-    idle = gap > 0
+    idle = self.step_start[1:] - self.step_end[:-1] > 0
     frames.append(pd.DataFrame(dict(kind="idle", step=steps[1:][idle], layer=-1,
                                     start=self.step_end[:-1][idle],
                                     end=self.step_start[1:][idle])))
@@ -153,44 +169,39 @@ class SimResult:
     return out.sort_values(["start", "kind"], kind="stable").reset_index(drop=True)
 
 
-def _fragments(layers: int, fragment_layers: int) -> int:
-  fl = _checks.positive_int("fragment_layers", fragment_layers)
-  if layers % fl:
-    raise ValueError(f"fragment_layers ({fl}) must divide the number of layers ({layers}).")
-  return layers // fl
+def _prepare(model, method, *, replicas=2, sync_every=100, fragment_layers=3,
+             fragment_pattern="strided", overlap=0, bits=16, latency=0.0, bucket_layers=1,
+             forward_fraction=1 / 3, warmup_periods=2, periods=3):
+  """Checks the options once; returns (model, period, plan, eps, phi, first, n_steps)."""
+  m = get_sim_model(model)
+  check_choice("method", method, METHODS)
+  replicas = check_int("replicas", replicas)
+  bits = float(_checks.positive("bits", bits))
+  eps = float(_checks.nonneg("latency", latency))
+  phi = float(_checks.fraction("forward_fraction", forward_fraction))
+  warm = check_int("warmup_periods", warmup_periods, low=0)
+  meas = check_int("periods", periods)
+  period, plan = schedule(method, m, replicas=replicas, sync_every=sync_every,
+                           fragment_layers=fragment_layers, fragment_pattern=fragment_pattern,
+                           overlap=overlap, bits=bits, bucket_layers=bucket_layers,
+                           forward_fraction=phi)
+  if replicas == 1:
+    plan = {}  # nobody to talk to
+  return m, period, plan, eps, phi, warm * period + 1, (warm + meas) * period + 1
 
 
-def _schedule(method, model, *, replicas, sync_every, fragment_layers, overlap, bits,
-              forward_fraction):
-  """(period, {step mod period: [(offset_s, bits, delay)]}): what each step sends.
-
-  ``offset_s`` is when, within the step, the transfer becomes ready; ``delay`` is how
-  many steps later it must have arrived (step t's transfer blocks step t + delay).
-  """
-  factor = 2.0 * (replicas - 1) / replicas
-  t, n = model.step_time, model.layers
-  if method == "dp":
-    per_layer = model.params / n * bits * factor
-    bwd = (1.0 - forward_fraction) * t / n
-    offsets = forward_fraction * t + bwd * np.arange(1, n + 1)  # backward of L-1, ..., 0
-    return 1, {0: [(float(o), per_layer, 1) for o in offsets]}
-  h = _checks.positive_int("sync_every", sync_every)
-  tau = _checks.nonneg_int("overlap", overlap)
-  if tau >= h:
-    raise ValueError(f"overlap must be < sync_every ({h}), got {tau}.")
-  p = 1 if method == "diloco" else _fragments(n, fragment_layers)
-  if p > h:
-    raise ValueError(f"fragments ({p} = layers / fragment_layers) must be <= sync_every ({h}).")
-  size = model.params / p * bits * factor
-  plan: dict[int, list] = {}
-  for frag in range(p):
-    plan.setdefault(((frag + 1) * h // p) % h, []).append((t, size, tau + 1))
-  return h, plan
+def _utilizations(model, method, bandwidth_gbps, **kwargs) -> np.ndarray:
+  """Utilization at each bandwidth of an array (one vectorized simulation)."""
+  w = _checks.positive("bandwidth_gbps", bandwidth_gbps).ravel() * 1e9
+  m, period, plan, eps, _, first, n_steps = _prepare(model, method, **kwargs)
+  starts, _ = run_events(period, plan, m.step_time, w, eps, n_steps, first)
+  return (n_steps - first) * m.step_time / (starts[n_steps] - starts[first])
 
 
 def run_simulation(model: str | SimModel, method: str, bandwidth_gbps: float, *,
                    replicas: int = 2, sync_every: int = 100, fragment_layers: int = 3,
-                   overlap: int = 0, bits: float = 16, latency: float = 0.0,
+                   fragment_pattern: str = "strided", overlap: int = 0, bits: float = 16,
+                   latency: float = 0.0, bucket_layers: int = 1,
                    forward_fraction: float = 1 / 3, warmup_periods: int = 2,
                    periods: int = 3) -> SimResult:
   """Simulates training and measures compute utilization at one link bandwidth.
@@ -201,9 +212,10 @@ def run_simulation(model: str | SimModel, method: str, bandwidth_gbps: float, *,
          - t_\\text{start}(\\text{first step of window})}
 
   See the module docstring for the event model. Closed forms it reproduces (tested):
-  DiLoCo without overlap gives :math:`HT / (HT + V/W + \\varepsilon)`; DP gives a step
-  of :math:`\\max(T + d,\\ T/3 + 2T/(3L) + L d) + \\varepsilon` with
-  :math:`d = V_\\text{layer}/W`.
+  with per-layer chunks of :math:`d = V / (L W)` seconds and :math:`b = (1-φ)T/L`, a
+  payload sent in one step leaves the link :math:`\\max(T + d,\\ φT + b + L d)` after
+  the step starts, so DP's step is that plus ε and DiLoCo (τ = 0) stalls
+  :math:`\\max(d,\\ Ld - (1-φ)T + b) + ε` once per period.
 
   Args:
     model: a ``SIM_MODELS`` name ("1B", "10B", "100B") or a :class:`SimModel`.
@@ -212,10 +224,12 @@ def run_simulation(model: str | SimModel, method: str, bandwidth_gbps: float, *,
     replicas: M, datacenters.
     sync_every: H, inner steps between two syncs of the same parameters.
     fragment_layers: layers per Streaming fragment (must divide L); P = L / this.
+    fragment_pattern: "strided" or "sequential" (``diloco_core.validity.FRAGMENT_PATTERNS``).
     overlap: τ, steps a (fragment) sync may take before it is merged (0 <= τ < H).
     bits: bits per value on the wire (16 bf16, 4 for fp4/e3m0).
-    latency: ε, seconds each transfer adds after leaving the link.
-    forward_fraction: share of a step spent in the forward pass.
+    latency: ε, seconds each chunk adds after leaving the link.
+    bucket_layers: layers per gradient bucket (must divide L); 1 releases every layer.
+    forward_fraction: φ, share of a step spent in the forward pass.
     warmup_periods: sync periods simulated before measuring.
     periods: sync periods measured.
 
@@ -223,75 +237,46 @@ def run_simulation(model: str | SimModel, method: str, bandwidth_gbps: float, *,
     A :class:`SimResult` (utilization, step and transfer times, ``timeline()``).
 
   Examples:
-    >>> r = run_simulation("1B", "diloco", 10.0)  # 16e9 bits per sync at 10 Gbit/s: 1.6 s
-    >>> round(r.utilization, 6), round(10 / 11.6, 6)  # H T = 10 s of compute
-    (0.862069, 0.862069)
-    >>> # 8 fragments of 2e9 bits, τ = 1: each transfer may hide behind one 0.1 s step
-    >>> round(run_simulation("1B", "streaming", 20.0, overlap=1).utilization, 9)  # 0.1 s each
+    >>> # 1.6e10 bits at 10 Gbit/s: 1.6 s, of which all but the first 1/24 of the
+    >>> # 0.2/3 s backward pass hides: stall 1.6 - 0.2/3 * 23/24 s per H T = 10 s.
+    >>> r = run_simulation("1B", "diloco", 10.0)
+    >>> round(r.utilization, 6), round(10 / (10 + 1.6 - 0.2 / 3 * 23 / 24), 6)
+    (0.866843, 0.866843)
+    >>> round(run_simulation("1B", "streaming", 200.0, overlap=1).utilization, 9)
     1.0
-    >>> round(run_simulation("1B", "streaming", 10.0, overlap=1).utilization, 6)  # 0.1 s stall
-    0.925926
   """
-  m = get_sim_model(model)
-  _checks.choice("method", method, METHODS)
-  w = float(_checks.positive("bandwidth_gbps", bandwidth_gbps)) * 1e9  # bits/s
-  replicas = _checks.positive_int("replicas", replicas)
-  bits = float(_checks.positive("bits", bits))
-  eps = float(_checks.nonneg("latency", latency))
-  phi = float(_checks.fraction("forward_fraction", forward_fraction))
-  warm = _checks.nonneg_int("warmup_periods", warmup_periods)
-  meas = _checks.positive_int("periods", periods)
-  period, plan = _schedule(method, m, replicas=replicas, sync_every=sync_every,
-                           fragment_layers=fragment_layers, overlap=overlap, bits=bits,
-                           forward_fraction=phi)
-  if replicas == 1:
-    plan = {}  # nobody to talk to
-  n_steps = (warm + meas) * period + 1
+  m, period, plan, eps, phi, first, n_steps = _prepare(
+      model, method, replicas=replicas, sync_every=sync_every, fragment_layers=fragment_layers,
+      fragment_pattern=fragment_pattern, overlap=overlap, bits=bits, latency=latency,
+      bucket_layers=bucket_layers, forward_fraction=forward_fraction,
+      warmup_periods=warmup_periods, periods=periods)
+  w = float(_checks.positive("bandwidth_gbps", bandwidth_gbps)) * 1e9
   t = m.step_time
-
-  # ---- the event loop: one pass over the steps, FIFO link state carried along.
-  starts = np.empty(n_steps)
-  ends = np.empty(n_steps)
-  rec = []  # (step, ready, start, end, arrival, bits, needed_by)
-  due: dict[int, float] = {}  # step -> latest arrival it must wait for
-  link_free = 0.0
-  prev_end = 0.0
-  for step in range(1, n_steps + 1):
-    s = prev_end
-    if step in due:
-      s = max(s, due.pop(step))
-    starts[step - 1] = s
-    prev_end = s + t
-    ends[step - 1] = prev_end
-    for offset, size, delay in plan.get(step % period, ()):
-      ready = s + offset
-      begin = ready if ready > link_free else link_free
-      link_free = begin + size / w
-      arrival = link_free + eps
-      need = step + delay
-      if arrival > due.get(need, -math.inf):
-        due[need] = arrival
-      rec.append((step, ready, begin, link_free, arrival, size, need))
-
-  first, last = warm * period + 1, (warm + meas) * period
-  compute = (last - first + 1) * t
-  wall = starts[last] - starts[first - 1]  # starts[last] is the step after the window
-  transfers = pd.DataFrame(rec, columns=["step", "ready", "start", "end", "arrival", "bits",
-                                         "needed_by"])
+  at, rec = run_events(period, plan, t, [w], eps, n_steps, first, record=True)
+  known = np.array(sorted(at))
+  idx = np.searchsorted(known, np.arange(1, n_steps + 1), side="right") - 1
+  starts = np.array([at[k][0] for k in known])[idx] + (np.arange(1, n_steps + 1) - known[idx]) * t
+  compute = (n_steps - first) * t
+  wall = starts[n_steps - 1] - starts[first - 1]
+  transfers = pd.DataFrame(rec, columns=["step", "fragment", "ready", "start", "end", "arrival",
+                                         "bits", "needed_by"])
   return SimResult(utilization=float(compute / wall), compute_time=float(compute),
-                   wall_time=float(wall), window=(first, last), step_start=starts,
-                   step_end=ends, transfers=transfers, step_time=t, layers=m.layers,
+                   wall_time=float(wall), window=(first, n_steps - 1), step_start=starts,
+                   step_end=starts + t, transfers=transfers, step_time=t, layers=m.layers,
                    forward_fraction=phi)
 
 
-def utilization(model, method, bandwidth_gbps, **kwargs) -> float:
-  """Compute utilization at one bandwidth: ``run_simulation(...).utilization``.
+def utilization(model, method, bandwidth_gbps, **kwargs):
+  """Compute utilization at one bandwidth, or at each of an array of them (vectorized).
 
   Examples:
     >>> round(utilization("1B", "dp", 1000.0), 4)
     0.9934
+    >>> utilization("1B", "diloco", [1.0, 1e3]).round(4)
+    array([0.3856, 0.9999])
   """
-  return run_simulation(model, method, bandwidth_gbps, **kwargs).utilization
+  u = _utilizations(model, method, bandwidth_gbps, **kwargs)
+  return float(u[0]) if np.ndim(bandwidth_gbps) == 0 else u.reshape(np.shape(bandwidth_gbps))
 
 
 def bandwidth_for_utilization(target, model, method, *, rounding="exact", grid=None,
@@ -301,11 +286,12 @@ def bandwidth_for_utilization(target, model, method, *, rounding="exact", grid=N
   .. math::
      W^*(u) = \\min\\{W : u_\\text{sim}(W) \\ge u\\}
 
-  ``rounding="exact"`` bisects :math:`\\log W` to a relative precision ``rtol``;
-  ``rounding="grid"`` returns the lowest point of ``grid`` (default: the paper's 50
-  log-spaced points from 0.1 to 1000 Gbit/s) that reaches the target, as the
-  Streaming DiLoCo paper reports its table. Unreachable targets give ``inf`` (with
-  ``"grid"``: not reached within the grid; with ``"exact"``: not even at 1e9 Gbit/s,
+  ``rounding="exact"`` bisects :math:`\\log W` to a relative precision ``rtol`` (every
+  target at once); ``rounding="grid"`` returns the lowest point of ``grid`` (default:
+  the paper's 50 log-spaced points from 0.1 to 1000 Gbit/s) that reaches the target.
+  The paper's text on how a Table 4 cell is read off its grid was not available to us;
+  the first grid point that reaches the target is our reading. Unreachable targets give
+  ``inf`` (``"grid"``: not reached within the grid; ``"exact"``: not even at 1e9 Gbit/s,
   e.g. when the latency alone costs more than the allowed idle time).
 
   Args:
@@ -321,60 +307,57 @@ def bandwidth_for_utilization(target, model, method, *, rounding="exact", grid=N
     Gbit/s: a float for a scalar target, an array otherwise.
 
   Examples:
-    >>> # DiLoCo, 1B, 16-bit, M=2, H=100: closed form 16e9 bits / (10 s * 0.05/0.95)
+    >>> # DiLoCo, 1B, 16-bit, M=2, H=100: V / W = 10 s * 0.05/0.95 + 0.2/3 * 23/24
     >>> round(bandwidth_for_utilization(0.95, "1B", "diloco"), 3)
-    30.4
+    27.109
     >>> round(bandwidth_for_utilization(0.95, "1B", "diloco", rounding="grid"), 3)
-    33.932
+    28.118
   """
-  _checks.choice("rounding", rounding, ("exact", "grid"))
+  check_choice("rounding", rounding, ("exact", "grid"))
   targets = _checks.fraction("target", target)
   flat = targets.ravel()
-  util = lambda w: run_simulation(model, method, w, **kwargs).utilization  # noqa: E731
+  util = lambda w: _utilizations(model, method, w, **kwargs)  # noqa: E731
   if rounding == "grid":
-    g = PAPER_GRID_GBPS if grid is None else _checks.positive("grid", grid)
+    g = PAPER_GRID_GBPS if grid is None else _checks.positive("grid", grid).ravel()
     if np.any(np.diff(g) <= 0):
       raise ValueError("grid must be strictly increasing.")
-    us = np.array([util(x) for x in g])
-    res = []
-    for u in flat:
-      hit = np.nonzero(us >= u)[0]
-      res.append(g[hit[0]] if hit.size else np.inf)
+    reached = util(g)[None, :] >= flat[:, None]
+    res = np.where(reached.any(axis=1), g[np.argmax(reached, axis=1)], np.inf)
   else:
     _checks.positive("rtol", rtol)
-    res = [_bisect(util, u, rtol) for u in flat]
+    res = _bisect(util, flat, rtol)
   res = np.asarray(res, dtype=float).reshape(targets.shape)
   return float(res) if res.ndim == 0 else res
 
 
-def _bisect(util, target, rtol, lo=1e-6, hi=1e9):
-  if util(hi) < target:
-    return math.inf
-  if util(lo) >= target:
-    return lo
-  llo, lhi = math.log(lo), math.log(hi)
-  while lhi - llo > math.log1p(rtol):
+def _bisect(util, targets, rtol, lo=1e-6, hi=1e9):
+  """Bisection of log W for every target at once (utilization is monotone in W)."""
+  bounds = util(np.array([lo, hi]))
+  llo, lhi = np.full(targets.shape, np.log(lo)), np.full(targets.shape, np.log(hi))
+  while np.any(lhi - llo > np.log1p(rtol)):
     mid = 0.5 * (llo + lhi)
-    if util(math.exp(mid)) >= target:
-      lhi = mid
-    else:
-      llo = mid
-  return math.exp(lhi)
+    ok = util(np.exp(mid)) >= targets
+    lhi, llo = np.where(ok, mid, lhi), np.where(ok, llo, mid)
+  return np.where(bounds[1] < targets, np.inf, np.where(bounds[0] >= targets, lo, np.exp(lhi)))
 
 
 def paper_table(*, rounding="grid", models=("1B", "10B", "100B"), targets=PAPER_TARGETS,
-                replicas=2, sync_every=100, fragment_layers=3, latency=0.0) -> pd.DataFrame:
+                replicas=2, sync_every=100, fragment_layers=3, latency=0.0,
+                **kwargs) -> pd.DataFrame:
   """The Streaming DiLoCo paper's simulation table: bandwidth for each utilization target.
 
   Rows: model × {DP, DiLoCo, Streaming, Streaming + overlap (τ = 1), Streaming + overlap
-  + 4-bit}; columns: targets. Settings: M = 2, H = 100, fragments of 3 layers, 16-bit
-  payloads (4-bit in the last row), the models of ``SIM_MODELS``.
+  + 4-bit}; columns: targets. The paper's settings (its Table 4 and its caption): M = 2,
+  H = 100, fragments of 3 layers, 16-bit payloads (4-bit in the last row), the models of
+  ``SIM_MODELS``, gradients and outer gradients reduced layer by layer during the
+  sending step's backward pass.
 
   Args:
-    rounding: "grid" (the paper's 50-point log grid, its reporting) or "exact".
+    rounding: "grid" (the paper's 50-point log grid) or "exact".
     models: names of ``SIM_MODELS`` (or SimModels).
     targets: utilization targets (columns).
     replicas, sync_every, fragment_layers, latency: simulation settings.
+    **kwargs: other options of :func:`run_simulation` (fragment_pattern, bucket_layers, ...).
 
   Returns:
     A DataFrame of Gbit/s, indexed by (model, method), one column per target.
@@ -389,10 +372,10 @@ def paper_table(*, rounding="grid", models=("1B", "10B", "100B"), targets=PAPER_
     sim_model = get_sim_model(name)
     label_model = name if isinstance(name, str) else "custom"
     for label, method, overlap, bits in PAPER_ROWS:
-      rows.append(bandwidth_for_utilization(
+      rows.append(np.atleast_1d(bandwidth_for_utilization(
           list(targets), sim_model, method, rounding=rounding, replicas=replicas,
           sync_every=sync_every, fragment_layers=fragment_layers, overlap=overlap, bits=bits,
-          latency=latency))
+          latency=latency, **kwargs)))
       index.append((label_model, label))
   cols = [f"{u:.0%}" for u in targets]
   return pd.DataFrame(np.vstack(rows), index=pd.MultiIndex.from_tuples(

@@ -5,13 +5,11 @@ the product of a few axes around a base config, :func:`run_sweep` trains each co
 (or reads it back from the cache) and returns one row per run, and :func:`sweep_curves`
 returns the logged metrics of the same runs, one row per (run, logged step).
 
-The cache is a folder holding one subfolder per run, named by :func:`config_key`: a hash
-of the full config (every field of ``TrainConfig``, ``DiLoCoConfig`` and ``DataConfig``,
-except the ones that cannot change a number: ``out``, ``overwrite``, ``progress``) and of
-the trainer's source code. A rebuild reuses every finished run; changing any field, or
-the trainer, reruns exactly the runs it affects. Results are written to a temporary
-folder and renamed into place, so an interrupted sweep never leaves half a run behind
-and two processes may share one cache.
+Finished runs are cached on disk (:mod:`analysis.sweep_cache`: one folder per run, keyed
+by a hash of its config and of the trainer's code), so a rebuild reuses every finished run
+and reruns exactly the runs a change affects. The named sweeps the docs and notebooks use
+are in :mod:`analysis.experiments`; :func:`compare`, :func:`best`, :func:`summarize` and
+:func:`varying_columns` query the results.
 
 Compiled steps. Runs are trained one after the other in this process. The trainer
 feeds H, τ, η, μ, α, the inner learning rate, weight decay and clipping norm to its compiled
@@ -27,27 +25,23 @@ built.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import hashlib
 import itertools
 import json
 import os
-import pathlib
-import shutil
-import tempfile
 import time
 from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
 from tqdm.auto import tqdm
 
+from analysis.sweep_cache import cache_dir
+from analysis.sweep_cache import config_dict
+from analysis.sweep_cache import config_key
+from analysis.sweep_cache import enable_compilation_cache
+from analysis.sweep_cache import load_run
+from analysis.sweep_cache import save_run
 from diloco_core.config import DiLoCoConfig
 
-#: The environment variable that names the cache folder (the docs build sets it).
-CACHE_ENV = "DILOCO_SWEEPS_CACHE"
-#: The cache folder when neither an argument nor the environment names one.
-DEFAULT_CACHE_DIR = ".cache/sweeps"
-_NOT_RESULTS = ("out", "overwrite", "progress")  # TrainConfig fields that change no number
 #: The numbers of a run's summary that :func:`run_sweep` puts in each row.
 SUMMARY_COLUMNS = (
     "final_eval_loss", "loss_floor", "gap_to_floor", "total_bytes_per_replica",
@@ -58,53 +52,6 @@ def _train_module():
   # Imported lazily: diloco_core.train pulls in JAX, which the docs configure first.
   from diloco_core import train as train_module
   return train_module
-
-
-def cache_dir(path: str | os.PathLike | None = None) -> pathlib.Path:
-  """The sweep cache folder: ``path``, else ``$DILOCO_SWEEPS_CACHE``, else ``.cache/sweeps``.
-
-  Examples:
-    >>> str(cache_dir("/tmp/my-sweeps"))
-    '/tmp/my-sweeps'
-  """
-  if path is None:
-    path = os.environ.get(CACHE_ENV) or DEFAULT_CACHE_DIR
-  return pathlib.Path(path)
-
-
-@functools.lru_cache(maxsize=1)
-def code_version() -> str:
-  """A hash of the trainer's source (``diloco_core/*.py``): part of every cache key."""
-  import diloco_core
-  h = hashlib.sha256()
-  for f in sorted(pathlib.Path(diloco_core.__file__).parent.glob("*.py")):
-    h.update(f.name.encode())
-    h.update(f.read_bytes())
-  return h.hexdigest()[:16]
-
-
-def config_dict(cfg) -> dict[str, Any]:
-  """Every field of a TrainConfig that can change a result, as nested plain Python."""
-  d = dataclasses.asdict(cfg)
-  for name in _NOT_RESULTS:
-    d.pop(name, None)
-  return d
-
-
-def config_key(cfg) -> str:
-  """The cache key of a run: a hash of :func:`config_dict` and :func:`code_version`.
-
-  Examples:
-    >>> from diloco_core.train import TrainConfig
-    >>> a = TrainConfig(steps=100)
-    >>> config_key(a) == config_key(dataclasses.replace(a, progress=False, out="x"))
-    True
-    >>> config_key(a) == config_key(dataclasses.replace(a, steps=101))
-    False
-  """
-  payload = json.dumps({"config": config_dict(cfg), "code": code_version()},
-                       sort_keys=True, default=str)
-  return hashlib.sha256(payload.encode()).hexdigest()[:20]
 
 
 def flat_config(cfg) -> dict[str, Any]:
@@ -206,51 +153,16 @@ def grid(base, axes: Mapping[str, Sequence[Any]] | None = None, *, skip_invalid:
   return out
 
 
-def _load(run_dir: pathlib.Path):
-  with open(run_dir / "summary.json") as f:
-    summary = json.load(f)
-  metrics = pd.read_json(run_dir / "metrics.jsonl", lines=True)
-  return summary, metrics
-
-
-def _save(root: pathlib.Path, key: str, cfg, summary: dict, metrics: pd.DataFrame) -> None:
-  root.mkdir(parents=True, exist_ok=True)
-  tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
-  try:
-    with open(tmp / "config.json", "w") as f:
-      json.dump({"config": config_dict(cfg), "code": code_version()}, f, indent=1, default=str)
-    with open(tmp / "summary.json", "w") as f:
-      json.dump(summary, f, indent=1, default=str)
-    metrics.to_json(tmp / "metrics.jsonl", orient="records", lines=True)
-    try:
-      os.replace(tmp, root / key)
-    except OSError:  # another process finished the same run first: keep theirs
-      pass
-  finally:
-    if tmp.exists():
-      shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _enable_compilation_cache(root: pathlib.Path) -> None:
-  import jax
-  if jax.config.jax_compilation_cache_dir:
-    return
-  path = root.parent / "jax"
-  path.mkdir(parents=True, exist_ok=True)
-  jax.config.update("jax_compilation_cache_dir", str(path))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-
-
 def run_one(cfg, *, cache: str | os.PathLike | None | bool = None, rerun: bool = False):
   """Trains one config, or reads it from the cache; returns ``(summary, metrics, cached)``."""
   key = config_key(cfg)
   root = None if cache is False else cache_dir(None if cache is True else cache)
   if root is not None and not rerun and (root / key / "summary.json").exists():
-    summary, metrics = _load(root / key)
+    summary, metrics = load_run(root / key)
     return summary, metrics, True
   result = _train_module().train(dataclasses.replace(cfg, out=None, progress=False))
   if root is not None:
-    _save(root, key, cfg, result.summary, result.metrics)
+    save_run(root, key, cfg, result.summary, result.metrics)
   return result.summary, result.metrics, False
 
 
@@ -261,7 +173,7 @@ def run_sweep(configs: Iterable, *, cache: str | os.PathLike | None | bool = Non
 
   Args:
     configs: TrainConfigs, e.g. from :func:`grid`.
-    cache: the cache folder (default :func:`cache_dir`); ``False`` disables caching.
+    cache: the cache folder (default :func:`~analysis.sweep_cache.cache_dir`); ``False`` disables caching.
     rerun: train again even when a cached result exists (and overwrite it).
     progress: show a progress bar over the runs (also silenced by ``TQDM_DISABLE=1``).
     compilation_cache: switch on JAX's persistent compilation cache beside the sweep cache.
@@ -284,7 +196,7 @@ def run_sweep(configs: Iterable, *, cache: str | os.PathLike | None | bool = Non
   configs = list(configs)
   root = None if cache is False else cache_dir(None if cache is True else cache)
   if compilation_cache and root is not None:
-    _enable_compilation_cache(root)
+    enable_compilation_cache(root)
   rows: list[dict | None] = [None] * len(configs)
   quiet = not progress or os.environ.get("TQDM_DISABLE", "") not in ("", "0")
   bar = tqdm(total=len(configs), desc=desc, unit="run", disable=quiet)
@@ -330,7 +242,7 @@ def sweep_curves(df: pd.DataFrame, configs: Iterable | None = None, *,
   Args:
     df: a :func:`run_sweep` result (its ``key`` column names the cached runs).
     configs: unused; kept so that callers may pass the sweep's configs for clarity.
-    cache: the cache folder the runs were written to (default :func:`cache_dir`).
+    cache: the cache folder the runs were written to (default :func:`~analysis.sweep_cache.cache_dir`).
 
   Returns:
     One row per (run, logged step): the metrics columns of ``train`` (``step``,
@@ -425,167 +337,6 @@ def best(df: pd.DataFrame, by: str | Sequence[str], x: str,
   means = df.groupby(by_list + [x])[metric].mean().reset_index()
   idx = means.groupby(by_list)[metric].idxmin()
   return means.loc[idx].set_index(by_list)
-
-
-# ---- the sweeps behind the docs -------------------------------------------------------------
-#: The two sizes of the docs sweeps, ``"cpu"`` (what the docs build runs on 2 CPU cores)
-#: and ``"accelerator"`` (a larger setting the notebooks pick on a TPU or GPU).
-SCALES = ("cpu", "accelerator")
-
-
-def base_config(scale: str = "cpu", **changes):
-  """The run every docs sweep varies around.
-
-  On ``"cpu"``: the ``tiny`` preset (L = 2) on the synthetic language with V = 16
-  (order 2, 4 successors per context), M = 4 replicas × 8 sequences × 32 tokens,
-  600 inner steps, peak inner LR 1e-2, DiLoCo with H = 24 and the default outer
-  optimizer. Compilation, not training, dominates such a run (a few seconds each).
-  On ``"accelerator"``: the ``small`` preset on the trainer's default language, 16 × 64
-  tokens per replica, 1,500 steps.
-
-  Args:
-    scale: one of :data:`SCALES`.
-    **changes: fields to change (names as in :func:`grid`).
-
-  Returns:
-    A TrainConfig.
-  """
-  from diloco_core.data import DataConfig
-  train_module = _train_module()
-  if scale not in SCALES:
-    raise ValueError(f"scale must be one of {SCALES}, got {scale!r}.")
-  algo = DiLoCoConfig(algorithm="diloco", replicas=4, sync_every=24)
-  if scale == "cpu":
-    base = train_module.TrainConfig(
-        algo=algo, data=DataConfig(vocab_size=16), model="tiny", batch_size=8, seq_len=32,
-        steps=600, inner_lr=1e-2, eval_every=100, log_every=20, progress=False)
-  else:
-    base = train_module.TrainConfig(
-        algo=algo, model="small", batch_size=16, seq_len=64, steps=1500, inner_lr=3e-3,
-        eval_every=100, log_every=20, progress=False)
-  return with_values(base, changes) if changes else base
-
-
-def _seeds(scale: str) -> list[int]:
-  """Model seeds per configuration (three at both scales: a median and a spread)."""
-  return [0, 1, 2]
-
-
-def methods_configs(scale: str = "cpu") -> list:
-  """DP vs DiLoCo vs Streaming DiLoCo, one seed, on the larger model of the scale.
-
-  CPU: the ``small`` preset (L = 4) on the V = 16 language, 400 steps (evaluated every
-  20), M = 4, H = 20, Streaming with P = 5 (one fragment every 4 steps) and τ = 1. Accelerator: the ``base``
-  preset (L = 8), 2,000 steps, H = 40, P = 5, τ = 1.
-  """
-  if scale == "cpu":
-    base = base_config(scale, model="small", steps=400, sync_every=20, eval_every=20)
-  else:
-    base = base_config(scale, model="base", steps=2000, sync_every=40, eval_every=50)
-  return [with_values(base, {"algorithm": "dp"}),
-          with_values(base, {"algorithm": "diloco"}),
-          with_values(base, {"algorithm": "streaming", "fragments": 5, "overlap": 1})]
-
-
-def _three_methods(base, fragments: int, overlap: int = 1) -> list:
-  return [with_values(base, {"algorithm": "dp"}), base,
-          with_values(base, {"algorithm": "streaming", "fragments": fragments, "overlap": overlap})]
-
-
-#: The docs sweeps by name, each a function of the scale that returns its configs.
-SWEEPS: dict[str, Any] = {}
-
-
-def _register(name):
-  def deco(fn):
-    SWEEPS[name] = fn
-    return fn
-  return deco
-
-
-@_register("methods")
-def _methods(scale):
-  return methods_configs(scale)
-
-
-@_register("non_iid")
-def _non_iid(scale):
-  """The three methods on i.i.d. and non-i.i.d. shards (tiny; Streaming P = 3, τ = 1; one seed)."""
-  out = []
-  for dist in ("iid", "non-iid"):
-    for seed in _seeds(scale)[:1]:
-      out += _three_methods(base_config(scale, distribution=dist, seed=seed), fragments=3)
-  return out
-
-
-@_register("h_m")
-def _h_m(scale):
-  """DiLoCo over H ∈ {6, 24, 96} × M ∈ {2, 4, 8}, and DP for each M."""
-  base = base_config(scale)
-  dp = grid(base, {"algorithm": ["dp"], "replicas": [2, 4, 8], "seed": _seeds(scale)})
-  return dp + grid(base, replicas=[2, 4, 8], sync_every=[6, 24, 96], seed=_seeds(scale))
-
-
-@_register("outer_lr")
-def _outer_lr(scale):
-  """Outer LR η ∈ {0.1, 0.3, 0.5, 0.7, 0.9, 1.2} × inner LR ∈ {3e-3, 1e-2, 3e-2} (H = 24)."""
-  base = base_config(scale)
-  inner = [1e-3, 3e-3, 1e-2] if scale == "accelerator" else [3e-3, 1e-2, 3e-2]
-  return grid(base, inner_lr=inner, outer_lr=[0.1, 0.3, 0.5, 0.7, 0.9, 1.2], seed=_seeds(scale))
-
-
-def streaming_base(scale: str = "cpu"):
-  """Streaming sweeps need layers to split: ``tiny`` with L = 4 (P ∈ {1, 2, 3, 5}), H = 30."""
-  if scale == "cpu":
-    return base_config(scale, n_layers=4, sync_every=30)
-  return base_config(scale, sync_every=30)  # small: L = 4 already
-
-
-@_register("streaming")
-def _streaming(scale):
-  """P ∈ {1, 2, 3, 5} (strided, and sequential for P = 3); τ ∈ {0, 1, 5, 10} × α ∈ {0, 0.5} at P = 5."""
-  base = streaming_base(scale)
-  out = grid(base, fragments=[1, 2, 3, 5], seed=_seeds(scale))
-  out += grid(base, fragments=[3], fragment_pattern=["sequential"], seed=_seeds(scale))
-  for cfg in grid(base, fragments=[5], overlap=[0, 1, 5, 10], alpha=[0.0, 0.5],
-                  seed=_seeds(scale)):
-    if cfg not in out:
-      out.append(cfg)
-  return out
-
-
-@_register("heuristic_hp")
-def _heuristic_hp(scale):
-  """MaxText's "H = P = L + 1" against other (H, P) with L = 4, τ = 0, and DP."""
-  base = streaming_base(scale)
-  pairs = [(5, 1), (5, 5), (10, 1), (10, 2), (10, 5), (30, 5)]
-  out = grid(base, {"algorithm": ["dp"], "seed": _seeds(scale)})
-  for h, p in pairs:
-    out += grid(base, sync_every=[h], fragments=[p], seed=_seeds(scale))
-  return out
-
-
-@_register("compression")
-def _compression(scale):
-  """Wire formats none / bf16 / fp8 / fp4 / e3m0, with and without error feedback (H = 24)."""
-  base = base_config(scale)
-  out = []
-  for fmt in ("none", "bf16", "fp8", "fp4", "e3m0"):
-    for ef in ((False,) if fmt == "none" else (False, True)):
-      out += grid(base, compression=[fmt], error_feedback=[ef], seed=_seeds(scale))
-  return out
-
-
-def named_sweep(name: str, scale: str = "cpu") -> list:
-  """The configs of one docs sweep (see :data:`SWEEPS`) at a scale.
-
-  Examples:
-    >>> len(named_sweep("compression"))  # 9 (format, error feedback) pairs x 3 seeds
-    27
-  """
-  if name not in SWEEPS:
-    raise ValueError(f"sweep must be one of {sorted(SWEEPS)}, got {name!r}.")
-  return SWEEPS[name](scale)
 
 
 def summarize(df: pd.DataFrame, by: str | Sequence[str], metric: str = "final_eval_loss") -> pd.DataFrame:

@@ -93,11 +93,9 @@ def bench_streaming_compile(steps: int, fragments=(2, 5, 9, 13, 25), layers=24, 
     state = algo.init(params)
     xs = [algo.place_batch(x) for x in host]
     t0 = time.perf_counter()
-    hp = algo._device_hyperparams()
-    with jax.set_mesh(algo.mesh):
-      exe = algo._step.lower(state, xs[0], hp).compile()
+    exe = algo.lower(state, xs[0]).compile()
     compile_s[name] = time.perf_counter() - t0
-    compiled[name], states[name] = (lambda s, b, exe=exe, hp=hp: exe(s, b, hp), xs), state
+    compiled[name], states[name] = (lambda s, b, exe=exe, algo=algo: exe(*algo.step_args(s, b)), xs), state
   best = {name: float("inf") for name in runs}
   for _ in range(repeats):
     for name, (exe, xs) in compiled.items():

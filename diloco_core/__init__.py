@@ -1,4 +1,8 @@
-"""diloco_core: DiLoCo and Streaming DiLoCo in JAX (the trainer)."""
+"""diloco_core: DiLoCo and Streaming DiLoCo in JAX (the trainer).
+
+The training function is ``diloco_core.train.train`` (not re-exported here: the name
+``diloco_core.train`` is the module, which ``python -m diloco_core.train`` runs).
+"""
 
 from diloco_core.model_config import ModelConfig
 from diloco_core.model_config import PRESETS
@@ -14,7 +18,8 @@ from diloco_core.diloco import DiLoCo
 from diloco_core.diloco import DiLoCoState
 from diloco_core.diloco import CONFIG_HYPERPARAMS
 from diloco_core.diloco import default_outer_optimizer
-from diloco_core.hyperparams import TracedHyperparams
+from diloco_core.algorithm import Algorithm
+from diloco_core.algorithm import AlgorithmBase
 from diloco_core.hyperparams import resolve_optimizer
 from diloco_core.dp import DataParallel
 from diloco_core.dp import DPState
@@ -41,3 +46,9 @@ from diloco_core.mesh import make_mesh
 from diloco_core.mesh import parse_mesh
 from diloco_core.checkpoint import export_params
 from diloco_core.checkpoint import load_params
+from diloco_core.fields import non_result_fields
+from diloco_core.fields import result_fields
+from diloco_core.run_config import TrainConfig
+from diloco_core.loop import TrainResult
+from diloco_core.programs import clear_program_cache
+from diloco_core.programs import program_key

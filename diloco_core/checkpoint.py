@@ -39,7 +39,7 @@ import os
 import shutil
 import sys
 import threading
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -51,14 +51,6 @@ CHECKPOINTS = "checkpoints"
 FINAL_PARAMS = "final_params"
 TMP_MARK = ".orbax-checkpoint-tmp"
 
-# TrainConfig fields that a resumed run must share with the checkpoint: they fix the
-# state's shapes or the trajectory. Everything else (steps, eval/log/checkpoint
-# intervals, out, progress, mesh, drops, ...) may change on resume.
-MUST_MATCH = ("model", "n_layers", "vocab_size", "positions", "batch_size", "seq_len", "seed",
-              "inner_lr", "warmup_steps", "weight_decay", "grad_clip")
-_FLAGS = {"n_layers": "layers", "data.source": "data", "data.seed": "data-seed",
-          "data.vocab_size": "data-vocab", "data.order": "data-order",
-          "data.branching": "data-branching", "data.distribution": "distribution"}
 
 
 def _warn(msg: str) -> None:
@@ -68,10 +60,6 @@ def _warn(msg: str) -> None:
 
 def _jsonable(x: Any) -> Any:
   return json.loads(json.dumps(x, default=str))
-
-
-def _flag(name: str) -> str:
-  return "--" + _FLAGS.get(name, name.split(".")[-1]).replace("_", "-")
 
 
 def checkpoints_dir(out: str) -> str:
@@ -179,45 +167,48 @@ class Restored:
   path: str
 
 
-def check_compatible(saved: dict, current: dict, where: str) -> None:
+def check_compatible(saved: dict, current: dict, where: str, must_match: Sequence[str]) -> None:
   """Raises a one-line ``ValueError`` naming the first option that differs.
 
   Args:
     saved: the config stored in a checkpoint (``dataclasses.asdict`` of a TrainConfig, as JSON).
     current: the config of this run, same form.
     where: the checkpoint path, for the message.
+    must_match: dotted paths of the fields a resumed run must share with its checkpoint
+      (:func:`diloco_core.fields.must_match_fields`; they fix the state's shapes or the
+      trajectory). Every other field (steps, intervals, out, mesh, drops, ...) may change.
 
   Examples:
-    >>> check_compatible({"algo": {"replicas": 2}}, {"algo": {"replicas": 4}}, "ck/8")
+    >>> check_compatible({"algo": {"replicas": 2}}, {"algo": {"replicas": 4}}, "ck/8", ["algo.replicas"])
     Traceback (most recent call last):
     ...
-    ValueError: --resume: checkpoint ck/8 was written with replicas=2 but this run has replicas=4 (--replicas); resume with the same value, or start a new run in another --out.
+    ValueError: `resume`: checkpoint ck/8 was written with replicas=2 but this run has replicas=4 (`replicas`); resume with the same value, or start a new run in another `out`.
   """
   saved, current = _jsonable(saved), _jsonable(current)
-  names = [f"algo.{k}" for k in current.get("algo", {})] + [f"data.{k}" for k in current.get("data", {})]
-  names += [k for k in MUST_MATCH if k in current]
-  for name in names:
+  for name in must_match:
     group, _, key = name.rpartition(".")
+    if key not in (current.get(group, {}) if group else current):
+      continue
     a = (saved.get(group, {}) if group else saved).get(key, "<missing>")
     b = (current.get(group, {}) if group else current).get(key)
     if a != b:
-      label = name if group == "data" else key
+      label = key if group == "algo" else name
       raise ValueError(
-          f"--resume: checkpoint {where} was written with {label}={a!r} but this run has"
-          f" {label}={b!r} ({_flag(name)}); resume with the same value, or start a new run in"
-          " another --out.")
+          f"`resume`: checkpoint {where} was written with {label}={a!r} but this run has"
+          f" {label}={b!r} (`{label}`); resume with the same value, or start a new run in"
+          " another `out`.")
 
 
 def _check_leaves(saved: list[dict], current: list[dict], where: str) -> None:
   if len(saved) != len(current):
     raise ValueError(
-        f"--resume: checkpoint {where} holds {len(saved)} arrays but this run's state has"
-        f" {len(current)}: it was written by another model or algorithm; use its own --out.")
+        f"`resume`: checkpoint {where} holds {len(saved)} arrays but this run's state has"
+        f" {len(current)}: it was written by another model or algorithm; use its own `out`.")
   for a, b in zip(saved, current):
     if a != b:
       raise ValueError(
-          f"--resume: checkpoint {where} holds another model: {a['path']} is {a['dtype']}{a['shape']}"
-          f" there but {b['dtype']}{b['shape']} here; use the same model options or another --out.")
+          f"`resume`: checkpoint {where} holds another model: {a['path']} is {a['dtype']}{a['shape']}"
+          f" there but {b['dtype']}{b['shape']} here; use the same model options or another `out`.")
 
 
 def _remove_leftovers(out: str) -> None:
@@ -231,7 +222,7 @@ def _remove_leftovers(out: str) -> None:
       shutil.rmtree(os.path.join(d, name), ignore_errors=True)
 
 
-def restore_latest(out: str, target, config: dict) -> Restored:
+def restore_latest(out: str, target, config: dict, must_match: Sequence[str]) -> Restored:
   """Restores the newest valid checkpoint of ``<out>`` into the structure of ``target``.
 
   Damaged checkpoints (unreadable, truncated, checksum mismatch) are skipped with a
@@ -242,6 +233,7 @@ def restore_latest(out: str, target, config: dict) -> Restored:
     target: a freshly initialised state of this run (gives structure, dtypes, shardings).
     config: this run's config as a dict (``dataclasses.asdict``), checked with
       :func:`check_compatible`.
+    must_match: the dotted paths of ``config`` that must equal the checkpoint's.
 
   Returns:
     A :class:`Restored`.
@@ -253,8 +245,8 @@ def restore_latest(out: str, target, config: dict) -> Restored:
   _quiet_orbax_failed_reads()
   steps = finalized_steps(out)
   if not steps:
-    raise ValueError(f"--resume: no checkpoint in {d}; run without --resume to start a new run"
-                     " (add --checkpoint-every N to write checkpoints).")
+    raise ValueError(f"`resume`: no checkpoint in {d}; run without `resume` to start a new run"
+                     " (set `checkpoint_every` to write checkpoints).")
   expected = leaf_table(target)
   abstract = {k: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
               for k, x in _items(target).items()}
@@ -270,7 +262,7 @@ def restore_latest(out: str, target, config: dict) -> Restored:
       except Exception as e:  # noqa: BLE001 - any unreadable checkpoint is skipped
         failures.append((step, _reason(e)))
         continue
-      check_compatible(meta.get("config", {}), config, path)
+      check_compatible(meta.get("config", {}), config, path, must_match)
       _check_leaves(meta.get("leaves", []), expected, path)
       try:
         items = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
@@ -289,8 +281,8 @@ def restore_latest(out: str, target, config: dict) -> Restored:
   finally:
     mgr.close()
   step, why = failures[0]
-  raise ValueError(f"--resume: no readable checkpoint in {d} (newest, step {step}: {why}); remove"
-                   " the damaged step directories, or start over with --overwrite.")
+  raise ValueError(f"`resume`: no readable checkpoint in {d} (newest, step {step}: {why}); remove"
+                   " the damaged step directories, or start over with `overwrite`.")
 
 
 def _quiet_orbax_failed_reads() -> None:
@@ -377,7 +369,7 @@ def load_params(path: str, like=None):
   if os.path.isdir(os.path.join(path, "state")) or os.path.isdir(os.path.join(path, CHECKPOINTS)) or (
       os.path.basename(path) == CHECKPOINTS):
     raise ValueError(f"{path!r} is a training checkpoint (or run) directory, not a params checkpoint;"
-                     " pass the run's final_params/ (or use --resume to continue that run).")
+                     " pass the run's final_params/ (or use `resume` to continue that run).")
   if not os.path.exists(os.path.join(path, "_METADATA")):
     raise ValueError(f"{path!r} is not a params checkpoint (no Orbax _METADATA file; it may be"
                      " truncated); pass a final_params/ directory written by a run.")

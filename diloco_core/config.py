@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from diloco_core import fields
 from diloco_core import validity as v
 from diloco_core.compression import FORMATS
 
@@ -17,26 +18,48 @@ FRAGMENT_PATTERNS = v.FRAGMENT_PATTERNS
 COMPRESSIONS = FORMATS  # the wire formats of diloco_core.compression
 
 
+def _field(default, **kw):
+  """An outer-loop field: in the CLI's algorithm group; every one must match on resume, and
+  every one that is not traced is compiled into the step."""
+  return fields.field(default, group="algorithm", must_match=True,
+                      program=not kw.get("traced"), **kw)
+
+
 @dataclasses.dataclass(frozen=True)
 class DiLoCoConfig:
-  """Outer-loop settings of DP, DiLoCo and Streaming DiLoCo (symbols as in SPEC.md).
+  """Outer-loop settings of DP, DiLoCo and Streaming DiLoCo.
+
+  The symbols are those of the semantics page (docs/semantics.md); each field's metadata
+  (:mod:`diloco_core.fields`) says whether it is a traced input of the step (H and τ as
+  int32, η, μ and α as float32) or compiled in.
 
   ``algorithm="diloco"`` is Streaming DiLoCo with ``fragments=1``; ``"streaming"`` is the
   same code with any P. ``"dp"`` ignores every outer field but ``replicas``.
   """
 
-  algorithm: str = "diloco"  # "dp" | "diloco" | "streaming"
-  replicas: int = 2  # M, replicas each training on their own data shard
-  sync_every: int = 50  # H, inner steps between two syncs of the same parameters
-  outer_lr: float = 0.7  # η, outer SGD learning rate
-  outer_momentum: float = 0.9  # μ, outer Nesterov momentum, in [0, 1)
-  fragments: int = 1  # P, parameter fragments synced in turn every Δh = H / P steps
-  fragment_pattern: str = "strided"  # how layers are dealt to fragments 1..P-1
-  overlap: int = 0  # τ, steps between sending a fragment and merging the result; 0 <= τ < H
-  alpha: float = 0.0  # merge blend: local <- α·local + (1-α)·global
-  compression: str = "none"  # wire format of each replica's pseudo-gradient
-  error_feedback: bool = False  # keep each replica's compression residual and resend it
-  compression_block: int | None = None  # elements per quantization scale; None = per tensor
+  algorithm: str = _field("diloco", flag="algorithm", help=f"one of {ALGORITHMS}")
+  replicas: int = _field(2, flag="replicas", symbol="M", help="replicas, each on its own data shard")
+  sync_every: int = _field(50, flag="sync-every", symbol="H", traced="int32",
+                           help="inner steps between two syncs of the same parameters")
+  outer_lr: float = _field(0.7, flag="outer-lr", symbol="η", traced="float32",
+                           help="outer Nesterov SGD learning rate")
+  outer_momentum: float = _field(0.9, flag="outer-momentum", symbol="μ", traced="float32",
+                                 help="outer Nesterov momentum, in [0, 1)")
+  fragments: int = _field(1, flag="fragments", symbol="P",
+                          help="fragments synced in turn every Δh = H/P steps (streaming)")
+  fragment_pattern: str = _field("strided", flag="fragment-pattern",
+                                 help=f"layers to fragments 1..P-1: one of {FRAGMENT_PATTERNS}")
+  overlap: int = _field(0, flag="overlap", symbol="τ", traced="int32",
+                        help="steps between sending a fragment and merging it, 0 <= τ < H")
+  alpha: float = _field(0.0, flag="alpha", symbol="α", traced="float32",
+                        help="merge blend, local <- α·local + (1-α)·global")
+  compression: str = _field("none", flag="compression",
+                            help=f"pseudo-gradient wire format: one of {COMPRESSIONS}")
+  error_feedback: bool = _field(False, flag="error-feedback",
+                                help="keep and resend each replica's compression residual")
+  compression_block: int | None = _field(
+      None, flag="compression-block", parse=int,
+      help="elements per quantization scale (default: one scale per tensor)")
 
   def __post_init__(self):
     self.validate()

@@ -1,4 +1,6 @@
-"""The model-agnostic DiLoCo / Streaming DiLoCo step (SPEC.md), written with drjax.
+"""The model-agnostic DiLoCo / Streaming DiLoCo step, written with drjax.
+
+The semantics (symbols, schedule, merge) are those of the semantics page (docs/semantics.md).
 
 :class:`DiLoCo` takes any params pytree, a ``loss_fn(params, batch)``, an inner optax
 optimizer and a :class:`~diloco_core.DiLoCoConfig`. One call of its jitted ``step`` does,
@@ -22,7 +24,7 @@ program for every step and every P.
 Hyperparameters are inputs, not constants. H, τ, η, μ, α (and any named hyperparameter
 of the optimizers, e.g. the inner learning rate) enter the compiled step as scalars, so
 runs that differ only in them share one program:
-:meth:`~diloco_core.hyperparams.TracedHyperparams.with_hyperparams` returns a copy that
+:meth:`~diloco_core.algorithm.AlgorithmBase.with_hyperparams` returns a copy that
 reuses the compiled step (a sweep over η compiles once). The optimizers may be given as
 factories ``hparams -> optax.GradientTransformation`` for that purpose.
 
@@ -30,8 +32,7 @@ Fragments in flight. Because τ < H, fragment p is merged before it is sent agai
 :math:`\\theta_g[p]` only changes at p's sends; so at merge time :math:`\\theta_g[p]` still
 holds exactly the value computed at the send. The in-flight set is therefore fully
 described by ``(global_params, step)``, which the state holds (and checkpoints), and no
-second copy of the model is kept (DESIGN.md proposed one; it would cost one model of
-memory for nothing). With replica drops (the ``participation`` mask of :meth:`DiLoCo.step`)
+second copy of the model is kept (one would cost one model of memory for nothing). With replica drops (the ``participation`` mask of :meth:`DiLoCo.step`)
 the state also holds, per replica and fragment, whether it took part in that fragment's
 latest sync (``participants``, [M, P], sharded like the replicas so that reading it at the
 merge needs no communication), so the merge knows whom to heal; a checkpoint holds that too.
@@ -40,7 +41,7 @@ merge needs no communication), so the merge knows whom to heal; a checkpoint hol
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import drjax
 import jax
@@ -50,17 +51,48 @@ import optax
 from flax import struct
 
 from diloco_core import compression
+from diloco_core.algorithm import AlgorithmBase, all_finite
 from diloco_core.config import DiLoCoConfig
+from diloco_core.fields import traced_fields
 from diloco_core.fragments import LAYER, OTHER, SHARED, Fragments, leaf_paths
-from diloco_core.hyperparams import Optimizer, TracedHyperparams, check_hyperparams
-from diloco_core.hyperparams import resolve_optimizer
-from diloco_core.mesh import MeshPlacement, make_mesh
+from diloco_core.hyperparams import Optimizer, resolve_optimizer
+from diloco_core.mesh import make_mesh
 from diloco_core.schedule import merged_fragment, sent_fragment
 
 LossFn = Callable[[Any, Any], jax.Array]
 #: The config fields that are traced inputs of the step rather than compiled-in constants
-#: (none of them changes a shape): H and τ (int32), η, μ and α (float32).
-CONFIG_HYPERPARAMS = ("sync_every", "overlap", "outer_lr", "outer_momentum", "alpha")
+#: (none of them changes a shape), name -> dtype: H and τ (int32), η, μ and α (float32).
+#: Read from :class:`~diloco_core.DiLoCoConfig`'s field metadata.
+CONFIG_HYPERPARAMS = traced_fields(DiLoCoConfig)
+
+
+class OuterUpdate(NamedTuple):
+  """Leaf lists a fragment's send updates: the global params, the outer optimizer state and
+  the error-feedback residuals (None without error feedback)."""
+
+  global_params: list
+  outer_state: list
+  ef_residual: list | None
+
+
+class SendOperands(NamedTuple):
+  """Inputs of a fragment's send: the :class:`OuterUpdate` leaves, every replica's params
+  (leading axis M) and the participation mask ([M] float32, or None for everyone)."""
+
+  global_params: list
+  outer_state: list
+  replica_params: list
+  ef_residual: list | None
+  participation: jax.Array | None
+
+
+class MergeOperands(NamedTuple):
+  """Inputs of a fragment's merge: the global params, every replica's params and how each
+  replica took part in that fragment's latest sync ([M], see ``DiLoCoState.participants``)."""
+
+  global_params: list
+  replica_params: list
+  participation: jax.Array
 
 
 class DiLoCoState(struct.PyTreeNode):
@@ -95,7 +127,7 @@ def inner_update(loss_fn: LossFn, optimizer: optax.GradientTransformation, param
 
 
 def default_outer_optimizer(hparams: dict) -> optax.GradientTransformation:
-  """SPEC.md's outer optimizer: ``optax.sgd(η, μ, nesterov=True)`` from ``hparams``."""
+  """The outer optimizer of the semantics page: ``optax.sgd(η, μ, nesterov=True)`` from ``hparams``."""
   return optax.sgd(hparams["outer_lr"], momentum=hparams["outer_momentum"], nesterov=True)
 
 
@@ -104,7 +136,7 @@ def stack_replicas(tree, replicas: int):
   return jax.tree.map(lambda x: jnp.broadcast_to(x, (replicas, *x.shape)), tree)
 
 
-class DiLoCo(TracedHyperparams, MeshPlacement):
+class DiLoCo(AlgorithmBase):
   """DiLoCo (P = 1) and Streaming DiLoCo (any P) for any params pytree.
 
   Args:
@@ -121,7 +153,7 @@ class DiLoCo(TracedHyperparams, MeshPlacement):
       a replica), see :mod:`diloco_core.mesh`; default: one device.
     hyperparams: extra named hyperparameters (floats) for optimizer factories, e.g.
       ``{"inner_lr": 3e-3}``; with H, τ, η, μ, α (:data:`CONFIG_HYPERPARAMS`) they form
-      the dict (:attr:`~diloco_core.hyperparams.TracedHyperparams.hyperparams`) the step
+      the dict (:attr:`~diloco_core.algorithm.AlgorithmBase.hyperparams`) the step
       receives as scalars (int32 for H and τ, float32 otherwise) and the factories are
       built from.
 
@@ -141,8 +173,8 @@ class DiLoCo(TracedHyperparams, MeshPlacement):
 
     >>> algo2 = algo.with_hyperparams(outer_lr=0.5)
     >>> state2, _ = algo2.step(algo2.init(jnp.zeros(())), jnp.array([1.0, 3.0]))
-    >>> float(state2.global_params), algo2._step is algo._step
-    (0.5, True)
+    >>> float(state2.global_params), algo2.program is algo.program, algo.compiled_programs
+    (0.5, True, 1)
   """
 
   def __init__(self, loss_fn: LossFn, inner_optimizer: Optimizer, config: DiLoCoConfig, *,
@@ -155,14 +187,13 @@ class DiLoCo(TracedHyperparams, MeshPlacement):
     self.loss_fn = loss_fn
     self.inner_optimizer = inner_optimizer
     self.outer_optimizer = default_outer_optimizer if outer_optimizer is None else outer_optimizer
-    self.extra_hyperparams = check_hyperparams(CONFIG_HYPERPARAMS, hyperparams)
+    self._init_hyperparams(hyperparams)
     self.layer_mask = layer_mask
     self.mesh = make_mesh() if mesh is None else mesh
     self.fragments: Fragments | None = None
 
   replica_fields = ("params", "opt_state", "ef_residual", "participants")
   config_hyperparams = CONFIG_HYPERPARAMS
-  integer_hyperparams = ("sync_every", "overlap")
 
   # ---- set-up ------------------------------------------------------------------------------
   def _build(self, params) -> None:
@@ -193,7 +224,7 @@ class DiLoCo(TracedHyperparams, MeshPlacement):
     """The initial state: every replica and the global copy start from ``params``.
 
     Compiles nothing if this object (or the one it was copied from by
-    :meth:`~diloco_core.hyperparams.TracedHyperparams.with_hyperparams`) already holds a
+    :meth:`~diloco_core.algorithm.AlgorithmBase.with_hyperparams`) already holds a
     step for params of this structure.
     """
     cfg, hp = self.config, self.hyperparams
@@ -248,20 +279,15 @@ class DiLoCo(TracedHyperparams, MeshPlacement):
       >>> float(state.global_params), state.params.tolist(), state.participants.tolist()
       (0.5, [0.5, 0.5], [[1.0], [0.0]])
     """
-    if self._step is None:
-      raise RuntimeError("call init(params) before step().")
-    with jax.set_mesh(self.mesh):
-      hp = self._device_hyperparams()
-      if participation is None:
-        return self._step(state, batch, hp)
-      return self._step(state, batch, hp, jnp.asarray(participation, jnp.float32))
+    return super().step(state, batch, participation)
 
-  def _send(self, branch, k, hp, g, outer, r, ef, present=None):
-    """Outer update of one fragment; returns the new (global, outer, residual) leaf lists.
+  def _send(self, branch, k, hp, ops: SendOperands) -> OuterUpdate:
+    """Outer update of one fragment (``branch``, ``k``: see :meth:`Fragments.switch`).
 
-    ``present`` ([M] float, or None for everyone) masks out dropped replicas.
+    ``ops.participation`` ([M] float, or None for everyone) masks out dropped replicas.
     """
     cfg, frag = self.config, self.fragments
+    g, outer, r, ef, present = ops
     g_sub = frag.take(g, self._kinds, branch, k, axis=0)
     r_sub = frag.take(r, self._kinds, branch, k, axis=1)
     e_sub = frag.take(ef, self._kinds, branch, k, axis=1) if ef is not None else None
@@ -297,16 +323,17 @@ class DiLoCo(TracedHyperparams, MeshPlacement):
     outer = frag.put(outer, self._outer_kinds, branch, jax.tree.leaves(new_outer), k, axis=0)
     if ef is not None:
       ef = frag.put(ef, self._kinds, branch, e_sub, k, axis=1)
-    return g, outer, ef
+    return OuterUpdate(g, outer, ef)
 
-  def _merge(self, branch, k, alpha, g, r, how):
+  def _merge(self, branch, k, alpha, ops: MergeOperands) -> list:
     """Blends one fragment of every replica towards the global copy; returns new replica leaves.
 
-    ``how`` ([M], placed) is how each replica took part in that fragment's sync (see
-    ``DiLoCoState.participants``): present ones blend, dropped ones are replaced by the
+    ``ops.participation`` ([M], placed) is how each replica took part in that fragment's sync
+    (see ``DiLoCoState.participants``): present ones blend, dropped ones are replaced by the
     global copy (healed), and if nobody took part nothing changes.
     """
     frag = self.fragments
+    g, r, how = ops
     g_sub = frag.take(g, self._kinds, branch, k, axis=0)
     r_sub = frag.take(r, self._kinds, branch, k, axis=1)
 
@@ -339,9 +366,10 @@ class DiLoCo(TracedHyperparams, MeshPlacement):
     is_update = is_send if participation is None else is_send & (jnp.sum(participation) > 0)
     g, outer, ef = jax.lax.cond(
         is_update,
-        lambda ops: self.fragments.switch(p_send, lambda b, k: self._send(b, k, hp, *ops)),
-        lambda ops: ops[:2] + (ops[3],),
-        (g, outer, r, ef, participation))
+        lambda ops: self.fragments.switch(p_send, lambda b, k: self._send(b, k, hp, ops)),
+        lambda ops: OuterUpdate(ops.global_params, ops.outer_state, ops.ef_residual),
+        SendOperands(global_params=g, outer_state=outer, replica_params=r, ef_residual=ef,
+                     participation=participation))
     # How each replica took part in each fragment's latest sync (its merge heals the dropped
     # ones). Per replica, so the merge reads it without communication.
     present = jnp.ones((cfg.replicas,), jnp.float32) if participation is None else participation
@@ -353,9 +381,9 @@ class DiLoCo(TracedHyperparams, MeshPlacement):
     how = drjax.map_fn(lambda row: row[p_merge], participants)
     r = jax.lax.cond(
         is_merge,
-        lambda ops: self.fragments.switch(p_merge, lambda b, k: self._merge(b, k, hp["alpha"], *ops)),
-        lambda ops: ops[1],
-        (g, r, how))
+        lambda ops: self.fragments.switch(p_merge, lambda b, k: self._merge(b, k, hp["alpha"], ops)),
+        lambda ops: ops.replica_params,
+        MergeOperands(global_params=g, replica_params=r, participation=how))
 
     unflat = functools.partial(jax.tree.unflatten, self._treedef)
     new_state = DiLoCoState(
@@ -374,3 +402,8 @@ class DiLoCo(TracedHyperparams, MeshPlacement):
   def eval_params(state: DiLoCoState):
     """The params to evaluate and export: the global copy θ_g."""
     return state.global_params
+
+  @staticmethod
+  def finite_flags(state: DiLoCoState) -> tuple[jax.Array, jax.Array]:
+    """(whether each replica's params are all finite [M], whether θ_g is), on device."""
+    return all_finite(state.params, True), all_finite(state.global_params, False)[0]

@@ -17,10 +17,10 @@ import numpy as np
 import optax
 from flax import struct
 
+from diloco_core.algorithm import AlgorithmBase, all_finite
 from diloco_core.config import DiLoCoConfig
-from diloco_core.hyperparams import Optimizer, TracedHyperparams, check_hyperparams
-from diloco_core.hyperparams import resolve_optimizer
-from diloco_core.mesh import MeshPlacement, make_mesh
+from diloco_core.hyperparams import Optimizer, resolve_optimizer
+from diloco_core.mesh import make_mesh
 
 
 class DPState(struct.PyTreeNode):
@@ -31,7 +31,7 @@ class DPState(struct.PyTreeNode):
   step: jax.Array
 
 
-class DataParallel(TracedHyperparams, MeshPlacement):
+class DataParallel(AlgorithmBase):
   """Synchronous data parallelism with the same interface as :class:`~diloco_core.DiLoCo`.
 
   Args:
@@ -41,8 +41,8 @@ class DataParallel(TracedHyperparams, MeshPlacement):
     config: only ``replicas`` is used.
     mesh: a mesh with a ``diloco`` axis (replicas) and a ``data`` axis; default: one device.
     hyperparams: named hyperparameters (floats) the factory receives as traced float32
-      scalars; :meth:`~diloco_core.hyperparams.TracedHyperparams.with_hyperparams`
-      changes them without recompiling.
+      scalars; :meth:`~diloco_core.algorithm.AlgorithmBase.with_hyperparams`
+      changes them without recompiling. (DP traces none of the config's outer fields.)
 
   Examples:
     >>> dp = DataParallel(lambda w, x: jnp.sum((w - x) ** 2), optax.sgd(0.25),
@@ -59,7 +59,7 @@ class DataParallel(TracedHyperparams, MeshPlacement):
     self.mesh = make_mesh() if mesh is None else mesh
     self.loss_fn = loss_fn
     self.inner_optimizer = inner_optimizer
-    self.extra_hyperparams = check_hyperparams(self.config_hyperparams, hyperparams)
+    self._init_hyperparams(hyperparams)
     self.grad_bytes = 0.0
 
   def init(self, params) -> DPState:
@@ -84,12 +84,34 @@ class DataParallel(TracedHyperparams, MeshPlacement):
     true = jnp.ones((), bool)
     return DPState(params, opt_state, state.step + 1), {"loss": loss, "sent": true, "merged": true}
 
-  def step(self, state: DPState, batch):
-    """One synchronous step on the global batch (leaves of ``batch`` have leading axis M)."""
-    if self._step is None:
-      raise RuntimeError("call init(params) before step().")
-    with jax.set_mesh(self.mesh):
-      return self._step(state, batch, self._device_hyperparams())
+  def step(self, state: DPState, batch, participation=None):
+    """One synchronous step on the global batch (leaves of ``batch`` have leading axis M).
+
+    Args:
+      state: the current state (donated).
+      batch: a pytree whose leaves have a leading axis M (one batch per replica).
+      participation: None, or an all-ones [M] mask: every replica takes part in every
+        all-reduce (DP has no sync to miss; any other mask is a ``ValueError``).
+
+    Examples:
+      >>> dp = DataParallel(lambda w, x: jnp.sum((w - x) ** 2), optax.sgd(0.25),
+      ...                   DiLoCoConfig(algorithm="dp", replicas=2))
+      >>> state = dp.init(jnp.zeros(()))
+      >>> dp.step(state, jnp.array([1.0, 3.0]), np.array([1.0, 0.0]))
+      Traceback (most recent call last):
+      ...
+      ValueError: DataParallel: participation must be None or all ones (DP has no sync to miss), got [1.0, 0.0].
+    """
+    return super().step(state, batch, participation)
+
+  def step_args(self, state, batch, participation=None) -> tuple:
+    """``(state, batch, hyperparameters)``: an all-ones ``participation`` is dropped."""
+    if participation is not None:
+      mask = np.asarray(jax.device_get(participation), np.float32)
+      if mask.shape != (self.config.replicas,) or not np.all(mask == 1.0):
+        raise ValueError("DataParallel: participation must be None or all ones (DP has no sync to"
+                         f" miss), got {mask.tolist()}.")
+    return super().step_args(state, batch, None)
 
   def bytes_sent(self, t: int) -> float:
     """Bytes each replica sends per step: the full float32 gradient."""
@@ -97,4 +119,10 @@ class DataParallel(TracedHyperparams, MeshPlacement):
 
   @staticmethod
   def eval_params(state: DPState):
+    """The params to evaluate and export: the single model."""
     return state.params
+
+  @staticmethod
+  def finite_flags(state: DPState) -> tuple[None, jax.Array]:
+    """(None: one model, no replicas of its own; whether its params are all finite)."""
+    return None, all_finite(state.params, False)[0]

@@ -30,7 +30,7 @@ def parse_mesh(spec: str | None) -> dict[str, int] | None:
     >>> parse_mesh("diloco=2,model=4")
     Traceback (most recent call last):
     ...
-    ValueError: mesh axis 'model' is not one of ('diloco', 'data'); write e.g. --mesh diloco=2,data=4.
+    ValueError: mesh axis 'model' is not one of ('diloco', 'data'); write e.g. `mesh`='diloco=2,data=4'.
   """
   if spec is None:
     return None
@@ -38,9 +38,9 @@ def parse_mesh(spec: str | None) -> dict[str, int] | None:
   for part in spec.split(","):
     name, sep, value = part.strip().partition("=")
     if not sep:
-      raise ValueError(f"mesh entry {part!r} must look like name=size; write e.g. --mesh diloco=2,data=4.")
+      raise ValueError(f"mesh entry {part!r} must look like name=size; write e.g. `mesh`='diloco=2,data=4'.")
     if name not in AXES:
-      raise ValueError(f"mesh axis {name!r} is not one of {AXES}; write e.g. --mesh diloco=2,data=4.")
+      raise ValueError(f"mesh axis {name!r} is not one of {AXES}; write e.g. `mesh`='diloco=2,data=4'.")
     if name in out:
       raise ValueError(f"mesh axis {name!r} is given twice in {spec!r}.")
     try:
@@ -61,8 +61,8 @@ def check_mesh(shape: dict[str, int], *, replicas: int, batch_size: int,
   if d * b > n:
     raise ValueError(
         f"mesh diloco={d} x data={b} needs {d * b} devices, but {n} are available; choose sizes"
-        f" whose product is at most {n} (e.g. --mesh diloco={_largest_divisor(n, replicas)},"
-        f"data={n // _largest_divisor(n, replicas)}).")
+        f" whose product is at most {n} (e.g. `mesh`='diloco={_largest_divisor(n, replicas)},"
+        f"data={n // _largest_divisor(n, replicas)}').")
   if replicas % d:
     raise ValueError(
         f"replicas (M={replicas}) must be divisible by the mesh's diloco axis ({d}); choose"
@@ -103,7 +103,7 @@ def make_mesh(shape: dict[str, int] | None = None) -> Mesh:
 
 
 class MeshPlacement:
-  """Mixin of the algorithms: where their state and batches live.
+  """Where an algorithm's state and batches live: the base of :class:`~diloco_core.algorithm.AlgorithmBase`.
 
   ``replica_fields`` names the state fields with a leading replica axis (sharded over
   ``diloco``); every other field is replicated.
@@ -188,7 +188,7 @@ def fetch(x: Any) -> np.ndarray:
 
 def initialize_distributed(coordinator: str | None = None, num_processes: int | None = None,
                            process_id: int | None = None) -> bool:
-  """Starts multi-process JAX when asked (flags, or the JAX_* / DILOCO_* environment).
+  """Starts multi-process JAX when asked (the arguments, or the ``JAX_*`` environment variables below).
 
   Args:
     coordinator: ``host:port`` of process 0 (env ``JAX_COORDINATOR_ADDRESS``).
@@ -207,7 +207,7 @@ def initialize_distributed(coordinator: str | None = None, num_processes: int | 
   if coordinator is None and num_processes is None:
     return False
   if coordinator is None or num_processes is None or process_id is None:
-    raise ValueError("multi-process runs need all of --coordinator, --num-processes and --process-id"
+    raise ValueError("multi-process runs need all of `coordinator`, `num_processes` and `process_id`"
                      " (or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID).")
   if not 0 <= process_id < num_processes:
     raise ValueError(f"process_id must be in [0, num_processes={num_processes}), got {process_id}.")

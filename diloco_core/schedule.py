@@ -1,4 +1,4 @@
-"""When each fragment is sent and merged (SPEC.md, "One inner step t").
+"""When each fragment is sent and merged ("One inner step" on the semantics page, docs/semantics.md).
 
 Fragment p is sent after inner step t > 0 when ``t % H == ((p + 1) * Δh) % H`` with
 Δh = H / P, and merged τ steps later. At most one fragment is sent (and at most one

@@ -9,6 +9,9 @@ from analysis import __main__ as cli
 from analysis import plan as pl
 from analysis import roofline as rl
 from analysis import simulate as sim
+from analysis.hardware import get_hardware
+from analysis.models import get_model
+from analysis.models import model_stats
 
 
 def _run(*args):
@@ -23,10 +26,25 @@ def test_roofline_command():
   assert "ICI 2,550, DCN 73,440" in r.stdout  # critical intensities of v5p
   assert "8,030,261,248 parameters" in r.stdout
   # The DP row: critical batch and largest M computed by the library for this model.
-  b = rl.dp_critical_batch_per_slice("v5p", model="8B", replicas=4)
-  m = rl.max_slices(4194304, "v5p", model="8B")
+  v5p, llama = get_hardware("v5p"), get_model("8B")
+  b = rl.dp_critical_batch_per_slice(v5p, model=llama, replicas=4)
+  m = rl.max_slices(4194304, v5p, model=llama)
   assert f"{b:,.0f}" in r.stdout and f" {m} " in r.stdout
   assert "Streaming H=100 P=5 tau=1" in r.stdout
+  # Bandwidth and memory come from the planner's candidate_table (one computation).
+  step = pl.step_time(model_stats(llama), v5p, 4194304 / 4, 256, 1.0)
+  planned = pl.candidate_table(llama, v5p, [("streaming", 100, 5, 1)], slices=4,
+                               chips_per_slice=256, step_time=step, target=0.95, bits=16)
+  row = next(l for l in r.stdout.splitlines() if l.startswith("Streaming H=100 P=5 tau=1"))
+  assert f"{planned['Gbit/s per slice'].iloc[0]:,.4g}" in row
+  assert f"{planned['memory GB/chip'].iloc[0]:,.2f}" in row
+
+
+def test_roofline_command_refuses_what_the_trainer_refuses():
+  r = _run("roofline", "--hardware", "v5p", "--model", "8B", "--global-batch-tokens",
+           "4194304", "--slices", "4", "--sync-every", "10", "--fragments", "3")
+  assert r.returncode == 2 and r.stdout == ""
+  assert "sync_every (H=10) must be a multiple of fragments (P=3)" in r.stderr
 
 
 def test_plan_command():
@@ -68,10 +86,10 @@ def test_simulate_table_command():
     (("simulate", "--target", "1.5"), "target must be strictly between 0 and 1"),
     (("plan", "--model", "qwen3-8b", "--hardware", "v5p", "--slices", "2", "--chips-per-slice",
       "64", "--seq-len", "4096", "--global-batch-tokens", "2097152", "--link-gbps", "100",
-      "--mfu", "1.5"), "mfu must be in (0, 1], got 1.5."),
+      "--mfu", "1.5"), "mfu must be a finite number in (0, 1], got 1.5."),
     (("plan", "--model", "qwen3-8b", "--hardware", "v5p", "--slices", "2", "--chips-per-slice",
       "64", "--seq-len", "4096", "--global-batch-tokens", "2097152", "--link-gbps", "100",
-      "--sync-every", "0"), "sync_every must be a positive integer, got 0."),
+      "--sync-every", "0"), "sync_every must be an integer >= 1, got 0."),
     (("plan", "--model", "qwen3-8b", "--hardware", "v5p", "--slices", "2.5"),
      "argument --slices: invalid int value: '2.5'"),
 ])
@@ -99,8 +117,8 @@ def test_in_process_errors_and_help(capsys):
                 "--global-batch-tokens", "--link-gbps", "--mfu", "--target", "--bits",
                 "--sync-every", "--overlaps"]),
       ("simulate", ["--model", "--method", "--step-time", "--replicas", "--sync-every",
-                    "--fragment-layers", "--overlap", "--bits", "--latency", "--target",
-                    "--bandwidth", "--table", "--rounding"])]:
+                    "--fragment-layers", "--fragment-pattern", "--bucket-layers", "--overlap",
+                    "--bits", "--latency", "--target", "--bandwidth", "--table", "--rounding"])]:
     with pytest.raises(SystemExit) as e:
       cli.main([command, "--help"])
     assert e.value.code == 0

@@ -15,8 +15,9 @@ import numpy as np
 import optax
 import pytest
 
-from diloco_core import DataConfig, DiLoCo, DiLoCoConfig, load_params
+from diloco_core import DataConfig, DataParallel, DiLoCo, DiLoCoConfig, load_params
 from diloco_core import checkpoint as ckpt
+from diloco_core.fields import must_match_fields
 from diloco_core.train import TrainConfig, build_parser, config_from_args, main, participation, train
 from tiny_run import tiny
 
@@ -117,7 +118,7 @@ def test_restore_gives_the_same_pytree_bit_for_bit(tmp_path):
   apply_fn, params = init_model(cfg.model_config(vocab_size=16), cfg.seed)
   algo = make_algorithm(cfg, lambda p, t: lm_loss(apply_fn, p, t), params)
   fresh = algo.init(params)
-  restored = ckpt.restore_latest(str(tmp_path), fresh, dataclasses.asdict(cfg))
+  restored = ckpt.restore_latest(str(tmp_path), fresh, dataclasses.asdict(cfg), must_match_fields(TrainConfig))
   assert restored.step == STEPS and jax.tree.structure(restored.state) == jax.tree.structure(result.state)
   for x, y in zip(jax.tree.leaves(restored.state), jax.tree.leaves(result.state)):
     assert x.dtype == y.dtype and x.sharding == y.sharding
@@ -196,18 +197,32 @@ def test_non_finite_loss_stops_naming_step_and_replica_and_keeps_the_last_checkp
 
 
 def test_non_finite_params_name_the_step_and_replica():
-  from diloco_core.train import _check_finite
+  from diloco_core.cli import to_flags
+  from diloco_core.loop import check_finite
   algo = DiLoCo(quad, optax.sgd(0.5), DiLoCoConfig(replicas=3, sync_every=2))
   state = algo.init(jnp.zeros(2))
   ok = np.zeros((2, 3))
-  _check_finite(ok, 4, state, None)
+  check_finite(algo, ok, 4, state, None)
   bad = state.replace(params=state.params.at[1, 0].set(jnp.inf))
-  with pytest.raises(FloatingPointError, match=r"^non-finite params after step 4 on replica\(s\) \[1\]; lower --inner-lr \(the last good checkpoint, ck/2, is intact\)\.$"):
-    _check_finite(ok, 4, bad, "ck/2")
-  with pytest.raises(FloatingPointError, match=r"non-finite global params after step 6; lower --outer-lr\.$"):
-    _check_finite(ok, 6, state.replace(global_params=jnp.array([0.0, jnp.nan])), None)
-  with pytest.raises(FloatingPointError, match=r"non-finite training loss at step 3 on replica\(s\) \[2\]"):
-    _check_finite(np.array([[0, 0, np.nan], [0, 0, 0]]), 4, state, None)
+
+  def message(*args, algorithm=algo):  # the library names the option by field; the CLI by flag
+    with pytest.raises(FloatingPointError) as e:
+      check_finite(algorithm, *args)
+    return to_flags(str(e.value))
+
+  assert message(ok, 4, bad, "ck/2") == ("non-finite params after step 4 on replica(s) [1]; lower --inner-lr"
+                                         " (the last good checkpoint, ck/2, is intact).")
+  assert str(pytest.raises(FloatingPointError, check_finite, algo, ok, 4, bad, None).value).endswith(
+      "lower `inner_lr`.")
+  assert message(ok, 6, state.replace(global_params=jnp.array([0.0, jnp.nan])), None) == (
+      "non-finite global params after step 6; lower --outer-lr.")
+  assert message(np.array([[0, 0, np.nan], [0, 0, 0]]), 4, state, None).startswith(
+      "non-finite training loss at step 3 on replica(s) [2]")
+  dp = DataParallel(quad, optax.sgd(0.5), DiLoCoConfig(algorithm="dp", replicas=3))
+  dp_state = dp.init(jnp.zeros(2))
+  check_finite(dp, ok, 4, dp_state, None)
+  assert message(ok, 4, dp_state.replace(params=jnp.array([jnp.nan, 0.0])), None, algorithm=dp) == (
+      "non-finite params after step 4; lower --inner-lr.")
 
 
 # ---- replica drops -------------------------------------------------------------------------------

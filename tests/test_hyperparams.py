@@ -9,7 +9,7 @@ import optax
 import pytest
 
 from diloco_core import DataParallel, DiLoCo, DiLoCoConfig
-from diloco_core import train as train_module
+from diloco_core.programs import PROGRAMS
 from diloco_core.train import clear_program_cache, program_key, train
 from tiny_run import tiny
 
@@ -54,7 +54,7 @@ def test_with_hyperparams_shares_the_program_and_equals_a_fresh_trainer(changes)
   _run(base, params, batches)
   copy = base.with_hyperparams(**changes)
   got = _run(copy, params, batches)
-  assert copy._step is base._step and base._step._cache_size() == 1
+  assert copy.program is base.program and base.compiled_programs == 1
   fresh = DiLoCo(quad_loss, optax.adam(0.05), DiLoCoConfig(**{**STREAMING, **changes}), layer_mask=mask)
   _assert_same(got, _run(fresh, params, batches))
   assert copy.config == fresh.config and base.config.outer_lr == DiLoCoConfig().outer_lr
@@ -81,21 +81,21 @@ def test_inner_optimizer_factory_reads_extra_hyperparams():
   assert float(state.params) == 1.0
   dp2 = dp.with_hyperparams(lr=0.25)
   state, _ = dp2.step(dp2.init(jnp.zeros(())), jnp.array([1.0, 3.0]))
-  assert float(state.params) == 0.5 and dp2._step is dp._step and dp._step._cache_size() == 1
+  assert float(state.params) == 0.5 and dp2.program is dp.program and dp.compiled_programs == 1
   assert dp2.hyperparams == {"lr": 0.25} and dp.hyperparams == {"lr": 0.5}
 
 
 def test_new_shapes_compile_a_new_step():
   algo = DiLoCo(quad_loss, optax.sgd(0.1), DiLoCoConfig(sync_every=2))
   algo.init(jnp.zeros(3))
-  first = algo._step
+  first = algo.program
   algo.init(jnp.zeros(5))
-  assert algo._step is not first
+  assert algo.program is not first
 
 
 @pytest.mark.parametrize("changes,match", [
-    (dict(alpha=2.0), r"alpha \(α\) must be in \[0, 1\], got 2.0"),
-    (dict(outer_momentum=1.0), r"outer_momentum \(μ\) must be in \[0, 1\)"),
+    (dict(alpha=2.0), r"alpha \(α\) must be a finite number in \[0, 1\], got 2.0"),
+    (dict(outer_momentum=1.0), r"outer_momentum \(μ\) must be a finite number in \[0, 1\)"),
     (dict(sync_every=4), r"sync_every \(H=4\) must be a multiple of fragments \(P=3\)"),
     (dict(overlap=6), r"overlap \(τ\) must be an integer with 0 <= τ < sync_every \(H=6\), got 6"),
     (dict(inner_lr=0.1), r"unknown hyperparameter\(s\) \['inner_lr'\]; allowed: \['alpha', 'outer_lr', 'outer_momentum', 'overlap', 'sync_every'\]"),
@@ -142,8 +142,8 @@ def test_train_reuses_the_program_with_identical_numbers(algo):
   clear_program_cache()
   train(a)
   warm = train(b)
-  cached_algo, _ = train_module._PROGRAMS[program_key(b, b.model_config(vocab_size=16))]
-  assert cached_algo._step._cache_size() == 1 and len(train_module._PROGRAMS) == 1
+  cached_algo, _ = PROGRAMS[program_key(b, b.model_config(vocab_size=16))]
+  assert cached_algo.compiled_programs == 1 and len(PROGRAMS) == 1
   clear_program_cache()
   cold = train(b)
   cols = ["step", "train_loss", "eval_loss", "bytes_sent"]

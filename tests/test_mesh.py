@@ -120,8 +120,7 @@ def _compiled_step(fragments, mesh_shape, params, mask):
   algo = DiLoCo(loss, optax.sgd(0.1), cfg, layer_mask=mask, mesh=mesh)
   state = algo.init(params)
   batch = algo.place_batch(jax.tree.map(lambda x: np.ones((2, 4, *x.shape), np.float32), params))
-  with jax.set_mesh(mesh):
-    return algo._step.lower(state, batch, algo._device_hyperparams()).compile().as_text(), algo
+  return algo.lower(state, batch).compile().as_text(), algo
 
 
 @pytest.mark.needs_cpu_devices(8)

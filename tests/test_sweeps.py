@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import plots, sweeps
+from analysis import experiments, plots, sweep_cache, sweeps
 from diloco_core.config import DiLoCoConfig
 from diloco_core.data import DataConfig
 from diloco_core.schedule import schedule_table
@@ -52,13 +52,13 @@ def test_grid_unknown_axis_names_the_options():
 
 # ---- cache keys ------------------------------------------------------------------------------
 def test_config_key_ignores_only_fields_that_change_no_number():
-  key = sweeps.config_key(TINY)
-  assert key == sweeps.config_key(dataclasses.replace(TINY, out="x", progress=True, overwrite=True))
+  key = sweep_cache.config_key(TINY)
+  assert key == sweep_cache.config_key(dataclasses.replace(TINY, out="x", progress=True, overwrite=True))
   for changed in (dataclasses.replace(TINY, steps=5), dataclasses.replace(TINY, seed=1),
                   sweeps.with_values(TINY, {"outer_lr": 0.6}),
                   sweeps.with_values(TINY, {"data.seed": 1}),
                   sweeps.with_values(TINY, {"compression": "fp8"})):
-    assert sweeps.config_key(changed) != key
+    assert sweep_cache.config_key(changed) != key
 
 
 def test_flat_config_prefixes_data_fields():
@@ -99,7 +99,7 @@ def test_run_sweep_rows_are_tidy(tmp_path):
 
 
 def test_half_written_runs_are_not_read_back(tmp_path):
-  key = sweeps.config_key(TINY)
+  key = sweep_cache.config_key(TINY)
   (tmp_path / f".{key}.partial").mkdir()  # what an interrupted _save leaves behind
   (tmp_path / key).mkdir()  # a folder without summary.json
   _, _, cached = sweeps.run_one(TINY, cache=tmp_path)
@@ -107,19 +107,19 @@ def test_half_written_runs_are_not_read_back(tmp_path):
 
 
 def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
-  monkeypatch.setenv(sweeps.CACHE_ENV, str(tmp_path / "c"))
-  assert sweeps.cache_dir() == tmp_path / "c"
-  monkeypatch.delenv(sweeps.CACHE_ENV)
-  assert str(sweeps.cache_dir()) == sweeps.DEFAULT_CACHE_DIR
+  monkeypatch.setenv(sweep_cache.CACHE_ENV, str(tmp_path / "c"))
+  assert sweep_cache.cache_dir() == tmp_path / "c"
+  monkeypatch.delenv(sweep_cache.CACHE_ENV)
+  assert str(sweep_cache.cache_dir()) == sweep_cache.DEFAULT_CACHE_DIR
 
 
 # ---- the docs sweeps -----------------------------------------------------------------------------
-@pytest.mark.parametrize("scale", sweeps.SCALES)
+@pytest.mark.parametrize("scale", experiments.SCALES)
 def test_named_sweeps_are_valid_and_distinct(scale):
-  for name in sweeps.SWEEPS:
-    cfgs = sweeps.named_sweep(name, scale)
+  for name in experiments.SWEEPS:
+    cfgs = experiments.named_sweep(name, scale)
     assert cfgs, name
-    keys = [sweeps.config_key(c) for c in cfgs]
+    keys = [sweep_cache.config_key(c) for c in cfgs]
     assert len(set(keys)) == len(keys), f"{name} has duplicate runs"
     for c in cfgs:
       c.validate()
@@ -128,11 +128,11 @@ def test_named_sweeps_are_valid_and_distinct(scale):
 def test_cpu_sweeps_fit_the_docs_budget():
   """The docs build trains every CPU run once; keep the total small (see docs/tuning.md)."""
   keys, tiny = set(), 0
-  for name in sweeps.SWEEPS:
-    for c in sweeps.named_sweep(name, "cpu"):
+  for name in experiments.SWEEPS:
+    for c in experiments.named_sweep(name, "cpu"):
       assert c.model in ("tiny", "small")
-      if sweeps.config_key(c) not in keys:
-        keys.add(sweeps.config_key(c))
+      if sweep_cache.config_key(c) not in keys:
+        keys.add(sweep_cache.config_key(c))
         tiny += c.model == "tiny"
         assert c.steps <= 600
   # 172 runs with three seeds built the whole site in 9.5 min on 2 cores (2026-11-30; runs that
@@ -143,9 +143,9 @@ def test_cpu_sweeps_fit_the_docs_budget():
 
 def test_unknown_sweep_and_scale():
   with pytest.raises(ValueError, match="sweep must be one of"):
-    sweeps.named_sweep("nope")
+    experiments.named_sweep("nope")
   with pytest.raises(ValueError, match="scale must be one of"):
-    sweeps.base_config("gpu")
+    experiments.base_config("gpu")
 
 
 # ---- comparisons ------------------------------------------------------------------------------

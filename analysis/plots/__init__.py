@@ -1,0 +1,23 @@
+"""Figures for the docs and notebooks: each function takes data and returns a Figure.
+
+Nothing here computes a result. Figures are closed in pyplot before they are returned, so a
+notebook shows them only where they are displayed or glued. By figure family:
+:mod:`analysis.plots.results` (sweep results and calculator tables),
+:mod:`analysis.plots.compare` (the main job's loss curves) and
+:mod:`analysis.plots.timelines` (communication schedules and simulated runs).
+"""
+
+from analysis.plots._style import LABELS
+from analysis.plots._style import SYMBOLS
+from analysis.plots._style import label
+from analysis.plots._style import short
+from analysis.plots.compare import loss_figure
+from analysis.plots.results import plot_bars
+from analysis.plots.results import plot_curves
+from analysis.plots.results import plot_lines
+from analysis.plots.results import plot_metric
+from analysis.plots.results import plot_tradeoff
+from analysis.plots.timelines import plot_hiding
+from analysis.plots.timelines import plot_schedule
+from analysis.plots.timelines import plot_timeline
+from analysis.plots.timelines import schedule_text

@@ -1,0 +1,227 @@
+"""Figures of sweep results and calculator tables: curves, metrics, trade-offs, bars, lines.
+
+The inputs are the tidy DataFrames of :mod:`analysis.sweeps` (one row per run, or one row
+per logged step from :func:`~analysis.sweeps.sweep_curves`) or plain tables from the
+calculator; nothing here computes a result.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from analysis.plots._style import done
+from analysis.plots._style import finish
+from analysis.plots._style import floor_line
+from analysis.plots._style import fmt
+from analysis.plots._style import groups
+from analysis.plots._style import label
+from analysis.plots._style import new_figure
+from analysis.plots._style import short
+
+
+def plot_curves(curves: pd.DataFrame, *, x: str = "step", y: str = "eval_loss",
+                hue: str | Sequence[str] | None = "algorithm", floor: float | None = None,
+                logy: bool = False, title: str | None = None, ax=None):
+  """Loss (or any metric) against step or tokens, one line per ``hue`` group.
+
+  Args:
+    curves: long-format metrics, e.g. :func:`analysis.sweeps.sweep_curves`.
+    x, y: columns to plot (rows where ``y`` is missing are dropped).
+    hue: column(s) whose values make one line each.
+    floor: draw the data's entropy floor as a dashed line.
+    logy: log-scale the y axis.
+    title: the axes title.
+    ax: draw into this Axes instead of a new figure.
+
+  Returns:
+    The matplotlib Figure.
+  """
+  fig, (ax,) = new_figure() if ax is None else (ax.figure, [ax])
+  data = curves.dropna(subset=[y])
+  for name, g in groups(data, hue):
+    g = g.groupby(x, sort=True)[y].mean()
+    ax.plot(g.index, g.values, label=name, lw=1.5)
+  floor_line(ax, floor)
+  ax.set_xlabel(label(x))
+  ax.set_ylabel(label(y))
+  if logy:
+    ax.set_yscale("log")
+  if title:
+    ax.set_title(title)
+  ax.legend(fontsize=8)
+  return done(fig)
+
+
+def plot_metric(df: pd.DataFrame, *, x: str, y: str = "final_eval_loss",
+                hue: str | Sequence[str] | None = None, logx: bool = False, logy: bool = False,
+                floor: float | None = None, title: str | None = None, categorical: bool = False,
+                ax=None):
+  """One metric of a sweep against one axis, one line per ``hue`` group.
+
+  Rows sharing (hue, x) — e.g. seeds — are averaged, with their spread as error bars.
+
+  Args:
+    df: one row per run (:func:`analysis.sweeps.run_sweep`).
+    x: the swept column on the x axis.
+    y: the metric.
+    hue: column(s) whose values make one line each.
+    logx, logy: log-scale an axis (``logx`` uses base 2 ticks).
+    floor: draw the entropy floor as a dashed line.
+    title: the axes title.
+    categorical: treat ``x`` as labels (e.g. compression formats), in order of appearance.
+    ax: draw into this Axes instead of a new figure.
+
+  Returns:
+    The matplotlib Figure.
+  """
+  fig, (ax,) = new_figure() if ax is None else (ax.figure, [ax])
+  order = list(dict.fromkeys(df[x].map(fmt))) if categorical else None
+  for name, g in groups(df, hue):
+    keyed = g.assign(_x=g[x].map(fmt)) if categorical else g.assign(_x=g[x])
+    stats = keyed.groupby("_x", sort=not categorical)[y].agg(["mean", "std", "count"])
+    if categorical:
+      stats = stats.reindex([o for o in order if o in stats.index])
+      xs = [order.index(o) for o in stats.index]
+    else:
+      xs = stats.index.values
+    err = stats["std"].where(stats["count"] > 1)
+    ax.errorbar(xs, stats["mean"].values, yerr=None if err.isna().all() else err.values,
+                marker="o", ms=4, lw=1.5, capsize=3, label=name)
+  if categorical:
+    ax.set_xticks(range(len(order)), order)
+  if logx:
+    ax.set_xscale("log", base=2)
+  if not categorical and pd.api.types.is_integer_dtype(df[x]) or logx:
+    ticks = sorted(df[x].unique())
+    ax.set_xticks(ticks, [fmt(t) for t in ticks])
+  if logy:
+    ax.set_yscale("log")
+  return finish(fig, ax, x, y, title=title, floor=floor, legend=hue is not None or floor is not None)
+
+
+def plot_tradeoff(df: pd.DataFrame, *, x: str = "total_bytes_per_replica",
+                  y: str = "final_eval_loss", hue: str | Sequence[str] | None = "algorithm",
+                  annotate: str | None = None, logx: bool = True, floor: float | None = None,
+                  title: str | None = None, ax=None):
+  """Scatter of a cost (bytes) against a quality (loss), one colour per ``hue`` group.
+
+  Args:
+    df: one row per run.
+    x, y: cost and quality columns.
+    hue: column(s) for the colour groups.
+    annotate: column whose value labels each point (e.g. ``sync_every``).
+    logx: log-scale the cost axis.
+    floor: draw the entropy floor as a dashed line.
+    title: the axes title.
+    ax: draw into this Axes instead of a new figure.
+
+  Returns:
+    The matplotlib Figure.
+  """
+  fig, (ax,) = new_figure() if ax is None else (ax.figure, [ax])
+  for name, g in groups(df, hue):
+    g = g[g[x] > 0] if logx else g
+    pts = ax.scatter(g[x], g[y], s=24, label=name)
+    if annotate is not None:
+      for _, r in g.iterrows():
+        ax.annotate(fmt(r[annotate]), (r[x], r[y]), textcoords="offset points", xytext=(4, 3),
+                    fontsize=7, color=pts.get_facecolor()[0])
+  if logx:
+    ax.set_xscale("log")
+  floor_line(ax, floor)
+  ax.set_xlabel(label(x))
+  ax.set_ylabel(label(y))
+  if title:
+    ax.set_title(title)
+  ax.legend(fontsize=8)
+  return done(fig)
+
+
+def plot_bars(df: pd.DataFrame, *, x: str, y: str = "final_eval_loss",
+              hue: str | None = None, floor: float | None = None, title: str | None = None,
+              ylim_from_floor: bool = True, ax=None):
+  """Grouped bars of ``y`` per ``x`` category (and ``hue`` sub-category), means over repeats.
+
+  Args:
+    df: one row per run.
+    x: the category column (bars, in order of appearance).
+    y: the metric.
+    hue: an optional second category (side-by-side bars).
+    floor: draw the entropy floor as a dashed line.
+    title: the axes title.
+    ylim_from_floor: start the y axis just below the smallest value (or the floor), so
+      that small differences stay visible.
+    ax: draw into this Axes instead of a new figure.
+
+  Returns:
+    The matplotlib Figure.
+  """
+  fig, (ax,) = new_figure() if ax is None else (ax.figure, [ax])
+  xs = list(dict.fromkeys(df[x].map(fmt)))
+  hues = [None] if hue is None else list(dict.fromkeys(df[hue].map(fmt)))
+  width = 0.8 / len(hues)
+  for j, h in enumerate(hues):
+    sub = df if h is None else df[df[hue].map(fmt) == h]
+    means = sub.assign(_x=sub[x].map(fmt)).groupby("_x")[y].mean().reindex(xs)
+    pos = np.arange(len(xs)) - 0.4 + width * (j + 0.5)
+    ax.bar(pos, means.values, width=width * 0.95,
+           label=None if h is None else f"{short(hue)}={h}")
+  ax.set_xticks(range(len(xs)), xs)
+  if ylim_from_floor:
+    lo = np.nanmin(df[y].values)
+    if floor is not None:
+      lo = min(lo, floor)
+    hi = np.nanmax(df[y].values)
+    pad = 0.1 * (hi - lo) if hi > lo else 0.05 * abs(hi) + 1e-3
+    ax.set_ylim(lo - pad, hi + pad)
+  return finish(fig, ax, x, y, title=title, floor=floor, legend=hue is not None or floor is not None)
+
+
+def plot_lines(df: pd.DataFrame, *, x: str, y: str | Sequence[str], hue: str | None = None,
+               logx: bool = False, logy: bool = False, hlines: dict[str, float] | None = None,
+               vlines: dict[str, float] | None = None, xlabel: str | None = None,
+               ylabel: str | None = None, title: str | None = None, ax=None):
+  """Generic line plot of calculator tables (rooflines, bandwidth curves).
+
+  Args:
+    df: a table with column ``x`` and the ``y`` column(s).
+    x: the x column.
+    y: one column or several (one line each).
+    hue: a column whose values make one line each (with a single ``y``).
+    logx, logy: log-scale an axis.
+    hlines, vlines: labelled reference lines ``{label: value}``.
+    xlabel, ylabel: axis labels (default: :func:`label` of the columns).
+    title: the axes title.
+    ax: draw into this Axes instead of a new figure.
+
+  Returns:
+    The matplotlib Figure.
+  """
+  fig, (ax,) = new_figure() if ax is None else (ax.figure, [ax])
+  ys = [y] if isinstance(y, str) else list(y)
+  if hue is not None:
+    for name, g in groups(df, hue):
+      g = g.sort_values(x)
+      ax.plot(g[x], g[ys[0]], lw=1.5, label=name)
+  else:
+    d = df.sort_values(x)
+    for col in ys:
+      ax.plot(d[x], d[col], lw=1.5, label=label(col) if len(ys) > 1 else None)
+  for i, (name, v) in enumerate((hlines or {}).items()):
+    ax.axhline(v, color=f"C{7 + i % 3}", ls="--", lw=1, label=name)
+  for i, (name, v) in enumerate((vlines or {}).items()):
+    ax.axvline(v, color=f"C{4 + i % 3}", ls=":", lw=1.2, label=name)
+  if logx:
+    ax.set_xscale("log")
+  if logy:
+    ax.set_yscale("log")
+  ax.set_xlabel(xlabel or label(x))
+  ax.set_ylabel(ylabel or (label(ys[0]) if len(ys) == 1 else ""))
+  if title:
+    ax.set_title(title)
+  if ax.get_legend_handles_labels()[0]:
+    ax.legend(fontsize=8)
+  return done(fig)

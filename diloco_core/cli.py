@@ -1,0 +1,206 @@
+"""The command line: ``python -m diloco_core.train`` and ``python -m diloco_core.compare``.
+
+Both parsers are built from the config fields' metadata (:mod:`diloco_core.fields`: flag,
+help, symbol, group, default), so every option of :class:`~diloco_core.TrainConfig`,
+:class:`~diloco_core.DiLoCoConfig` and :class:`~diloco_core.DataConfig` that has a flag is
+offered, with its default, and parsed back into the same field.
+
+This is the only module that speaks in flags. Library errors name options by their field in
+backticks (`` `out` ``, `` `inner_lr` ``, `` `data.seed` ``); :func:`to_flags` rewrites those
+to the flags (``--out``, ``--inner-lr``, ``--data-seed``) before an error is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import sys
+
+from diloco_core import compare as compare_lib
+from diloco_core.fields import spec, walk
+from diloco_core.mesh import initialize_distributed
+from diloco_core.run_config import TrainConfig
+
+#: The ``--help`` groups, in order (a field's metadata names its group).
+GROUPS = {
+    "algorithm": "algorithm (symbols as on the semantics page, docs/semantics.md)",
+    "model": "model and inner optimizer",
+    "data": "data",
+    "run": "run",
+    "checkpoints": "checkpoints and failures",
+    "devices": "devices and processes",
+}
+
+
+def _option_name(path: str) -> str:
+  """How errors name a field: its own name for top-level and outer-loop fields, else the path."""
+  return path[len("algo."):] if path.startswith("algo.") else path
+
+
+def flags(cls=TrainConfig) -> dict[str, str]:
+  """Field path (as errors name it) -> command-line flag, for every field of ``cls`` that has one."""
+  return {_option_name(path): "--" + spec(f).flag for path, f in walk(cls) if spec(f).flag}
+
+
+#: The process options of multi-process runs: arguments of initialize_distributed, not config fields.
+PROCESS_FLAGS = {"coordinator": "--coordinator", "num_processes": "--num-processes",
+                 "process_id": "--process-id"}
+FLAGS = {**flags(TrainConfig), **PROCESS_FLAGS}
+
+
+def to_flags(message: str, cls=TrainConfig) -> str:
+  """Rewrites the backticked field names of a library message to the flags of ``cls``'s fields.
+
+  Examples:
+    >>> to_flags("resume needs `out`: the directory of the run to continue.")
+    'resume needs --out: the directory of the run to continue.'
+    >>> to_flags("written with n_layers=None but this run has n_layers=4 (`n_layers`); lower `inner_lr`")
+    'written with n_layers=None but this run has n_layers=4 (--layers); lower --inner-lr'
+    >>> to_flags("`data.seed` and `progress` and `unknown`")
+    '--data-seed and --no-progress and unknown'
+  """
+  table = FLAGS if cls is TrainConfig else flags(cls)
+  return re.sub(r"`([A-Za-z_][\w.]*)`", lambda m: table.get(m.group(1), m.group(1)), message)
+
+
+def _get(config, path: str):
+  for name in path.split("."):
+    config = getattr(config, name)
+  return config
+
+
+def _add_option(group, path: str, f: dataclasses.Field, default) -> None:
+  s = spec(f)
+  text = (f"{s.symbol}: {s.help}" if s.symbol else s.help).replace("%", "%%")
+  if isinstance(default, bool):  # a switch: --resume sets True, --no-progress sets False
+    if default:
+      text += f" (without it: {_option_name(path)}=%(default)s)"  # not "--no-progress (default: True)"
+    group.add_argument("--" + s.flag, dest=path, action="store_false" if default else "store_true",
+                       default=default, help=text)
+    return
+  kind = s.parse or (type(default) if default is not None else str)
+  if kind not in (int, float, str):  # parsed after argparse, so its error is a one-line ValueError
+    kind, default = str, None
+  group.add_argument("--" + s.flag, dest=path, type=kind, default=default, help=text,
+                     metavar=s.flag.upper().replace("-", "_"))
+
+
+def _add_options(parser: argparse.ArgumentParser, cls, defaults: dict, only=None) -> None:
+  """Adds the flag of every field of ``cls`` (or of the paths in ``only``) to its ``--help`` group."""
+  groups = {name: parser.add_argument_group(title) for name, title in GROUPS.items()}
+  for path, f in walk(cls):
+    if spec(f).flag and (only is None or path in only):
+      _add_option(groups[spec(f).group or "run"], path, f, defaults[path])
+
+
+def _defaults(config) -> dict:
+  return {path: _get(config, path) for path, _ in walk(type(config))}
+
+
+def build_parser(defaults: TrainConfig | None = None) -> argparse.ArgumentParser:
+  """The parser of ``python -m diloco_core.train``.
+
+  Args:
+    defaults: the config whose values are the defaults, and whose class's fields are the
+      options (default: ``TrainConfig()``).
+  """
+  defaults = TrainConfig() if defaults is None else defaults
+  p = argparse.ArgumentParser(
+      prog="python -m diloco_core.train",
+      description="Train the built-in transformer with DP, DiLoCo or Streaming DiLoCo.",
+      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  _add_options(p, type(defaults), _defaults(defaults))
+  g = [a for a in p._action_groups if a.title == GROUPS["devices"]][0]
+  g.add_argument("--coordinator", default=None, help="multi-process: host:port of process 0 (or JAX_COORDINATOR_ADDRESS)")
+  g.add_argument("--num-processes", type=int, default=None, help="multi-process: number of processes (or JAX_NUM_PROCESSES)")
+  g.add_argument("--process-id", type=int, default=None, help="multi-process: this process's id (or JAX_PROCESS_ID)")
+  return p
+
+
+def config_from_args(args: argparse.Namespace, base: TrainConfig | None = None) -> TrainConfig:
+  """The :class:`TrainConfig` of parsed arguments: ``base`` (default: the defaults) with every
+  option that the parser offers set from ``args``."""
+  base = TrainConfig() if base is None else base
+  values: dict[str, dict] = {"": {}, "algo": {}, "data": {}}
+  for path, f in walk(type(base)):
+    if not hasattr(args, path):
+      continue
+    value = getattr(args, path)
+    parse = spec(f).parse
+    if parse not in (None, int, float, str):
+      value = _get(base, path) if value is None else parse(value)
+    group, _, name = path.rpartition(".")
+    values[group][name] = value
+  return dataclasses.replace(base, algo=dataclasses.replace(base.algo, **values["algo"]),
+                             data=dataclasses.replace(base.data, **values["data"]), **values[""])
+
+
+def _error(e: Exception) -> int:
+  print(f"error: {to_flags(' '.join(str(e).split()))}", file=sys.stderr)
+  return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+  """``python -m diloco_core.train``: one-line errors on stderr and exit code 2 for bad input."""
+  from diloco_core.loop import train
+  parser = build_parser()
+  parser.error = lambda message: parser.exit(2, f"error: {message} (see --help).\n")
+  try:
+    args = parser.parse_args(argv)
+  except SystemExit as e:  # --help (0) or a malformed flag (2, one line above)
+    return int(e.code or 0)
+  try:
+    initialize_distributed(args.coordinator, args.num_processes, args.process_id)
+    result = train(config_from_args(args))  # train validates the config, once
+  except (ValueError, OSError, FloatingPointError) as e:
+    return _error(e)
+  s = result.summary
+  floor = "n/a" if s["loss_floor"] is None else f"{s['loss_floor']:.4f}"
+  print(f"{s['algorithm']}: final eval loss {s['final_eval_loss']:.4f} (floor {floor}), "
+        f"{s['total_bytes_per_replica'] / 1e6:.2f} MB sent per replica, {s['wall_time_s']:.1f} s")
+  return 0
+
+
+# ---- python -m diloco_core.compare ---------------------------------------------------------------
+def build_compare_parser() -> argparse.ArgumentParser:
+  """The parser of ``python -m diloco_core.compare`` (defaults: :data:`diloco_core.compare.DEFAULTS`)."""
+  p = argparse.ArgumentParser(prog="python -m diloco_core.compare",
+                              description=compare_lib.__doc__.splitlines()[0],
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  defaults = {**_defaults(TrainConfig()), **compare_lib.DEFAULTS}
+  _add_options(p, TrainConfig, defaults, only=set(compare_lib.DEFAULTS))
+  return p
+
+
+def compare_main(argv: list[str] | None = None) -> int:
+  """``python -m diloco_core.compare``: trains the three runs, prints and writes the table and plot."""
+  import pandas as pd
+  args = build_compare_parser().parse_args(argv)
+  outer = {k: getattr(args, "algo." + k) for k in ("replicas", "sync_every", "fragments", "overlap")}
+  try:
+    base = TrainConfig(model=args.model, steps=args.steps, batch_size=args.batch_size,
+                       seq_len=args.seq_len, out=args.out, overwrite=args.overwrite,
+                       progress=args.progress)
+    results = compare_lib.compare(compare_lib.comparison_configs(base, **outer))
+  except (ValueError, FileNotFoundError, FloatingPointError) as e:
+    print(f"error: {to_flags(str(e))}", file=sys.stderr)
+    return 2
+  table = pd.DataFrame(compare_lib.summary_rows(results)).set_index("algorithm")
+  floor = results["dp"].summary["loss_floor"]
+  os.makedirs(args.out, exist_ok=True)
+  table.to_csv(os.path.join(args.out, "comparison.csv"))
+  import matplotlib
+  matplotlib.use("Agg")  # files only, no window
+  from analysis.plots import loss_figure  # matplotlib: only at the edge, only here
+  loss_figure(results, floor).savefig(os.path.join(args.out, "loss.png"), dpi=120)
+  with pd.option_context("display.float_format", "{:.4f}".format, "display.width", 120):
+    print()
+    print(f"M={outer['replicas']} replicas x {args.batch_size} seqs x {args.seq_len} tokens, "
+          f"{args.steps} steps, H={outer['sync_every']}, streaming P={outer['fragments']}"
+          f" τ={outer['overlap']}; entropy floor {floor:.4f} nats/token")
+    print(table.to_string())
+  print(f"\nwrote {os.path.join(args.out, 'loss.png')} and {os.path.join(args.out, 'comparison.csv')}")
+  return 0
+

@@ -1,0 +1,50 @@
+"""Simulated replica drops: which replicas take part in each sync, a pure function of the run.
+
+A run with ``drop_schedule`` or ``drop_prob`` (:class:`~diloco_core.TrainConfig`) passes a
+participation mask to :meth:`DiLoCo.step <diloco_core.DiLoCo.step>`; the semantics of a
+dropped replica (left out of the average, healed at the merge) are on the semantics page
+(docs/semantics.md).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from diloco_core.run_config import TrainConfig
+from diloco_core.schedule import sent_fragment
+
+_DROP_STREAM = 0x64726F70  # "drop": keeps the drop draws apart from every other use of the seed
+
+
+def participation(cfg: TrainConfig, t: int) -> np.ndarray | None:
+  """Which replicas take part in the sync after step ``t`` (simulated drops), or None.
+
+  A pure function of ``(cfg, t)`` (``drop_prob`` draws from ``(seed, t)``), so a resumed
+  run drops exactly the same replicas as an uninterrupted one.
+
+  Args:
+    cfg: the run (``drop_schedule``, ``drop_prob``, ``seed``).
+    t: the inner step just done (1-based).
+
+  Returns:
+    None when no drops are configured, else a float32 [M] mask (1 present, 0 dropped;
+    all ones at steps without a sync).
+
+  Examples:
+    >>> from diloco_core.config import DiLoCoConfig
+    >>> cfg = TrainConfig(algo=DiLoCoConfig(replicas=3, sync_every=4), steps=8, drop_schedule=((4, 1),))
+    >>> participation(cfg, 4).tolist(), participation(cfg, 8).tolist()
+    ([1.0, 0.0, 1.0], [1.0, 1.0, 1.0])
+  """
+  if not cfg.drop_schedule and not cfg.drop_prob:
+    return None
+  present = np.ones(cfg.algo.replicas, np.float32)
+  if not sent_fragment(t, cfg.algo.sync_every, cfg.algo.fragments)[0]:
+    return present
+  for step, replica in cfg.drop_schedule:
+    if step == t:
+      present[replica] = 0.0
+  if cfg.drop_prob:
+    u = np.random.default_rng([_DROP_STREAM, cfg.seed, t]).random(cfg.algo.replicas)
+    present[u < cfg.drop_prob] = 0.0
+  return present

@@ -1,0 +1,293 @@
+"""The training loop: ``train(config)`` sets a run up, runs it and summarizes it.
+
+Metrics stay on device and are fetched once every ``log_every`` steps (one host sync per log
+row, not per step); the progress bar updates at the same cadence. :class:`MetricsLog` keeps
+the rows, the byte counters and ``metrics.jsonl``; a run with ``out`` also writes
+``summary.json`` and ``final_params/``, and with ``checkpoint_every`` its checkpoints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from diloco_core import checkpoint as ckpt
+from diloco_core.data import make_dataset
+from diloco_core.drops import participation
+from diloco_core.fields import must_match_fields
+from diloco_core.mesh import fetch
+from diloco_core.model import init_model, lm_loss
+from diloco_core.model_config import param_count
+from diloco_core.programs import PROGRAMS
+from diloco_core.run_config import TrainConfig
+from diloco_core.schedule import sent_fragment
+
+
+@dataclasses.dataclass
+class TrainResult:
+  """What :func:`train` returns."""
+
+  metrics: pd.DataFrame  # one row per logged step (same as metrics.jsonl)
+  summary: dict  # same as summary.json
+  params: Any  # the final global params
+  state: Any  # the final training state (DiLoCoState / DPState)
+
+
+class MetricsLog:
+  """The rows of a run, its byte counters, and ``metrics.jsonl`` (when given a path).
+
+  Args:
+    tokens_per_step: M·b·T, tokens of one inner step over all replicas.
+    drops: the run simulates replica drops (rows then list each sync's participants).
+    path: ``metrics.jsonl`` to write, or None.
+    resumed: the ``metrics`` item of the checkpoint a run resumes from, or None; the file is
+      then rewritten (atomically) to that checkpoint's rows first.
+  """
+
+  def __init__(self, tokens_per_step: int, drops: bool, path: str | None = None,
+               resumed: dict | None = None):
+    self.tokens_per_step, self.drops = tokens_per_step, drops
+    self.rows: list[dict] = [] if resumed is None else resumed["rows"]
+    self.total_bytes = 0.0 if resumed is None else resumed["total_bytes_sent"]
+    self.peak_bytes = 0.0 if resumed is None else resumed["peak_bytes_per_step"]
+    self._since_row, self._pending, self._syncs = 0.0, [], []
+    self._file = None
+    if path is not None and resumed is None:
+      self._file = open(path, "w")
+    elif path is not None:
+      with open(path + ".tmp", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in self.rows[1:])  # the step-0 row is not in the file
+      os.replace(path + ".tmp", path)
+      self._file = open(path, "a")
+
+  def start(self, eval_loss: float) -> None:
+    """The step-0 row (the initial eval loss; kept in the summary's rows, not in the file)."""
+    self.rows.append(_row(0, None, eval_loss, 0, 0.0, 0.0, 0.0))
+
+  def step(self, t: int, loss: jax.Array, sent: float, present: np.ndarray | None, synced: bool) -> None:
+    """Records step ``t``: its per-replica losses (on device) and the bytes each replica sent."""
+    if present is not None and synced:
+      self._syncs.append([t, [i for i in range(len(present)) if present[i]]])
+    self._pending.append(loss)
+    self.peak_bytes = max(self.peak_bytes, sent)  # what one present replica puts on the wire
+    if present is not None:
+      sent *= float(np.mean(present))  # a dropped replica sends nothing: the mean over replicas
+    self.total_bytes += sent
+    self._since_row += sent
+
+  def fetch_losses(self) -> np.ndarray:
+    """The training losses [steps since the last row, M] (one host sync)."""
+    losses, self._pending = fetch(jnp.stack(self._pending)), []
+    return losses
+
+  def row(self, t: int, losses: np.ndarray, eval_loss: float | None, wall: float) -> dict:
+    """Adds (and writes) the row of step ``t``; ``losses`` [M] are the means since the last row."""
+    row = _row(t, losses, eval_loss, t * self.tokens_per_step, self._since_row, self.total_bytes, wall)
+    if self.drops:
+      row["participants"], self._syncs = self._syncs, []
+    self.rows.append(row)
+    self._since_row = 0.0
+    if self._file is not None:
+      self._file.write(json.dumps(row) + "\n")
+      self._file.flush()
+    return row
+
+  def checkpoint_item(self) -> dict:
+    """What a checkpoint keeps of the log, so that a resumed run continues it exactly."""
+    return {"rows": self.rows, "total_bytes_sent": self.total_bytes,
+            "peak_bytes_per_step": self.peak_bytes}
+
+  def close(self) -> None:
+    if self._file is not None:
+      self._file.close()
+
+
+def _row(t, losses, eval_loss, tokens, step_bytes, total_bytes, wall) -> dict:
+  return {
+      "step": t,
+      "train_loss": None if losses is None else float(np.mean(losses)),
+      "replica_loss": None if losses is None else [float(x) for x in losses],
+      "eval_loss": eval_loss,
+      "tokens": tokens,
+      "bytes_sent": step_bytes,  # per replica (mean over replicas), since the previous row
+      "total_bytes_sent": total_bytes,  # per replica (mean over replicas), since the start
+      "wall_time_s": wall,
+  }
+
+
+def check_finite(algo, step_losses: np.ndarray, t: int, state, last_checkpoint: str | None) -> None:
+  """Raises FloatingPointError naming the first bad step and replica (losses [n, M], params).
+
+  The message names the option to lower in backticks (`inner_lr`, `outer_lr`).
+  """
+  keep = f" (the last good checkpoint, {last_checkpoint}, is intact)" if last_checkpoint else ""
+  bad_steps = np.flatnonzero(~np.all(np.isfinite(step_losses), axis=1))
+  if bad_steps.size:
+    i = int(bad_steps[0])
+    bad = [m for m, x in enumerate(step_losses[i]) if not np.isfinite(x)]
+    raise FloatingPointError(
+        f"non-finite training loss at step {t - len(step_losses) + 1 + i} on replica(s) {bad};"
+        f" lower `inner_lr`{keep}.")
+  replicas, glob = algo.finite_flags(state)
+  if replicas is None:  # one model (DP)
+    if not fetch(glob):
+      raise FloatingPointError(f"non-finite params after step {t}; lower `inner_lr`{keep}.")
+    return
+  replicas, glob = fetch(replicas), fetch(glob)
+  if not replicas.all():
+    bad = [m for m, ok in enumerate(replicas) if not ok]
+    raise FloatingPointError(f"non-finite params after step {t} on replica(s) {bad}; lower `inner_lr`{keep}.")
+  if not glob:
+    raise FloatingPointError(f"non-finite global params after step {t}; lower `outer_lr`{keep}.")
+
+
+def _checkpoint_meta(cfg: TrainConfig, t: int, log: MetricsLog) -> dict:
+  """Everything but the arrays that a resumed run needs to continue exactly."""
+  return {
+      "algorithm": cfg.algo.algorithm,
+      "config": dataclasses.asdict(cfg),
+      "data_position": [t] * cfg.algo.replicas,  # batches are a pure function of (seed, replica, step)
+      "seeds": {"model_init": cfg.seed, "data": cfg.data.seed, "drops": cfg.seed},  # no other RNG state
+      "metrics": log.checkpoint_item(),
+  }
+
+
+def _prepare_out(cfg: TrainConfig) -> str | None:
+  """Creates ``out`` (clearing an old run on overwrite); returns the metrics path or None."""
+  if cfg.out is None or jax.process_index() != 0:  # only process 0 writes files
+    return None
+  os.makedirs(cfg.out, exist_ok=True)
+  if cfg.overwrite and not cfg.resume:  # starting over: nothing of the old run may mix in
+    for name in (ckpt.CHECKPOINTS, ckpt.FINAL_PARAMS):
+      shutil.rmtree(os.path.join(cfg.out, name), ignore_errors=True)
+    if os.path.exists(os.path.join(cfg.out, "summary.json")):
+      os.remove(os.path.join(cfg.out, "summary.json"))
+  return os.path.join(cfg.out, "metrics.jsonl")
+
+
+def _init_params(cfg: TrainConfig, model_cfg):
+  """(apply_fn, params): the model at ``cfg.seed``, or loaded from ``cfg.init_from``."""
+  apply_fn, params = init_model(model_cfg, cfg.seed)
+  if cfg.init_from is not None and not cfg.resume:  # bootstrap: broadcast to replicas, fresh outer state
+    try:
+      params = ckpt.load_params(cfg.init_from, like=params)
+    except ValueError as e:
+      raise ValueError(f"init_from: {e}") from None
+  return apply_fn, params
+
+
+def train(cfg: TrainConfig) -> TrainResult:
+  """Trains one run and returns its metrics, summary and final params.
+
+  Args:
+    cfg: the run. Every option is validated before any compilation.
+
+  Returns:
+    A :class:`TrainResult`; when ``cfg.out`` is set, ``metrics.jsonl`` and
+    ``summary.json`` hold the same numbers.
+  """
+  # ---- set-up: data, model, the (possibly cached) program, the state ----
+  cfg.validate()
+  M, b, T = cfg.algo.replicas, cfg.batch_size, cfg.seq_len
+  # The data defines the vocabulary: synthetic -> DataConfig.vocab_size, text -> 256 bytes,
+  # .npy -> cfg.vocab_size (ids must be below it) or the largest id + 1.
+  data = make_dataset(cfg.data, replicas=M, batch_size=b, seq_len=T, model_vocab_size=cfg.vocab_size)
+  model_cfg = cfg.model_config(vocab_size=data.vocab_size)
+  apply_fn, params = _init_params(cfg, model_cfg)
+  loss_fn = lambda p, tokens: lm_loss(apply_fn, p, tokens)
+  algo, eval_fn = PROGRAMS.get(cfg, loss_fn, params, model_cfg)  # reuses an earlier run's program
+  state = algo.init(params)
+  resumed = None
+  if cfg.resume:
+    resumed = ckpt.restore_latest(cfg.out, state, dataclasses.asdict(cfg), must_match_fields(type(cfg)))
+  if resumed is not None:
+    if cfg.steps < resumed.step:
+      raise ValueError(f"steps ({cfg.steps}) is below the checkpoint's step {resumed.step} in"
+                       f" {resumed.path}; pass `steps` >= {resumed.step}.")
+    state = resumed.state
+  eval_tokens = algo.place_replicated(data.eval_batch())
+  evaluate = lambda s: float(eval_fn(algo.eval_params(s), eval_tokens))
+
+  drops = bool(cfg.drop_schedule or cfg.drop_prob)
+  log = MetricsLog(M * b * T, drops, _prepare_out(cfg), None if resumed is None else resumed.meta["metrics"])
+  checkpoints = ckpt.CheckpointWriter(cfg.out, cfg.keep_checkpoints) if cfg.checkpoint_every else None
+  last_checkpoint = None if resumed is None else resumed.path
+  first = 1 if resumed is None else resumed.step + 1  # checkpoints fall on log rows: nothing pending
+
+  # ---- the run ----
+  start, compile_time = time.perf_counter(), None
+  writer = jax.process_index() == 0
+  bar = tqdm(total=cfg.steps, initial=first - 1, disable=not (cfg.progress and writer),
+             desc=cfg.algo.algorithm, unit="step")
+  if resumed is None:
+    log.start(evaluate(state))
+  try:
+    for t in range(first, cfg.steps + 1):
+      batch = algo.place_batch(data.train_batch(t - 1))
+      present = participation(cfg, t)
+      state, m = algo.step(state, batch, None if present is None else algo.place_replicated(present))
+      if compile_time is None:
+        jax.block_until_ready(m["loss"])
+        compile_time = time.perf_counter() - start
+      synced = present is not None and sent_fragment(t, cfg.algo.sync_every, cfg.algo.fragments)[0]
+      log.step(t, m["loss"], algo.bytes_sent(t), present, synced)
+      do_eval = t % cfg.eval_every == 0 or t == cfg.steps
+      if t % cfg.log_every == 0 or do_eval:
+        step_losses = log.fetch_losses()
+        check_finite(algo, step_losses, t, state, last_checkpoint)
+        losses = step_losses.mean(axis=0)
+        eval_loss = evaluate(state) if do_eval else None
+        wall = time.perf_counter() - start
+        log.row(t, losses, eval_loss, wall)
+        if checkpoints is not None and (t % cfg.checkpoint_every == 0 or t == cfg.steps):
+          last_checkpoint = checkpoints.save(t, state, _checkpoint_meta(cfg, t, log))
+        bar.update(t - bar.n)
+        tok_s = (t - 1) * log.tokens_per_step / max(wall - compile_time, 1e-9) if t > 1 else 0.0
+        bar.set_postfix(loss=f"{losses.mean():.3f}", tok_s=f"{tok_s:,.0f}")
+  finally:
+    bar.close()
+    log.close()
+    if checkpoints is not None:
+      checkpoints.close()
+
+  # ---- summary ----
+  final_params = None
+  if cfg.out is not None:  # a plain checkpoint of the global params: diloco_core.load_params(path)
+    final_params = ckpt.export_params(algo.eval_params(state), os.path.join(cfg.out, ckpt.FINAL_PARAMS))
+  wall = time.perf_counter() - start
+  compile_time = 0.0 if compile_time is None else compile_time  # resumed at the last step: no step ran
+  metrics = pd.DataFrame(log.rows)
+  final_eval = float(metrics["eval_loss"].dropna().iloc[-1])
+  floor = data.loss_floor
+  tokens_per_step = log.tokens_per_step
+  summary = {
+      "algorithm": cfg.algo.algorithm,
+      "final_eval_loss": final_eval,
+      "loss_floor": floor,
+      "gap_to_floor": None if floor is None else final_eval - floor,
+      "total_bytes_per_replica": log.total_bytes,
+      "peak_bytes_per_step": log.peak_bytes,
+      "wall_time_s": wall,
+      "compile_time_s": compile_time,
+      "tokens": cfg.steps * tokens_per_step,
+      "tokens_per_s": max(cfg.steps - first, 0) * tokens_per_step / max(wall - compile_time, 1e-9),
+      "params": param_count(model_cfg),
+      "data": data.describe(),
+      "config": dataclasses.asdict(cfg),
+      "final_params": final_params,
+      "resumed_from": None if resumed is None else resumed.path,
+  }
+  if cfg.out is not None and writer:
+    with open(os.path.join(cfg.out, "summary.json"), "w") as f:
+      json.dump(summary, f, indent=2)
+  return TrainResult(metrics=metrics, summary=summary, params=algo.eval_params(state), state=state)

@@ -1,0 +1,232 @@
+"""The run config: everything one training run needs, its checks and the output-directory policy.
+
+:class:`TrainConfig` holds the outer loop (``algo``, a :class:`~diloco_core.DiLoCoConfig`),
+the data (``data``, a :class:`~diloco_core.DataConfig`) and the model, inner optimizer, run,
+checkpoint and device options. Each field says in its metadata (:mod:`diloco_core.fields`)
+whether it is a traced input of the step, compiled in, checked on resume, or changes no
+number; the command line (:mod:`diloco_core.cli`) is built from the same metadata.
+
+Errors name options by their field in backticks (``\\`out\\```); the command line rewrites
+those to its flags (``--out``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from diloco_core import validity as v
+from diloco_core.checkpoint import finalized_steps
+from diloco_core.config import DiLoCoConfig
+from diloco_core.data import DataConfig
+from diloco_core.fields import field
+from diloco_core.mesh import check_mesh, parse_mesh
+from diloco_core.model_config import PRESETS, get_preset
+
+
+def parse_drop_schedule(text: str | None) -> tuple:
+  """Parses ``"4:1,8:0"`` (step:replica, comma-separated) into ``((4, 1), (8, 0))``.
+
+  Examples:
+    >>> parse_drop_schedule("4:1, 8:0")
+    ((4, 1), (8, 0))
+    >>> parse_drop_schedule("4-1")
+    Traceback (most recent call last):
+    ...
+    ValueError: `drop_schedule` entry '4-1' must look like step:replica, e.g. 4:1,8:0.
+  """
+  if text is None or not text.strip():
+    return ()
+  out = []
+  for part in text.split(","):
+    step, sep, replica = part.strip().partition(":")
+    try:
+      if not sep:
+        raise ValueError
+      out.append((int(step), int(replica)))
+    except ValueError:
+      raise ValueError(f"`drop_schedule` entry {part.strip()!r} must look like step:replica,"
+                       " e.g. 4:1,8:0.") from None
+  return tuple(out)
+
+
+_M, _D, _R, _C = "model", "data", "run", "checkpoints"
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """Everything one training run needs (the outer loop in ``algo``, the data in ``data``).
+
+  Symbols are those of the semantics page (docs/semantics.md). The inner learning rate,
+  weight decay and clipping threshold are traced inputs of the step (float32): runs that
+  differ only in them share one compiled program.
+  """
+
+  algo: DiLoCoConfig = field(default_factory=DiLoCoConfig)
+  # The trainer's default language: V = 32, order 2, 4 successors per context; the `small`
+  # model gets within a few hundredths of a nat of its floor in 600 steps on a laptop CPU.
+  data: DataConfig = field(default_factory=lambda: DataConfig(vocab_size=32))
+  model: str = field("small", flag="model", group=_M, must_match=True,
+                     help=f"model preset: one of {sorted(PRESETS)}")
+  n_layers: int | None = field(None, flag="layers", group=_M, must_match=True, parse=int, symbol="L",
+                               help="override the preset's number of layers (Streaming needs (P-1) | L)")
+  vocab_size: int | None = field(
+      None, flag="vocab-size", group=_M, must_match=True, parse=int,
+      help=".npy data: the model's vocabulary; ids must be below it (default: largest id + 1)")
+  positions: str | None = field(None, flag="positions", group=_M, must_match=True,
+                                help="override the preset's positions: rope or learned")
+  batch_size: int = field(16, flag="batch-size", group=_D, must_match=True, program=True, symbol="b",
+                          help="sequences per replica per step (DP's global batch is M·b)")
+  seq_len: int = field(64, flag="seq-len", group=_D, must_match=True, program=True, symbol="T",
+                       help="tokens per sequence")
+  steps: int = field(600, flag="steps", group=_R, program=True, help="inner steps")
+  inner_lr: float = field(3e-3, flag="inner-lr", group=_M, must_match=True, traced="float32",
+                          help="peak AdamW learning rate")
+  warmup_steps: int | None = field(
+      None, flag="warmup-steps", group=_M, must_match=True, parse=int,
+      help="linear warmup steps before cosine decay to 10% of the peak (default: min(50, steps // 10))")
+  weight_decay: float = field(0.1, flag="weight-decay", group=_M, must_match=True, traced="float32",
+                              help="AdamW decoupled weight decay")
+  grad_clip: float = field(1.0, flag="grad-clip", group=_M, must_match=True, traced="float32",
+                           help="global-norm gradient clip (0 disables)")
+  eval_every: int = field(50, flag="eval-every", group=_R,
+                          help="steps between evaluations of the global params (and at 0, end)")
+  log_every: int = field(10, flag="log-every", group=_R,
+                         help="steps between metric fetches from the device / log rows")
+  seed: int = field(0, flag="seed", group=_R, must_match=True,
+                    help="model initialisation seed (the data seed is data.seed)")
+  out: str | None = field(None, flag="out", group=_R, result=False,
+                          help="output directory for metrics.jsonl and summary.json (none: no files)")
+  overwrite: bool = field(False, flag="overwrite", group=_R, result=False,
+                          help="allow the output directory to hold a finished run")
+  progress: bool = field(True, flag="no-progress", group=_R, result=False, help="hide the progress bar")
+  mesh: str | None = field(
+      None, flag="mesh", group="devices", program=True,
+      help="device mesh 'diloco=D,data=B' (D*B = devices, D | M, B | batch); default: one device")
+  checkpoint_every: int = field(
+      0, flag="checkpoint-every", group=_C,
+      help="save <out>/checkpoints/<step> every N steps (a multiple of the log interval; 0: never)")
+  keep_checkpoints: int = field(3, flag="keep-checkpoints", group=_C, help="keep the newest k checkpoints")
+  resume: bool = field(False, flag="resume", group=_C,
+                       help="continue the run in the output directory from its newest valid checkpoint")
+  init_from: str | None = field(
+      None, flag="init-from", group=_C,
+      help="start from a plain params checkpoint (e.g. a DP run's <out>/final_params):"
+           " broadcast to the replicas, fresh outer state")
+  drop_schedule: tuple = field((), flag="drop-schedule", group=_C, parse=parse_drop_schedule,
+                               help="simulated replica drops 'step:replica,...' at sync steps (0-based replicas)")
+  drop_prob: float = field(
+      0.0, flag="drop-prob", group=_C,
+      help="simulated drops: each replica misses each sync with this probability (seeded by the model seed)")
+
+  def validate(self) -> None:
+    """Raises a one-line ``ValueError`` for any invalid option, before anything compiles."""
+    for name in ("batch_size", "seq_len", "steps", "eval_every", "log_every"):
+      v.check_int(name, getattr(self, name))
+    if self.warmup_steps is not None and (
+        not v.is_int(self.warmup_steps) or not 0 <= self.warmup_steps < self.steps):
+      raise ValueError(f"warmup_steps must be an integer in [0, steps={self.steps}), got {self.warmup_steps!r}.")
+    v.check_real("inner_lr", self.inner_lr, low=0.0, low_open=True)
+    v.check_real("weight_decay", self.weight_decay, low=0.0)
+    v.check_real("grad_clip", self.grad_clip, low=0.0)
+    if self.model not in PRESETS:
+      raise ValueError(f"model must be one of {sorted(PRESETS)}, got {self.model!r}.")
+    if self.n_layers is not None:
+      v.check_int("n_layers", self.n_layers)
+    if self.vocab_size is not None and (not v.is_int(self.vocab_size) or self.vocab_size < 2):
+      raise ValueError(f"vocab_size must be None or an integer >= 2, got {self.vocab_size!r}.")
+    if self.positions not in (None, "rope", "learned"):
+      raise ValueError(f"positions must be 'rope' or 'learned', got {self.positions!r}.")
+    self.algo.validate(num_layers=self.model_config().n_layers)
+    if self.mesh is not None:
+      check_mesh(parse_mesh(self.mesh), replicas=self.algo.replicas, batch_size=self.batch_size)
+    self._validate_checkpointing()
+    self._validate_drops()
+    if self.out is not None:
+      check_out_dir(self.out, self.overwrite, self.resume)
+
+  def _validate_checkpointing(self) -> None:
+    ce = v.check_int("checkpoint_every", self.checkpoint_every, low=0, what=" (0: no checkpoints)")
+    if ce and self.out is None:
+      raise ValueError("checkpoint_every needs `out`: checkpoints go to <out>/checkpoints/<step>.")
+    if ce % self.log_every:
+      raise ValueError(
+          f"checkpoint_every ({ce}) must be a multiple of log_every ({self.log_every}) so every"
+          f" checkpoint falls on a log row; e.g. `checkpoint_every`={-(-ce // self.log_every) * self.log_every}.")
+    v.check_int("keep_checkpoints", self.keep_checkpoints)
+    v.check_bool("resume", self.resume)
+    if self.resume and self.out is None:
+      raise ValueError("resume needs `out`: the directory of the run to continue.")
+    if self.init_from is not None and (not isinstance(self.init_from, str) or not self.init_from):
+      raise ValueError(f"init_from must be a path to a params checkpoint directory, got {self.init_from!r}.")
+
+  def _validate_drops(self) -> None:
+    p = self.drop_prob
+    if not v.is_real(p) or not 0 <= p < 1:
+      raise ValueError(f"drop_prob must be a number in [0, 1), got {p!r}.")
+    if (self.drop_schedule or p) and self.algo.algorithm == "dp":
+      raise ValueError("drop_schedule / drop_prob simulate replicas missing a DiLoCo sync; algorithm"
+                       " 'dp' has none to miss: use `algorithm` diloco or streaming.")
+    M, dh = self.algo.replicas, self.algo.sync_interval
+    for entry in self.drop_schedule:
+      if (not isinstance(entry, (tuple, list)) or len(entry) != 2 or not all(v.is_int(x) for x in entry)):
+        raise ValueError(f"drop_schedule entries must be (step, replica) integer pairs, got {entry!r}.")
+      s, r = entry
+      if not 0 <= r < M:
+        raise ValueError(f"drop_schedule: replica {r} (at step {s}) is not in [0, replicas={M}).")
+      if not 1 <= s <= self.steps:
+        raise ValueError(f"drop_schedule: step {s} is not in [1, steps={self.steps}].")
+      if s % dh:
+        raise ValueError(
+            f"drop_schedule: no sync after step {s} (syncs every H/P = {dh} steps); use a multiple"
+            f" of {dh}, e.g. {max(dh, s - s % dh)}.")
+
+  @property
+  def warmup(self) -> int:
+    """Warmup steps: ``warmup_steps``, or min(50, steps // 10) when it is None."""
+    return min(50, self.steps // 10) if self.warmup_steps is None else self.warmup_steps
+
+  def model_config(self, vocab_size: int | None = None):
+    """The model shape of this run (preset + overrides; built for ``seq_len``)."""
+    base = get_preset(self.model)
+    changes: dict[str, Any] = {"max_seq_len": max(base.max_seq_len, self.seq_len)}
+    if self.n_layers is not None:
+      changes["n_layers"] = self.n_layers
+    if self.positions is not None:
+      changes["positions"] = self.positions
+    if vocab_size is not None:
+      changes["vocab_size"] = vocab_size
+    return dataclasses.replace(base, **changes)
+
+
+def check_out_dir(out: str, overwrite: bool, resume: bool = False) -> None:
+  """Refuses an output directory that is a file, not writable, or holds another run.
+
+  Args:
+    out: the run directory (created later if it does not exist).
+    overwrite: the run may replace a run in ``out``.
+    resume: the run continues the run in ``out``.
+  """
+  if os.path.exists(out) and not os.path.isdir(out):
+    raise ValueError(f"out={out!r} is a file; give a directory path.")
+  if not os.path.isdir(out):
+    parent = os.path.dirname(os.path.abspath(out))
+    while not os.path.exists(parent):
+      parent = os.path.dirname(parent)
+    if not os.access(parent, os.W_OK):
+      raise ValueError(f"out={out!r} cannot be created ({parent!r} is not writable).")
+    return
+  if not os.access(out, os.W_OK):
+    raise ValueError(f"out={out!r} is not writable; choose another directory.")
+  if overwrite or resume:
+    return
+  if os.path.exists(os.path.join(out, "summary.json")):
+    raise ValueError(f"out={out!r} already holds a finished run; pass `overwrite`, `resume` (with more"
+                     " `steps`), or choose another directory.")
+  if finalized_steps(out):
+    raise ValueError(f"out={out!r} holds checkpoints of an unfinished run; pass `resume` to continue"
+                     " it, `overwrite` to start over, or choose another directory.")
+  if os.path.exists(os.path.join(out, "metrics.jsonl")):
+    raise ValueError(f"out={out!r} holds metrics.jsonl of an unfinished run (no checkpoint); pass"
+                     " `overwrite` to start over or choose another directory.")
