@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast docs bench clean
+.PHONY: demo test test-fast docs bench bench-accel clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	python3 -m venv $(VENV)
@@ -29,6 +29,9 @@ bench: $(VENV)/.installed  ## benchmarks that print measured ratios
 	$(PY) benchmarks/step_time.py
 	$(PY) benchmarks/mesh_scaling.py
 	$(PY) benchmarks/sweep_reuse.py
+
+bench-accel: $(VENV)/.installed  ## accelerator benchmark (MFU, step ratios); add ARGS=--quick on CPU
+	$(PY) benchmarks/accelerator.py --json runs/bench_accel.json $(ARGS)
 
 clean:
 	rm -rf _build runs .cache

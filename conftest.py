@@ -1,8 +1,45 @@
-"""Shared test setup: 8 fake CPU devices, set before JAX initializes."""
+"""Shared test setup, set before JAX initializes, and skips for runs on one accelerator.
+
+- 8 fake CPU devices (``JAX_PLATFORMS=cpu`` unless the caller picks a platform).
+- The model computes in float32 (``DILOCO_COMPUTE_DTYPE``) on every backend, so exact-number
+  tests mean the same on a GPU; bfloat16 is tested on purpose (tests/test_precision.py).
+- ``@pytest.mark.needs_cpu_devices(n)``: the test needs n devices (a mesh of n, as the 8 fake
+  CPU devices give). With fewer, e.g. ``JAX_PLATFORMS=cuda`` on one GPU, it is skipped and
+  the reason says so. Doctests that need devices are listed in ``_DOCTESTS_NEEDING_DEVICES``.
+"""
 
 import os
+
+import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
   os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("DILOCO_COMPUTE_DTYPE", "float32")
+
+_DOCTESTS_NEEDING_DEVICES = {"diloco_core.mesh.make_mesh": 8}
+
+
+def pytest_configure(config):
+  config.addinivalue_line(
+      "markers", "needs_cpu_devices(n): needs n devices (8 fake CPU devices); skipped with the"
+      " reason when fewer are available, e.g. JAX_PLATFORMS=cuda on one GPU")
+
+
+def pytest_collection_modifyitems(config, items):
+  needs = []
+  for item in items:
+    marker = item.get_closest_marker("needs_cpu_devices")
+    n = marker.args[0] if marker else _DOCTESTS_NEEDING_DEVICES.get(item.name)
+    if n:
+      needs.append((item, n))
+  if not needs:
+    return
+  import jax  # pylint: disable=import-outside-toplevel
+  count, platform = jax.device_count(), jax.default_backend()
+  for item, n in needs:
+    if count < n:
+      item.add_marker(pytest.mark.skip(reason=(
+          f"needs {n} devices, this run has {count} {platform} device(s); run it on CPU"
+          " (JAX_PLATFORMS=cpu, 8 fake devices)")))

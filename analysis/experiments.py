@@ -26,8 +26,9 @@ def base_config(scale: str = "cpu", **changes):
   (order 2, 4 successors per context), M = 4 replicas × 8 sequences × 32 tokens,
   600 inner steps, peak inner LR 1e-2, DiLoCo with H = 24 and the default outer
   optimizer. Compilation, not training, dominates such a run (a few seconds each).
-  On ``"accelerator"``: the ``small`` preset on the trainer's default language, 16 × 64
-  tokens per replica, 1,500 steps.
+  On ``"accelerator"``: the ``base`` preset (7 M parameters, bfloat16 compute by the
+  backend's default) on the trainer's default language, 16 × 64 tokens per replica,
+  1,500 steps.
 
   Args:
     scale: one of :data:`SCALES`.
@@ -47,7 +48,7 @@ def base_config(scale: str = "cpu", **changes):
         steps=600, inner_lr=1e-2, eval_every=100, log_every=20, progress=False)
   else:
     base = TrainConfig(
-        algo=algo, model="small", batch_size=16, seq_len=64, steps=1500, inner_lr=3e-3,
+        algo=algo, model="base", batch_size=16, seq_len=64, steps=1500, inner_lr=3e-3,
         eval_every=100, log_every=20, progress=False)
   return with_values(base, changes) if changes else base
 

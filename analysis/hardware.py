@@ -175,6 +175,34 @@ def get_hardware(hardware: str | HardwareSpec) -> HardwareSpec:
   return HARDWARE[key]
 
 
+_DEVICE_KINDS = (  # substrings of jax.Device.device_kind, most specific first
+    ("h200", "h200"), ("h100", "h100"), ("a100", "a100"), ("b200", "b200"),
+    ("v5 lite", "v5e"), ("v5e", "v5e"), ("v5p", "v5p"), ("tpu v5", "v5p"),
+    ("v6 lite", "v6e"), ("v6e", "v6e"), ("tpu7x", "tpu7x"), ("tpu v7", "tpu7x"), ("tpu v4", "v4"),
+)
+
+
+def hardware_for_device_kind(device_kind: str) -> HardwareSpec | None:
+  """The catalog entry of a JAX device (``jax.devices()[0].device_kind``), or None if unknown.
+
+  Args:
+    device_kind: e.g. ``"NVIDIA H200"``, ``"TPU v5 lite"`` (a v5e), ``"cpu"``.
+
+  Returns:
+    The :class:`HardwareSpec`, or None (CPUs and chips not in :data:`HARDWARE`).
+
+  Examples:
+    >>> hardware_for_device_kind("NVIDIA H100 80GB HBM3").name
+    'NVIDIA H100 SXM'
+    >>> hardware_for_device_kind("TPU v5 lite").peak_flops
+    197000000000000.0
+    >>> hardware_for_device_kind("cpu") is None
+    True
+  """
+  kind = str(device_kind).lower()
+  return next((HARDWARE[key] for sub, key in _DEVICE_KINDS if sub in kind), None)
+
+
 def check_hardware(hardware) -> HardwareSpec:
   """``hardware`` if it is a :class:`HardwareSpec`; else a one-line ValueError.
 

@@ -24,6 +24,10 @@ from diloco_core.hyperparams import resolve_optimizer
 from diloco_core.dp import DataParallel
 from diloco_core.dp import DPState
 from diloco_core.fragments import Fragments
+from diloco_core.backend import configure_determinism
+from diloco_core.backend import default_compute_dtype
+from diloco_core.backend import default_demo_steps
+from diloco_core.backend import resolve_model_config
 from diloco_core.model import Transformer
 from diloco_core.model import init_model
 from diloco_core.model import layer_mask

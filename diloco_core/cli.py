@@ -20,6 +20,7 @@ import sys
 
 from diloco_core import compare as compare_lib
 from diloco_core.fields import spec, walk
+from diloco_core.backend import configure_determinism, default_demo_steps
 from diloco_core.mesh import initialize_distributed
 from diloco_core.run_config import TrainConfig
 
@@ -80,7 +81,8 @@ def _add_option(group, path: str, f: dataclasses.Field, default) -> None:
     group.add_argument("--" + s.flag, dest=path, action="store_false" if default else "store_true",
                        default=default, help=text)
     return
-  kind = s.parse or (type(default) if default is not None else str)
+  typed = default if default is not None else f.default  # a None default keeps the field's type
+  kind = s.parse or (type(typed) if typed not in (None, dataclasses.MISSING) else str)
   if kind not in (int, float, str):  # parsed after argparse, so its error is a one-line ValueError
     kind, default = str, None
   group.add_argument("--" + s.flag, dest=path, type=kind, default=default, help=text,
@@ -151,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
   except SystemExit as e:  # --help (0) or a malformed flag (2, one line above)
     return int(e.code or 0)
+  configure_determinism(False if args.nondeterministic else None)  # before JAX starts
   try:
     initialize_distributed(args.coordinator, args.num_processes, args.process_id)
     result = train(config_from_args(args))  # train validates the config, once
@@ -158,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     return _error(e)
   s = result.summary
   floor = "n/a" if s["loss_floor"] is None else f"{s['loss_floor']:.4f}"
-  print(f"{s['algorithm']}: final eval loss {s['final_eval_loss']:.4f} (floor {floor}), "
+  print(f"{s['algorithm']} ({s['compute_dtype']}): final eval loss {s['final_eval_loss']:.4f} (floor {floor}), "
         f"{s['total_bytes_per_replica'] / 1e6:.2f} MB sent per replica, {s['wall_time_s']:.1f} s")
   return 0
 
@@ -171,6 +174,9 @@ def build_compare_parser() -> argparse.ArgumentParser:
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   defaults = {**_defaults(TrainConfig()), **compare_lib.DEFAULTS}
   _add_options(p, TrainConfig, defaults, only=set(compare_lib.DEFAULTS))
+  steps = next(a for a in p._actions if a.dest == "steps")
+  steps.help = (f"inner steps (default: {default_demo_steps('gpu')} on a GPU/TPU, so that the outer"
+                f" loop matters; {default_demo_steps('cpu')} on CPU)")
   return p
 
 
@@ -178,9 +184,11 @@ def compare_main(argv: list[str] | None = None) -> int:
   """``python -m diloco_core.compare``: trains the three runs, prints and writes the table and plot."""
   import pandas as pd
   args = build_compare_parser().parse_args(argv)
+  configure_determinism(False if args.nondeterministic else None)  # before JAX starts
+  args.steps = default_demo_steps() if args.steps is None else args.steps
   outer = {k: getattr(args, "algo." + k) for k in ("replicas", "sync_every", "fragments", "overlap")}
   try:
-    base = TrainConfig(model=args.model, steps=args.steps, batch_size=args.batch_size,
+    base = TrainConfig(model=args.model, steps=args.steps, nondeterministic=args.nondeterministic, batch_size=args.batch_size,
                        seq_len=args.seq_len, out=args.out, overwrite=args.overwrite,
                        progress=args.progress)
     results = compare_lib.compare(compare_lib.comparison_configs(base, **outer))
@@ -198,7 +206,8 @@ def compare_main(argv: list[str] | None = None) -> int:
   with pd.option_context("display.float_format", "{:.4f}".format, "display.width", 120):
     print()
     print(f"M={outer['replicas']} replicas x {args.batch_size} seqs x {args.seq_len} tokens, "
-          f"{args.steps} steps, H={outer['sync_every']}, streaming P={outer['fragments']}"
+          f"{args.steps} steps ({args.steps // outer['sync_every']} outer steps), H={outer['sync_every']},"
+          f" streaming P={outer['fragments']}"
           f" τ={outer['overlap']}; entropy floor {floor:.4f} nats/token")
     print(table.to_string())
   print(f"\nwrote {os.path.join(args.out, 'loss.png')} and {os.path.join(args.out, 'comparison.csv')}")

@@ -26,6 +26,7 @@ from diloco_core.data import make_dataset
 from diloco_core.drops import participation
 from diloco_core.fields import must_match_fields
 from diloco_core.mesh import fetch
+from diloco_core.backend import resolve_model_config
 from diloco_core.model import init_model, lm_loss
 from diloco_core.model_config import param_count
 from diloco_core.programs import PROGRAMS
@@ -202,7 +203,7 @@ def train(cfg: TrainConfig) -> TrainResult:
   # The data defines the vocabulary: synthetic -> DataConfig.vocab_size, text -> 256 bytes,
   # .npy -> cfg.vocab_size (ids must be below it) or the largest id + 1.
   data = make_dataset(cfg.data, replicas=M, batch_size=b, seq_len=T, model_vocab_size=cfg.vocab_size)
-  model_cfg = cfg.model_config(vocab_size=data.vocab_size)
+  model_cfg = resolve_model_config(cfg.model_config(vocab_size=data.vocab_size))  # dtype, kernel
   apply_fn, params = _init_params(cfg, model_cfg)
   loss_fn = lambda p, tokens: lm_loss(apply_fn, p, tokens)
   algo, eval_fn = PROGRAMS.get(cfg, loss_fn, params, model_cfg)  # reuses an earlier run's program
@@ -228,7 +229,7 @@ def train(cfg: TrainConfig) -> TrainResult:
   start, compile_time = time.perf_counter(), None
   writer = jax.process_index() == 0
   bar = tqdm(total=cfg.steps, initial=first - 1, disable=not (cfg.progress and writer),
-             desc=cfg.algo.algorithm, unit="step")
+             desc=f"{cfg.algo.algorithm} ({model_cfg.compute_dtype})", unit="step")
   if resumed is None:
     log.start(evaluate(state))
   try:
@@ -282,6 +283,8 @@ def train(cfg: TrainConfig) -> TrainResult:
       "tokens": cfg.steps * tokens_per_step,
       "tokens_per_s": max(cfg.steps - first, 0) * tokens_per_step / max(wall - compile_time, 1e-9),
       "params": param_count(model_cfg),
+      "compute_dtype": model_cfg.compute_dtype,
+      "attention": model_cfg.attention,
       "data": data.describe(),
       "config": dataclasses.asdict(cfg),
       "final_params": final_params,

@@ -7,6 +7,13 @@ DiLoCo take "every third layer" as one fragment with a single traced index inste
 P separately compiled branches. The params pytree the DiLoCo core sees is the plain
 nested dict :func:`split_params` returns; ``blocks/*`` are the stacked-layer leaves
 (:func:`layer_mask`).
+
+Precision: params are float32 and stay so (they are the masters the optimizers update);
+the forward pass casts them to ``cfg.compute_dtype`` (bfloat16 by default on GPU/TPU,
+float32 on CPU, see :mod:`diloco_core.backend`), computes norms, RoPE angles and the
+attention softmax in float32, and returns float32 logits, so the loss is float32 too.
+Attention is :func:`jax.nn.dot_product_attention` (causal; XLA or cuDNN), and
+``cfg.remat = "block"`` recomputes each scanned block in the backward pass.
 """
 
 from __future__ import annotations
@@ -19,13 +26,15 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from diloco_core.backend import resolve_model_config
 from diloco_core.model_config import ModelConfig
 
 
 def _rms_norm(x: jax.Array, scale: jax.Array, eps: float = 1e-6) -> jax.Array:
+  """RMSNorm computed in float32, returned in the dtype of ``x``."""
   x32 = x.astype(jnp.float32)
   normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-  return (normed * scale).astype(x.dtype)
+  return (normed * scale.astype(jnp.float32)).astype(x.dtype)
 
 
 def _rope(x: jax.Array, positions: jax.Array) -> jax.Array:
@@ -39,7 +48,11 @@ def _rope(x: jax.Array, positions: jax.Array) -> jax.Array:
 
 
 def _block(cfg: ModelConfig, x: jax.Array, w: dict[str, jax.Array]) -> jax.Array:
-  """One pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+  """One pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)), in the dtype of ``w``.
+
+  ``cfg`` must be resolved (:func:`~diloco_core.backend.resolve_model_config`):
+  ``cfg.attention`` is ``"xla"`` or ``"cudnn"``.
+  """
   t = x.shape[-2]
   h = _rms_norm(x, w["attn_norm"])
   q = jnp.einsum("btd,dhk->bthk", h, w["wq"])
@@ -48,13 +61,9 @@ def _block(cfg: ModelConfig, x: jax.Array, w: dict[str, jax.Array]) -> jax.Array
   if cfg.positions == "rope":
     pos = jnp.arange(t)
     q, k = _rope(q, pos), _rope(k, pos)
-  groups = cfg.n_heads // cfg.kv_heads
-  k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
-  logits = jnp.einsum("bqhk,bshk->bhqs", q, k).astype(jnp.float32) / math.sqrt(cfg.head_dim)
-  causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-  logits = jnp.where(causal, logits, jnp.finfo(jnp.float32).min)
-  probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
-  attn = jnp.einsum("bhqs,bshk->bqhk", probs, v)
+  # Causal attention without a materialized mask; GQA groups query heads n with kv head
+  # n // (n_heads / kv_heads). Scores, softmax and its sums are float32 (XLA) or fused (cuDNN).
+  attn = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=cfg.attention)
   x = x + jnp.einsum("bthk,hkd->btd", attn, w["wo"])
   h = _rms_norm(x, w["mlp_norm"])
   if cfg.mlp == "swiglu":
@@ -91,11 +100,14 @@ class StackedBlocks(nnx.Module):
     names = ["attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_up", "w_down"]
     if self.cfg.mlp == "swiglu":
       names.append("w_gate")
-    stacked = {n: getattr(self, n)[...] for n in names}
+    dtype = jnp.dtype(self.cfg.compute_dtype)
+    stacked = {n: getattr(self, n)[...].astype(dtype) for n in names}
 
     def body(carry, w):
       return _block(self.cfg, carry, w), None
 
+    if self.cfg.remat == "block":  # keep only each block's input; recompute the rest
+      body = jax.checkpoint(body, prevent_cse=False)
     x, _ = jax.lax.scan(body, x, stacked)
     return x
 
@@ -118,6 +130,7 @@ class Transformer(nnx.Module):
       raise ValueError(
           "the built-in Transformer is dense: num_experts must be 1 (MoE configs are for"
           f" analysis sizing only), got {cfg.num_experts}.")
+    cfg = resolve_model_config(cfg)
     self.cfg = cfg
     self.embed = nnx.Param(0.02 * jax.random.normal(rngs.params(), (cfg.vocab_size, cfg.d_model)))
     if cfg.positions == "learned":
@@ -129,17 +142,24 @@ class Transformer(nnx.Module):
       self.head = nnx.Param(0.02 * jax.random.normal(rngs.params(), (cfg.d_model, cfg.vocab_size)))
 
   def __call__(self, tokens: jax.Array) -> jax.Array:
-    """Maps int tokens ``[..., T]`` to float32 logits ``[..., T, V]``."""
+    """Maps int tokens ``[..., T]`` to float32 logits ``[..., T, V]``.
+
+    Every param is cast to ``cfg.compute_dtype`` here (the float32 masters are untouched,
+    and their gradients come back float32); norms and softmax compute in float32 and the
+    head accumulates into float32 logits.
+    """
     t = tokens.shape[-1]
     if t > self.cfg.max_seq_len:
       raise ValueError(f"sequence length {t} exceeds the model's max_seq_len {self.cfg.max_seq_len}.")
-    x = self.embed[...][tokens]
+    dtype = jnp.dtype(self.cfg.compute_dtype)
+    embed = self.embed[...].astype(dtype)
+    x = embed[tokens]
     if self.cfg.positions == "learned":
-      x = x + self.pos_embed[...][:t]
+      x = x + self.pos_embed[...][:t].astype(dtype)
     x = self.blocks(x)
     x = _rms_norm(x, self.final_norm[...])
-    head = self.embed[...].T if self.cfg.tie_embeddings else self.head[...]
-    return (x @ head).astype(jnp.float32)
+    head = embed.T if self.cfg.tie_embeddings else self.head[...].astype(dtype)
+    return jnp.matmul(x, head, preferred_element_type=jnp.float32)
 
 
 def split_params(model: nnx.Module) -> tuple[nnx.GraphDef, dict[str, Any]]:

@@ -9,8 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 
+from diloco_core.validity import check_choice
+
 _POSITIONS = ("rope", "learned")
 _MLPS = ("swiglu", "gelu")
+#: Dtypes the forward pass may compute in (params and optimizer states stay float32).
+COMPUTE_DTYPES = ("float32", "bfloat16")
+#: Attention kernels: "auto" picks cuDNN on a GPU when the shapes and dtype allow, else XLA.
+ATTENTIONS = ("auto", "xla", "cudnn")
+#: Rematerialization of the scanned blocks: "block" recomputes each block in the backward pass.
+REMATS = ("none", "block")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,6 +27,9 @@ class ModelConfig:
 
   The built-in NNX model (:class:`diloco_core.Transformer`) implements every field but
   the MoE ones (it is dense); :mod:`analysis` uses those to size models it never trains.
+  ``compute_dtype``, ``attention`` and ``remat`` say how the built-in model computes; they
+  change no shape, count or FLOP formula. ``compute_dtype=None`` and ``attention="auto"``
+  are resolved per backend (:func:`diloco_core.backend.resolve_model_config`).
   """
 
   vocab_size: int = 256  # tokens in the vocabulary (output classes)
@@ -34,8 +45,16 @@ class ModelConfig:
   num_experts: int = 1  # MoE experts per layer (1 = dense)
   experts_per_token: int = 1  # experts each token is routed to (top-k)
   d_head: int | None = None  # per-head width; None = d_model // n_heads
+  # How the built-in model computes (no effect on shapes, counts or FLOPs):
+  compute_dtype: str | None = None  # "float32" / "bfloat16"; None = backend default
+  attention: str = "auto"  # attention kernel, one of ATTENTIONS
+  remat: str = "none"  # "block": recompute each block in the backward pass (less memory)
 
   def __post_init__(self):
+    if self.compute_dtype is not None:
+      check_choice("ModelConfig.compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
+    check_choice("ModelConfig.attention", self.attention, ATTENTIONS)
+    check_choice("ModelConfig.remat", self.remat, REMATS)
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len",
                  "num_experts", "experts_per_token"):
       value = getattr(self, name)

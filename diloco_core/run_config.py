@@ -22,7 +22,7 @@ from diloco_core.config import DiLoCoConfig
 from diloco_core.data import DataConfig
 from diloco_core.fields import field
 from diloco_core.mesh import check_mesh, parse_mesh
-from diloco_core.model_config import PRESETS, get_preset
+from diloco_core.model_config import ATTENTIONS, COMPUTE_DTYPES, PRESETS, REMATS, get_preset
 
 
 def parse_drop_schedule(text: str | None) -> tuple:
@@ -76,6 +76,23 @@ class TrainConfig:
       help=".npy data: the model's vocabulary; ids must be below it (default: largest id + 1)")
   positions: str | None = field(None, flag="positions", group=_M, must_match=True,
                                 help="override the preset's positions: rope or learned")
+  compute_dtype: str | None = field(
+      None, flag="compute-dtype", group=_M,
+      help="dtype the model computes in (params, optimizer and outer states stay float32): one of"
+           f" {COMPUTE_DTYPES}; default: bfloat16 on GPU/TPU, float32 on CPU (env DILOCO_COMPUTE_DTYPE"
+           " overrides the default)")
+  attention: str = field(
+      "auto", flag="attention", group=_M,
+      help=f"attention kernel of jax.nn.dot_product_attention, one of {ATTENTIONS}; auto: cuDNN on a"
+           " GPU in bfloat16 with head dim a multiple of 8 and <= 128, else XLA")
+  remat: str = field(
+      "none", flag="remat", group=_M,
+      help=f"one of {REMATS}; block: recompute each transformer block in the backward pass (less"
+           " memory, about one more forward; identical gradients)")
+  nondeterministic: bool = field(
+      False, flag="nondeterministic", group="devices", result=False,
+      help="on a GPU, keep XLA's faster non-deterministic kernels (reused programs, resume and drops"
+           " are then not bit-exact; same as DILOCO_NONDETERMINISTIC=1)")
   batch_size: int = field(16, flag="batch-size", group=_D, must_match=True, program=True, symbol="b",
                           help="sequences per replica per step (DP's global batch is M·b)")
   seq_len: int = field(64, flag="seq-len", group=_D, must_match=True, program=True, symbol="T",
@@ -138,6 +155,11 @@ class TrainConfig:
       raise ValueError(f"vocab_size must be None or an integer >= 2, got {self.vocab_size!r}.")
     if self.positions not in (None, "rope", "learned"):
       raise ValueError(f"positions must be 'rope' or 'learned', got {self.positions!r}.")
+    if self.compute_dtype is not None:
+      v.check_choice("compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
+    v.check_choice("attention", self.attention, ATTENTIONS)
+    v.check_choice("remat", self.remat, REMATS)
+    v.check_bool("nondeterministic", self.nondeterministic)
     self.algo.validate(num_layers=self.model_config().n_layers)
     if self.mesh is not None:
       check_mesh(parse_mesh(self.mesh), replicas=self.algo.replicas, batch_size=self.batch_size)
@@ -197,6 +219,7 @@ class TrainConfig:
       changes["positions"] = self.positions
     if vocab_size is not None:
       changes["vocab_size"] = vocab_size
+    changes.update(compute_dtype=self.compute_dtype, attention=self.attention, remat=self.remat)
     return dataclasses.replace(base, **changes)
 
 

@@ -30,6 +30,7 @@ def _cfg(algorithm, mesh, **kw):
                      progress=False, mesh=mesh, **kw)
 
 
+@pytest.mark.needs_cpu_devices(8)
 @pytest.mark.parametrize("algorithm", ["dp", "diloco", "streaming"])
 def test_same_metrics_on_every_mesh(algorithm):
   ref = train(_cfg(algorithm, None)).metrics
@@ -40,6 +41,7 @@ def test_same_metrics_on_every_mesh(algorithm):
                                  atol=2e-6, err_msg=f"{algorithm} {col} on mesh {mesh}")
 
 
+@pytest.mark.needs_cpu_devices(8)
 @pytest.mark.parametrize("spec,replicas,batch,message", [
     ("diloco=4,data=4", 4, 4, "needs 16 devices, but 8 are available"),
     ("diloco=3,data=1", 4, 4, r"replicas \(M=4\) must be divisible by the mesh's diloco axis \(3\)"),
@@ -121,6 +123,7 @@ def _compiled_step(fragments, mesh_shape, params, mask):
   return algo.lower(state, batch).compile().as_text(), algo
 
 
+@pytest.mark.needs_cpu_devices(8)
 @pytest.mark.parametrize("fragments", [1, 3])
 def test_cross_replica_all_reduce_only_in_the_sync(fragments):
   params = {"emb": jnp.zeros(5), "layers": jnp.zeros((4, 3))}
@@ -139,6 +142,7 @@ def test_cross_replica_all_reduce_only_in_the_sync(fragments):
   assert algo.fragments.sizes() == ([17] if fragments == 1 else [5, 6, 6])
 
 
+@pytest.mark.needs_cpu_devices(8)
 def test_inner_step_collectives_stay_inside_a_replica():
   """With data = 4 the inner step all-reduces gradients over `data`, never over `diloco`."""
   params = {"emb": jnp.zeros(5), "layers": jnp.zeros((4, 3))}
