@@ -12,6 +12,7 @@ import dataclasses
 from diloco_core import fields
 from diloco_core import validity as v
 from diloco_core.compression import FORMATS
+from diloco_core.eager import OUTER_OVERLAPS
 
 ALGORITHMS = ("dp", "diloco", "streaming")
 FRAGMENT_PATTERNS = v.FRAGMENT_PATTERNS
@@ -53,6 +54,9 @@ class DiLoCoConfig:
                         help="steps between sending a fragment and merging it, 0 <= τ < H")
   alpha: float = _field(0.0, flag="alpha", symbol="α", traced="float32",
                         help="merge blend, local <- α·local + (1-α)·global")
+  outer_overlap: str = _field(
+      "none", flag="outer-overlap",
+      help=f"apply each sync's average at the next sync of its fragment: one of {OUTER_OVERLAPS}")
   compression: str = _field("none", flag="compression",
                             help=f"pseudo-gradient wire format: one of {COMPRESSIONS}")
   error_feedback: bool = _field(False, flag="error-feedback",
@@ -94,6 +98,10 @@ class DiLoCoConfig:
     v.check_choice("fragment_pattern", self.fragment_pattern, FRAGMENT_PATTERNS)
     v.check_overlap(self.overlap, self.sync_every)
     v.check_real("alpha (α)", self.alpha, low=0.0, high=1.0, high_open=False)
+    v.check_choice("outer_overlap", self.outer_overlap, OUTER_OVERLAPS)
+    if self.outer_overlap != "none" and self.overlap != 0:
+      raise ValueError(f"outer_overlap={self.outer_overlap!r} overlaps a whole outer step and needs"
+                       f" overlap (τ) = 0, got τ={self.overlap}.")
     v.check_choice("compression", self.compression, COMPRESSIONS)
     v.check_bool("error_feedback", self.error_feedback)
     if self.compression_block is not None and (
