@@ -313,7 +313,10 @@ class DiLoCo(AlgorithmBase):
         return compression.quantize_tree(delta, cfg.compression, block_size=cfg.compression_block), None
       return compression.error_feedback(delta, e_m, cfg.compression, block_size=cfg.compression_block)
 
-    sent, e_new = drjax.map_fn(pseudo_gradient, (drjax.broadcast(g_sub), r_sub, e_sub))
+    # Δ_m is taken against the params the replica started from: its own outer params (eager).
+    start = (frag.take(ops.in_flight.outer_params, self._kinds, branch, k, axis=1)
+             if cfg.outer_overlap == "eager" else drjax.broadcast(g_sub))
+    sent, e_new = drjax.map_fn(pseudo_gradient, (start, r_sub, e_sub))
     if present is None:
       delta = drjax.reduce_mean(sent)  # float32: the only cross-replica collective
       e_sub = e_new
