@@ -12,10 +12,10 @@ import dataclasses
 from diloco_core import fields
 from diloco_core import validity as v
 from diloco_core.compression import FORMATS
-from diloco_core.eager import OUTER_OVERLAPS
 
 ALGORITHMS = ("dp", "diloco", "streaming")
 FRAGMENT_PATTERNS = v.FRAGMENT_PATTERNS
+OUTER_OVERLAPS = v.OUTER_OVERLAPS
 COMPRESSIONS = FORMATS  # the wire formats of diloco_core.compression
 
 
@@ -98,10 +98,7 @@ class DiLoCoConfig:
     v.check_choice("fragment_pattern", self.fragment_pattern, FRAGMENT_PATTERNS)
     v.check_overlap(self.overlap, self.sync_every)
     v.check_real("alpha (α)", self.alpha, low=0.0, high=1.0, high_open=False)
-    v.check_choice("outer_overlap", self.outer_overlap, OUTER_OVERLAPS)
-    if self.outer_overlap != "none" and self.overlap != 0:
-      raise ValueError(f"outer_overlap={self.outer_overlap!r} overlaps a whole outer step and needs"
-                       f" overlap (τ) = 0, got τ={self.overlap}.")
+    v.check_outer_overlap(self.outer_overlap, self.overlap)
     v.check_choice("compression", self.compression, COMPRESSIONS)
     v.check_bool("error_feedback", self.error_feedback)
     if self.compression_block is not None and (

@@ -23,9 +23,7 @@ Examples:
   Two replicas, one leaf: replica 0 sent 1, replica 1 sent 3 (mean 2); before, they had
   sent 0 and 2 (mean 1), so the others' delayed parts are 1 - 0/2 = 1 and 1 - 2/2 = 0:
 
-  >>> import drjax
-import jax
-import jax.numpy as jnp
+  >>> import jax.numpy as jnp
   >>> two = [eager_gradient([jnp.float32(s)], [jnp.float32(2.0)], [jnp.float32(o)], replicas=2)
   ...        for s, o in ((1.0, 1.0), (3.0, 0.0))]
   >>> [(float(g[0]), float(o[0])) for g, o in two]
@@ -40,8 +38,7 @@ import drjax
 import jax
 import jax.numpy as jnp
 
-#: The values of ``DiLoCoConfig.outer_overlap``.
-OUTER_OVERLAPS = ("none", "delayed", "eager")
+from diloco_core.validity import OUTER_OVERLAPS  # noqa: F401 (the values of outer_overlap)
 
 
 class EagerInFlight(NamedTuple):
