@@ -36,6 +36,11 @@ second copy of the model is kept (one would cost one model of memory for nothing
 the state also holds, per replica and fragment, whether it took part in that fragment's
 latest sync (``participants``, [M, P], sharded like the replicas so that reading it at the
 merge needs no communication), so the merge knows whom to heal; a checkpoint holds that too.
+
+Whole outer step overlapped (``outer_overlap="delayed"`` or ``"eager"``, arXiv 2502.12996):
+each sync's average is applied at the next sync of the same fragment; what is in flight
+(and, for eager, each replica's own outer params and state) is ``DiLoCoState.in_flight``,
+and the eager math is :mod:`diloco_core.eager`.
 """
 
 from __future__ import annotations
