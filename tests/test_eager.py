@@ -207,3 +207,9 @@ def test_a_checkpoint_of_another_outer_overlap_is_refused(tmp_path):
   with pytest.raises(ValueError, match=r"outer_overlap='none' but this run has outer_overlap='eager'"):
     ckpt.restore_latest(str(tmp_path), init(eager), {"algo": dataclasses.asdict(eager.config)},
                         ["algo." + f for f in must_match_fields(DiLoCoConfig)])
+
+
+def test_trainer_refuses_drops_with_outer_overlap_before_training():
+  from diloco_core.train import TrainConfig
+  with pytest.raises(ValueError, match=r"drop_prob are not supported with outer_overlap='eager'"):
+    TrainConfig(algo=DiLoCoConfig(outer_overlap="eager"), drop_prob=0.1).validate()
