@@ -213,3 +213,17 @@ def test_trainer_refuses_drops_with_outer_overlap_before_training():
   from diloco_core.train import TrainConfig
   with pytest.raises(ValueError, match=r"drop_prob are not supported with outer_overlap='eager'"):
     TrainConfig(algo=DiLoCoConfig(outer_overlap="eager"), drop_prob=0.1).validate()
+
+
+def test_a_checkpoint_from_before_outer_overlap_is_refused_with_the_clear_error(tmp_path):
+  # Its state has the same leaves (in_flight is None for "none"); its config lacks the field.
+  algo = make("none", 2, 1, 3)
+  state = init(algo)
+  old = {k: v for k, v in dataclasses.asdict(algo.config).items() if k != "outer_overlap"}
+  writer = ckpt.CheckpointWriter(str(tmp_path), keep=1)
+  writer.save(0, state, {"config": {"algo": old}})
+  writer.close()
+  with pytest.raises(ValueError, match=r"written with outer_overlap='<missing>' but this run has"
+                                       r" outer_overlap='none'"):
+    ckpt.restore_latest(str(tmp_path), init(algo), {"algo": dataclasses.asdict(algo.config)},
+                        ["algo." + f for f in must_match_fields(DiLoCoConfig)])
