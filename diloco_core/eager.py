@@ -42,14 +42,10 @@ from diloco_core.validity import OUTER_OVERLAPS  # noqa: F401 (the values of out
 
 
 class EagerInFlight(NamedTuple):
-  """The per-replica state of ``outer_overlap="eager"`` (every leaf has a leading axis M).
-
-  Attributes:
-    others: the others' part of the average in flight, :math:`\\Delta - \\Delta_m / M`
-      (float32, shaped like the params).
-    outer_params: the replica's own outer params :math:`\\theta_{g,m}`.
-    outer_state: the replica's own outer optimizer state.
-  """
+  """The per-replica state of ``outer_overlap="eager"``, every leaf with a leading axis M:
+  ``others``, the others' part of the average in flight, :math:`\\Delta - \\Delta_m / M`
+  (float32, shaped like the params); ``outer_params``, the replica's own outer params
+  :math:`\\theta_{g,m}`; ``outer_state``, the replica's own outer optimizer state."""
 
   others: Any
   outer_params: Any
@@ -87,9 +83,9 @@ def send(frag, kinds: tuple, branch, k, outer_step, sent: list, mean: list, fl: 
   outer params with :func:`eager_gradient`.
 
   Args:
-    frag: the :class:`~diloco_core.Fragments` of the params.
+    frag: the ``Fragments`` of the params.
     kinds: ``(param kinds, outer-state kinds)`` of the leaves, for ``frag.take`` / ``put``.
-    branch, k: the fragment, as given by :meth:`~diloco_core.Fragments.switch`.
+    branch, k: the fragment, as given by ``Fragments.switch``.
     outer_step: one outer optimizer step on a fragment's slices -> (params, state leaves).
     sent: per replica, what each replica put on the wire (the fragment's leaves).
     mean: their average.

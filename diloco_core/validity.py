@@ -155,7 +155,7 @@ def check_overlap(overlap, sync_every: int) -> int:
 
 
 def check_outer_overlap(outer_overlap, overlap) -> str:
-  """``outer_overlap`` must be one of :data:`OUTER_OVERLAPS`; other than "none" it needs τ = 0.
+  """``outer_overlap`` must be one of ``OUTER_OVERLAPS``; other than "none" it needs τ = 0.
 
   Examples:
     >>> check_outer_overlap("eager", 1)
