@@ -50,6 +50,7 @@ from analysis.roofline import max_slices
 from analysis.roofline import streaming_critical_batch_per_slice
 from analysis.roofline import streaming_window_steps
 from analysis.roofline import t_math
+from analysis.simulate import EAGER_ROWS
 from analysis.simulate import METHODS
 from analysis.simulate import PAPER_GRID_GBPS
 from analysis.simulate import PAPER_ROWS

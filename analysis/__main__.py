@@ -124,7 +124,7 @@ def _plan(a) -> None:
   p = plan_lib.plan_run(a.model, a.hardware, slices=a.slices, chips_per_slice=a.chips_per_slice,
                         seq_len=a.seq_len, global_batch_tokens=a.global_batch_tokens,
                         link_gbps=a.link_gbps, mfu=a.mfu, target=a.target, bits=a.bits,
-                        sync_every=a.sync_every, **kw)
+                        sync_every=a.sync_every, eager=a.eager, **kw)
   print(f"model {a.model}: {p.params:,} parameters ({p.active_params:,} active), {p.layers} "
         f"layers; {p.hardware_name}, {p.slices} slices x {p.chips_per_slice} chips")
   print(f"run: {p.global_batch_tokens:,} tokens per step, {p.tokens_per_slice:,.0f} per slice, "
@@ -268,6 +268,8 @@ def _add_plan(sub) -> None:
   q.add_argument("--overlaps", type=int, nargs="+", default=None,
                  help=f"tau candidates for Streaming (default: "
                       f"{' '.join(map(str, plan_lib.OVERLAPS))})")
+  q.add_argument("--eager", action="store_true",
+                 help="also consider DiLoCo with eager updates (outer_overlap='eager') at each H")
   q.set_defaults(func=_plan)
 
 

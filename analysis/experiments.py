@@ -163,6 +163,13 @@ def _compression(scale):
   return out
 
 
+@_register("outer_overlap")
+def _outer_overlap(scale):
+  """Whole-outer-step overlap none / delayed / eager × M ∈ {2, 4} × H ∈ {10, 50} (DiLoCo)."""
+  return grid(base_config(scale), outer_overlap=["none", "delayed", "eager"], replicas=[2, 4],
+              sync_every=[10, 50], seed=seeds(scale))
+
+
 def named_sweep(name: str, scale: str = "cpu") -> list:
   """The configs of one docs sweep (see :data:`SWEEPS`) at a scale.
 

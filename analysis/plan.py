@@ -25,7 +25,12 @@ it runs, as in the Streaming DiLoCo paper's simulation (:func:`candidate_bandwid
   (:func:`~analysis.bandwidth.streaming_required_bandwidth`);
 * with :math:`\\tau \\ge 1`: the bandwidth at which every fragment arrives within the
   rest of its step's backward pass and its :math:`\\tau` steps of overlap, so that no
-  step waits (:func:`~analysis.bandwidth.hidden_bandwidth`).
+  step waits (:func:`~analysis.bandwidth.hidden_bandwidth`);
+* DiLoCo with eager updates (``outer_overlap="eager"``, label "DiLoCo H=… eager", with
+  ``plan_run(..., eager=True)``): the
+  sync may arrive until the next one is sent, H steps later: the same rule with
+  :math:`\\tau = H - 1`. At one H, the selection takes it after the other candidates
+  (it trades some quality for bandwidth, like :math:`\\tau`).
 
 These are the simulator's accounting (:mod:`analysis.simulate` checks them).
 """
@@ -56,8 +61,10 @@ from analysis.roofline import t_math
 from diloco_core.model_config import ModelConfig
 from diloco_core.model_config import param_count
 from diloco_core.validity import allowed_fragments
+from diloco_core.validity import check_bool
 from diloco_core.validity import check_choice
 from diloco_core.validity import check_int
+from diloco_core.validity import check_outer_overlap
 from diloco_core.validity import check_real
 
 GBIT = 1e9 / 8  # bytes/s in one Gbit/s
@@ -99,6 +106,7 @@ class Plan:
   table: pd.DataFrame
   choice: str | None  # label of the suggested row, None when nothing fits
   reason: str  # one sentence saying why
+  eager: bool = False  # eager-update candidates ("DiLoCo H=… eager") were considered
 
   def command(self) -> list[str]:
     """The ``python -m analysis plan ...`` argv that reproduces this plan.
@@ -119,6 +127,8 @@ class Plan:
       argv += ["--sync-every", *map(str, self.sync_every)]
     if self.overlaps != OVERLAPS:
       argv += ["--overlaps", *map(str, self.overlaps)]
+    if self.eager:
+      argv += ["--eager"]
     return argv
 
 
@@ -154,16 +164,18 @@ def largest_fragments(sync_every: int, layers: int) -> int:
   return max(p for p in allowed_fragments(layers) if sync_every % p == 0)
 
 
-def label(method: str, sync_every: int = 1, fragments: int = 1, overlap: int = 0) -> str:
-  """The row label of a candidate: "DP", "DiLoCo H=…" or "Streaming H=… P=… tau=…"."""
+def label(method: str, sync_every: int = 1, fragments: int = 1, overlap: int = 0,
+          outer_overlap: str = "none") -> str:
+  """The row label of a candidate: "DP", "DiLoCo H=…" ("DiLoCo H=… eager" with eager
+  updates) or "Streaming H=… P=… tau=…"."""
   if method == "dp":
     return "DP"
   if method == "diloco":
-    return f"DiLoCo H={sync_every}"
+    return f"DiLoCo H={sync_every}" + ("" if outer_overlap == "none" else f" {outer_overlap}")
   return f"Streaming H={sync_every} P={fragments} tau={overlap}"
 
 
-def candidates(layers: int, sync_every=None, overlaps=OVERLAPS) -> list[tuple]:
+def candidates(layers: int, sync_every=None, overlaps=OVERLAPS, eager: bool = False) -> list[tuple]:
   """The planner's candidates ``(method, H, P, τ)``: DP, then per H DiLoCo and Streaming.
 
   Args:
@@ -171,17 +183,21 @@ def candidates(layers: int, sync_every=None, overlaps=OVERLAPS) -> list[tuple]:
     sync_every: H candidates (sorted ints), None for :math:`L + 1` and the ladder.
     overlaps: τ candidates for Streaming (sorted ints); those >= H are left out.
 
+    eager: also, per H, ``("diloco", H, 1, 0, "eager")`` (eager updates, τ = 0).
+
   Returns:
-    A list of ``(method, H, P, tau)``, every one valid under
+    A list of ``(method, H, P, tau)`` (and the eager 5-tuples), every one valid under
     ``diloco_core.validity.check_schedule`` with ``num_layers=layers``.
 
   Examples:
     >>> candidates(2, sync_every=(6,), overlaps=(0, 6))
     [('dp', 1, 1, 0), ('diloco', 6, 1, 0), ('streaming', 6, 3, 0)]
+    >>> candidates(2, sync_every=(6,), overlaps=(0,), eager=True)[1:3]
+    [('diloco', 6, 1, 0), ('diloco', 6, 1, 0, 'eager')]
   """
   out = [("dp", 1, 1, 0)]
   for h in (sorted({layers + 1, *SYNC_EVERY_LADDER}) if sync_every is None else sync_every):
-    out.append(("diloco", h, 1, 0))
+    out += [("diloco", h, 1, 0)] + ([("diloco", h, 1, 0, "eager")] if eager else [])
     p = largest_fragments(h, layers)
     if p > 1:
       out += [("streaming", h, p, t) for t in overlaps if t < h]
@@ -189,7 +205,8 @@ def candidates(layers: int, sync_every=None, overlaps=OVERLAPS) -> list[tuple]:
 
 
 def candidate_bandwidth(method, *, target, payload, step_time, layers, sync_every=1,
-                        fragments=1, overlap=0, first_fragment=0.0, latency=0.0):
+                        fragments=1, overlap=0, first_fragment=0.0, latency=0.0,
+                        outer_overlap="none"):
   """Bytes/s a DP, DiLoCo or Streaming candidate needs (the rule of the module docstring).
 
   Args:
@@ -202,6 +219,8 @@ def candidate_bandwidth(method, *, target, payload, step_time, layers, sync_ever
       fragments 1..P-1 the layers, strided, as in the trainer).
     first_fragment: V_0, bytes of fragment 0 (Streaming only).
     latency: ε, seconds per chunk.
+    outer_overlap: "eager" (or "delayed"): DiLoCo's sync may take until the next send,
+      as τ = H - 1 (DiLoCo only).
 
   Returns:
     Bytes/s.
@@ -212,8 +231,18 @@ def candidate_bandwidth(method, *, target, payload, step_time, layers, sync_ever
     ...                         sync_every=100)
     >>> round(w / GBIT, 1)
     27.1
+    >>> # Eager: the 1.6e10 bits may take the rest of the backward pass and H - 1 = 99
+    >>> # more steps (hidden_bandwidth with τ = 99), a little over V / (H T) = 1.6 Gbit/s.
+    >>> w = candidate_bandwidth("diloco", target=0.95, payload=2e9, step_time=0.1, layers=24,
+    ...                         sync_every=100, outer_overlap="eager")
+    >>> round(w / GBIT, 3)
+    1.606
   """
   check_choice("method", method, METHODS)
+  if check_outer_overlap(outer_overlap, overlap) != "none":
+    if method != "diloco":
+      raise ValueError(f"outer_overlap={outer_overlap!r} is planned for 'diloco' only, got {method!r}.")
+    overlap = sync_every - 1  # due when the next sync is sent
   if method == "dp":
     return required_bandwidth(target, payload, step_time, 1, latency, chunks=layers)
   if method == "diloco" or fragments == 1:  # one payload of the whole model
@@ -260,17 +289,19 @@ def candidate_table(model: ModelConfig, hardware: HardwareSpec, cands, *, slices
   payload = payload_bytes(param_count(model), bits, slices)  # whole model, per replica
   dcn_gbps = hw.dcn_bandwidth * chips_per_slice / GBIT
   rows = {}
-  for method, h, p, tau in cands:
+  for method, h, p, tau, *mode in cands:
+    mode = mode[0] if mode else "none"
     sizes = fragment_sizes(model, p)
     largest = payload_bytes(max(sizes), bits, slices)
     w = candidate_bandwidth(method, target=target, payload=payload, step_time=step_time,
                             layers=model.n_layers, sync_every=h, fragments=p, overlap=tau,
                             first_fragment=payload_bytes(sizes[0], bits, slices) if p > 1 else 0.0,
-                            latency=latency)
+                            latency=latency, outer_overlap=mode)
     mem = memory_per_replica(model, method=method, sync_every=h, fragments=p,
                              overlap=tau).total
-    rows[label(method, h, p, tau)] = {
-        "method": method, "H": h, "P": p, "tau": tau, "Gbit/s per slice": w / GBIT,
+    rows[label(method, h, p, tau, mode)] = {
+        "method": method, "H": h, "P": p, "tau": tau, "outer overlap": mode,
+        "Gbit/s per slice": w / GBIT,
         "GB per sync": largest / 1e9, "memory GB/replica": mem / 1e9,
         "memory GB/chip": mem / chips_per_slice / 1e9, "fits DCN": w / GBIT <= dcn_gbps}
   return pd.DataFrame.from_dict(rows, orient="index").rename_axis("label")
@@ -278,7 +309,7 @@ def candidate_table(model: ModelConfig, hardware: HardwareSpec, cands, *, slices
 
 def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_tokens,
              link_gbps, mfu=0.5, target=0.95, bits=16, sync_every=None,
-             overlaps=OVERLAPS) -> Plan:
+             overlaps=OVERLAPS, eager: bool = False) -> Plan:
   """Candidates (H, P, τ) for M slices, their bandwidth and memory, and a suggestion.
 
   The step time of one slice of :math:`n` chips on :math:`B/M` tokens is
@@ -322,6 +353,8 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
     bits: bits per value on the wire (16: bf16).
     sync_every: H candidates (an int or a sequence); None for :math:`L + 1` and the ladder.
     overlaps: τ candidates for Streaming (an int or a sequence of integers >= 0).
+    eager: also consider DiLoCo with eager updates at each H ("DiLoCo H=… eager"; the
+      semantics page, docs/semantics.md), after the other candidates of the same H.
 
   Returns:
     A :class:`Plan`.
@@ -359,7 +392,8 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
   stats = model_stats(cfg, seq)
   tokens_slice = gbt / m
   step = step_time(stats, hw, tokens_slice, n, mfu_f)
-  table = candidate_table(cfg, hw, candidates(cfg.n_layers, hs, taus), slices=m,
+  cands = candidates(cfg.n_layers, hs, taus, check_bool("eager", eager))
+  table = candidate_table(cfg, hw, cands, slices=m,
                           chips_per_slice=n, step_time=step, target=u, bits=b)
   table["fits link"] = table["Gbit/s per slice"] <= link
   choice, reason = _select(table, link)
@@ -371,7 +405,7 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
               dcn_gbps=hw.dcn_bandwidth * n / GBIT, hardware_name=hw.name,
               dp_critical_tokens=dp_critical_batch_per_slice(
                   hw, model=cfg, seq_len=seq, bits=b, replicas=m),
-              table=table, choice=choice, reason=reason)
+              table=table, choice=choice, reason=reason, eager=eager)
 
 
 def step_time(stats: ModelStats, hardware: HardwareSpec, tokens_per_slice: float,
@@ -402,7 +436,8 @@ def _select(table: pd.DataFrame, link: float) -> tuple[str | None, str]:
     return None, (f"No candidate fits the {link:,.4g} Gbit/s link: DP needs {dp:,.4g} Gbit/s "
                   f"per slice and the least demanding, {least}, needs "
                   f"{gbps[least]:,.4g} Gbit/s.")
-  order = fits.assign(neg_p=-fits["P"]).sort_values(["H", "tau", "neg_p"], kind="stable")
+  order = fits.assign(neg_p=-fits["P"], eager=fits["outer overlap"] != "none").sort_values(
+      ["H", "eager", "tau", "neg_p"], kind="stable")
   best = order.index[0]
   return best, (f"DP needs {dp:,.4g} Gbit/s per slice, more than the {link:,.4g} Gbit/s link; "
                 f"{best} needs {gbps[best]:,.4g} Gbit/s and has the smallest H that fits "

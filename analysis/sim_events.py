@@ -16,6 +16,7 @@ import numpy as np
 
 from diloco_core.fragments import Fragments
 from diloco_core.validity import check_int
+from diloco_core.validity import check_outer_overlap
 from diloco_core.validity import check_overlap
 
 
@@ -64,7 +65,8 @@ def _send(layer_set, m, bits_per_layer, delay, fragment, bucket_layers, phi) -> 
 
 
 def schedule(method, m, *, replicas, sync_every, fragment_layers, fragment_pattern,
-              overlap, bits, bucket_layers, forward_fraction) -> tuple[int, dict[int, _Send]]:
+              overlap, bits, bucket_layers, forward_fraction, outer_overlap="none"
+              ) -> tuple[int, dict[int, _Send]]:
   """(period, {step mod period: _Send}): what each step sends and when it is due.
 
   Args:
@@ -72,7 +74,8 @@ def schedule(method, m, *, replicas, sync_every, fragment_layers, fragment_patte
     m: the model (``params``, ``layers``, ``step_time``), e.g. a
       :class:`analysis.simulate.SimModel`.
     replicas, sync_every, fragment_layers, fragment_pattern, overlap, bits,
-      bucket_layers, forward_fraction: as in :func:`analysis.simulate.run_simulation`.
+      bucket_layers, forward_fraction, outer_overlap: as in
+      :func:`analysis.simulate.run_simulation`.
 
   Returns:
     The period in steps (1 for DP, H otherwise) and, for each step of the period that
@@ -92,16 +95,20 @@ def schedule(method, m, *, replicas, sync_every, fragment_layers, fragment_patte
   per_layer = m.params / m.layers * bits * 2.0 * (replicas - 1) / replicas
   every = range(m.layers)
   if method == "dp":
+    if check_outer_overlap(outer_overlap, 0) != "none":
+      raise ValueError(f"outer_overlap={outer_overlap!r} applies to 'diloco' and 'streaming', not 'dp'.")
     return 1, {0: _send(every, m, per_layer, 1, -1, k, forward_fraction)}
   h = check_int("sync_every", sync_every)
   tau = check_overlap(overlap, h)
+  # Whole-outer-step overlap: a sync is due at the next send of the same fragment, H steps on.
+  delay = tau + 1 if check_outer_overlap(outer_overlap, tau) == "none" else h
   if method == "diloco":
-    return h, {0: _send(every, m, per_layer, tau + 1, -1, k, forward_fraction)}
+    return h, {0: _send(every, m, per_layer, delay, -1, k, forward_fraction)}
   frags = fragment_layers_of(m.layers, fragment_layers, fragment_pattern)
   p = len(frags)
   if p > h:
     raise ValueError(f"fragments ({p} = layers / fragment_layers) must be <= sync_every ({h}).")
-  return h, {((f + 1) * h // p) % h: _send(frags[f], m, per_layer, tau + 1, f, k,
+  return h, {((f + 1) * h // p) % h: _send(frags[f], m, per_layer, delay, f, k,
                                             forward_fraction) for f in range(p)}
 
 

@@ -107,6 +107,12 @@ PAPER_ROWS = (
     ("Streaming + overlap", "streaming", 1, 16),
     ("Streaming + overlap + 4-bit", "streaming", 1, 4),
 )
+# Extra rows (``paper_table(eager=True)``): (label, method, overlap, bits, outer_overlap),
+# the eager-updates paper's setting (arXiv 2502.12996, its Table 5).
+EAGER_ROWS = (
+    ("DiLoCo + eager", "diloco", 0, 16, "eager"),
+    ("Streaming + eager", "streaming", 0, 16, "eager"),
+)
 
 
 def get_sim_model(model: str | SimModel) -> SimModel:
@@ -171,7 +177,7 @@ class SimResult:
 
 def _prepare(model, method, *, replicas=2, sync_every=100, fragment_layers=3,
              fragment_pattern="strided", overlap=0, bits=16, latency=0.0, bucket_layers=1,
-             forward_fraction=1 / 3, warmup_periods=2, periods=3):
+             forward_fraction=1 / 3, warmup_periods=2, periods=3, outer_overlap="none"):
   """Checks the options once; returns (model, period, plan, eps, phi, first, n_steps)."""
   m = get_sim_model(model)
   check_choice("method", method, METHODS)
@@ -184,7 +190,7 @@ def _prepare(model, method, *, replicas=2, sync_every=100, fragment_layers=3,
   period, plan = schedule(method, m, replicas=replicas, sync_every=sync_every,
                            fragment_layers=fragment_layers, fragment_pattern=fragment_pattern,
                            overlap=overlap, bits=bits, bucket_layers=bucket_layers,
-                           forward_fraction=phi)
+                           forward_fraction=phi, outer_overlap=outer_overlap)
   if replicas == 1:
     plan = {}  # nobody to talk to
   return m, period, plan, eps, phi, warm * period + 1, (warm + meas) * period + 1
@@ -203,7 +209,7 @@ def run_simulation(model: str | SimModel, method: str, bandwidth_gbps: float, *,
                    fragment_pattern: str = "strided", overlap: int = 0, bits: float = 16,
                    latency: float = 0.0, bucket_layers: int = 1,
                    forward_fraction: float = 1 / 3, warmup_periods: int = 2,
-                   periods: int = 3) -> SimResult:
+                   periods: int = 3, outer_overlap: str = "none") -> SimResult:
   """Simulates training and measures compute utilization at one link bandwidth.
 
   .. math::
@@ -232,6 +238,9 @@ def run_simulation(model: str | SimModel, method: str, bandwidth_gbps: float, *,
     forward_fraction: φ, share of a step spent in the forward pass.
     warmup_periods: sync periods simulated before measuring.
     periods: sync periods measured.
+    outer_overlap: "none", "delayed" or "eager" (needs τ = 0): a (fragment) sync may
+      take until the next send of the same fragment, H steps later (semantics page,
+      docs/semantics.md); "delayed" and "eager" communicate alike.
 
   Returns:
     A :class:`SimResult` (utilization, step and transfer times, ``timeline()``).
@@ -244,12 +253,17 @@ def run_simulation(model: str | SimModel, method: str, bandwidth_gbps: float, *,
     (0.866843, 0.866843)
     >>> round(run_simulation("1B", "streaming", 200.0, overlap=1).utilization, 9)
     1.0
+
+    Eager: the same 1.6 s transfer has the whole period (H T = 10 s) to arrive:
+
+    >>> run_simulation("1B", "diloco", 10.0, outer_overlap="eager").utilization
+    1.0
   """
   m, period, plan, eps, phi, first, n_steps = _prepare(
       model, method, replicas=replicas, sync_every=sync_every, fragment_layers=fragment_layers,
       fragment_pattern=fragment_pattern, overlap=overlap, bits=bits, latency=latency,
       bucket_layers=bucket_layers, forward_fraction=forward_fraction,
-      warmup_periods=warmup_periods, periods=periods)
+      warmup_periods=warmup_periods, periods=periods, outer_overlap=outer_overlap)
   w = float(_checks.positive("bandwidth_gbps", bandwidth_gbps)) * 1e9
   t = m.step_time
   at, rec = run_events(period, plan, t, [w], eps, n_steps, first, record=True)
@@ -342,7 +356,7 @@ def _bisect(util, targets, rtol, lo=1e-6, hi=1e9):
 
 
 def paper_table(*, rounding="grid", models=("1B", "10B", "100B"), targets=PAPER_TARGETS,
-                replicas=2, sync_every=100, fragment_layers=3, latency=0.0,
+                replicas=2, sync_every=100, fragment_layers=3, latency=0.0, eager=False,
                 **kwargs) -> pd.DataFrame:
   """The Streaming DiLoCo paper's simulation table: bandwidth for each utilization target.
 
@@ -357,6 +371,8 @@ def paper_table(*, rounding="grid", models=("1B", "10B", "100B"), targets=PAPER_
     models: names of ``SIM_MODELS`` (or SimModels).
     targets: utilization targets (columns).
     replicas, sync_every, fragment_layers, latency: simulation settings.
+    eager: also the rows of ``EAGER_ROWS`` (whole outer step overlapped, after the
+      eager-updates paper, arXiv 2502.12996), after each model's five rows.
     **kwargs: other options of :func:`run_simulation` (fragment_pattern, bucket_layers, ...).
 
   Returns:
@@ -366,16 +382,19 @@ def paper_table(*, rounding="grid", models=("1B", "10B", "100B"), targets=PAPER_
     >>> t = paper_table(models=("1B",), targets=(0.5,))
     >>> t.shape
     (5, 1)
+    >>> paper_table(models=("1B",), targets=(0.5,), eager=True).shape
+    (7, 1)
   """
   rows, index = [], []
   for name in models:
     sim_model = get_sim_model(name)
     label_model = name if isinstance(name, str) else "custom"
-    for label, method, overlap, bits in PAPER_ROWS:
+    extra = EAGER_ROWS if eager else ()
+    for label, method, overlap, bits, mode in [(*r, "none") for r in PAPER_ROWS] + list(extra):
       rows.append(np.atleast_1d(bandwidth_for_utilization(
           list(targets), sim_model, method, rounding=rounding, replicas=replicas,
           sync_every=sync_every, fragment_layers=fragment_layers, overlap=overlap, bits=bits,
-          latency=latency, **kwargs)))
+          latency=latency, outer_overlap=mode, **kwargs)))
       index.append((label_model, label))
   cols = [f"{u:.0%}" for u in targets]
   return pd.DataFrame(np.vstack(rows), index=pd.MultiIndex.from_tuples(

@@ -15,6 +15,7 @@ from diloco_core.compression import FORMATS
 
 ALGORITHMS = ("dp", "diloco", "streaming")
 FRAGMENT_PATTERNS = v.FRAGMENT_PATTERNS
+OUTER_OVERLAPS = v.OUTER_OVERLAPS
 COMPRESSIONS = FORMATS  # the wire formats of diloco_core.compression
 
 
@@ -53,6 +54,9 @@ class DiLoCoConfig:
                         help="steps between sending a fragment and merging it, 0 <= τ < H")
   alpha: float = _field(0.0, flag="alpha", symbol="α", traced="float32",
                         help="merge blend, local <- α·local + (1-α)·global")
+  outer_overlap: str = _field(
+      "none", flag="outer-overlap",
+      help=f"apply each sync's average at the next sync of its fragment: one of {OUTER_OVERLAPS}")
   compression: str = _field("none", flag="compression",
                             help=f"pseudo-gradient wire format: one of {COMPRESSIONS}")
   error_feedback: bool = _field(False, flag="error-feedback",
@@ -94,6 +98,7 @@ class DiLoCoConfig:
     v.check_choice("fragment_pattern", self.fragment_pattern, FRAGMENT_PATTERNS)
     v.check_overlap(self.overlap, self.sync_every)
     v.check_real("alpha (α)", self.alpha, low=0.0, high=1.0, high_open=False)
+    v.check_outer_overlap(self.outer_overlap, self.overlap)
     v.check_choice("compression", self.compression, COMPRESSIONS)
     v.check_bool("error_feedback", self.error_feedback)
     if self.compression_block is not None and (

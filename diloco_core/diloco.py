@@ -36,6 +36,11 @@ second copy of the model is kept (one would cost one model of memory for nothing
 the state also holds, per replica and fragment, whether it took part in that fragment's
 latest sync (``participants``, [M, P], sharded like the replicas so that reading it at the
 merge needs no communication), so the merge knows whom to heal; a checkpoint holds that too.
+
+Whole outer step overlapped (``outer_overlap="delayed"`` or ``"eager"``, arXiv 2502.12996):
+each sync's average is applied at the next sync of the same fragment; what is in flight
+(and, for eager, each replica's own outer params and state) is ``DiLoCoState.in_flight``,
+and the eager math is :mod:`diloco_core.eager`.
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ import numpy as np
 import optax
 from flax import struct
 
-from diloco_core import compression
+from diloco_core import compression, eager
 from diloco_core.algorithm import AlgorithmBase, all_finite
 from diloco_core.config import DiLoCoConfig
 from diloco_core.fields import traced_fields
@@ -67,12 +72,14 @@ CONFIG_HYPERPARAMS = traced_fields(DiLoCoConfig)
 
 
 class OuterUpdate(NamedTuple):
-  """Leaf lists a fragment's send updates: the global params, the outer optimizer state and
-  the error-feedback residuals (None without error feedback)."""
+  """Leaf lists a fragment's send updates: the global params, the outer optimizer state,
+  the error-feedback residuals (None without error feedback) and what is in flight under
+  ``outer_overlap`` (None for ``"none"``, see ``DiLoCoState.in_flight``)."""
 
   global_params: list
   outer_state: list
   ef_residual: list | None
+  in_flight: Any = None
 
 
 class SendOperands(NamedTuple):
@@ -84,6 +91,7 @@ class SendOperands(NamedTuple):
   replica_params: list
   ef_residual: list | None
   participation: jax.Array | None
+  in_flight: Any = None
 
 
 class MergeOperands(NamedTuple):
@@ -108,6 +116,10 @@ class DiLoCoState(struct.PyTreeNode):
     participants: float32 [M, P]: entry (m, p) says how replica m took part in fragment
       p's latest sync: 1 present, 0 dropped (its merge heals m), -1 nobody was present
       (its merge leaves m alone). All ones unless :meth:`DiLoCo.step` gets a mask.
+    in_flight: what ``outer_overlap`` keeps between two syncs of a fragment: None for
+      ``"none"``; for ``"delayed"`` the average in flight (float32, shaped like θ_g); for
+      ``"eager"`` an :class:`~diloco_core.eager.EagerInFlight` per replica (leading axis
+      M; θ_g is then the mean of the replicas' outer params, and ``outer_state`` is unused).
   """
 
   params: Any
@@ -117,6 +129,7 @@ class DiLoCoState(struct.PyTreeNode):
   ef_residual: Any
   step: jax.Array
   participants: jax.Array
+  in_flight: Any = None
 
 
 def inner_update(loss_fn: LossFn, optimizer: optax.GradientTransformation, params, opt_state, batch):
@@ -191,6 +204,8 @@ class DiLoCo(AlgorithmBase):
     self.layer_mask = layer_mask
     self.mesh = make_mesh() if mesh is None else mesh
     self.fragments: Fragments | None = None
+    if config.outer_overlap == "eager":  # per-replica outer params and state
+      self.replica_fields = DiLoCo.replica_fields + ("in_flight",)
 
   replica_fields = ("params", "opt_state", "ef_residual", "participants")
   config_hyperparams = CONFIG_HYPERPARAMS
@@ -232,14 +247,16 @@ class DiLoCo(AlgorithmBase):
     replicas = stack_replicas(params, cfg.replicas)
     opt_state = stack_replicas(resolve_optimizer(self.inner_optimizer, hp).init(params),
                                cfg.replicas)
-    residual = None
-    if cfg.error_feedback:
-      residual = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), replicas)
+    residual = eager.zeros_f32(replicas) if cfg.error_feedback else None
+    outer_state = resolve_optimizer(self.outer_optimizer, hp).init(params)
+    in_flight = {"none": None, "delayed": eager.zeros_f32(params)}.get(cfg.outer_overlap)
+    if cfg.outer_overlap == "eager":
+      in_flight = eager.EagerInFlight(eager.zeros_f32(replicas), stack_replicas(params, cfg.replicas),
+                                      stack_replicas(outer_state, cfg.replicas))
     state = self._place_state(DiLoCoState(
-        params=replicas, opt_state=opt_state, global_params=params,
-        outer_state=resolve_optimizer(self.outer_optimizer, hp).init(params),
+        params=replicas, opt_state=opt_state, global_params=params, outer_state=outer_state,
         ef_residual=residual, step=jnp.zeros((), jnp.int32),
-        participants=jnp.ones((cfg.replicas, cfg.fragments), jnp.float32)))
+        participants=jnp.ones((cfg.replicas, cfg.fragments), jnp.float32), in_flight=in_flight))
     def make_step():
       self._build(params)
       return self._jit_step(drjax.program(diloco=cfg.replicas)(self._step_impl), state)
@@ -279,6 +296,9 @@ class DiLoCo(AlgorithmBase):
       >>> float(state.global_params), state.params.tolist(), state.participants.tolist()
       (0.5, [0.5, 0.5], [[1.0], [0.0]])
     """
+    if participation is not None and self.config.outer_overlap != "none":
+      raise ValueError(f"participation (replica drops) is not supported with outer_overlap="
+                       f"{self.config.outer_overlap!r}; use outer_overlap='none'.")
     return super().step(state, batch, participation)
 
   def _send(self, branch, k, hp, ops: SendOperands) -> OuterUpdate:
@@ -287,7 +307,7 @@ class DiLoCo(AlgorithmBase):
     ``ops.participation`` ([M] float, or None for everyone) masks out dropped replicas.
     """
     cfg, frag = self.config, self.fragments
-    g, outer, r, ef, present = ops
+    g, outer, r, ef, present, _ = ops
     g_sub = frag.take(g, self._kinds, branch, k, axis=0)
     r_sub = frag.take(r, self._kinds, branch, k, axis=1)
     e_sub = frag.take(ef, self._kinds, branch, k, axis=1) if ef is not None else None
@@ -298,7 +318,10 @@ class DiLoCo(AlgorithmBase):
         return compression.quantize_tree(delta, cfg.compression, block_size=cfg.compression_block), None
       return compression.error_feedback(delta, e_m, cfg.compression, block_size=cfg.compression_block)
 
-    sent, e_new = drjax.map_fn(pseudo_gradient, (drjax.broadcast(g_sub), r_sub, e_sub))
+    # Δ_m is taken against the params the replica started from: its own outer params (eager).
+    start = (frag.take(ops.in_flight.outer_params, self._kinds, branch, k, axis=1)
+             if cfg.outer_overlap == "eager" else drjax.broadcast(g_sub))
+    sent, e_new = drjax.map_fn(pseudo_gradient, (start, r_sub, e_sub))
     if present is None:
       delta = drjax.reduce_mean(sent)  # float32: the only cross-replica collective
       e_sub = e_new
@@ -313,28 +336,40 @@ class DiLoCo(AlgorithmBase):
       if e_sub is not None:
         e_sub = drjax.map_fn(lambda a, b, o: [jnp.where(o, x, y) for x, y in zip(a, b)],
                              (e_new, e_sub, on))
-    o_sub = frag.take(outer, self._outer_kinds, branch, k, axis=0)
-    outer_opt = resolve_optimizer(self.outer_optimizer, hp)
-    sub_def = jax.tree.structure(jax.eval_shape(outer_opt.init, g_sub))
-    updates, new_outer = outer_opt.update(
-        delta, jax.tree.unflatten(sub_def, o_sub), g_sub)
-    new_g = optax.apply_updates(g_sub, updates)
-    g = frag.put(g, self._kinds, branch, new_g, k, axis=0)
-    outer = frag.put(outer, self._outer_kinds, branch, jax.tree.leaves(new_outer), k, axis=0)
     if ef is not None:
       ef = frag.put(ef, self._kinds, branch, e_sub, k, axis=1)
-    return OuterUpdate(g, outer, ef)
+    outer_opt = resolve_optimizer(self.outer_optimizer, hp)
+    sub_def = jax.tree.structure(jax.eval_shape(outer_opt.init, g_sub))
 
-  def _merge(self, branch, k, alpha, ops: MergeOperands) -> list:
+    def outer_step(grad, o_sub, g_sub):  # one outer optimizer step on the fragment's slices
+      updates, new_outer = outer_opt.update(grad, jax.tree.unflatten(sub_def, o_sub), g_sub)
+      return optax.apply_updates(g_sub, updates), jax.tree.leaves(new_outer)
+
+    fl = ops.in_flight
+    if cfg.outer_overlap == "eager":
+      fl, new_g = eager.send(frag, (self._kinds, self._outer_kinds), branch, k, outer_step,
+                             sent, delta, fl)
+      return OuterUpdate(frag.put(g, self._kinds, branch, new_g, k, axis=0), outer, ef, fl)
+    if cfg.outer_overlap == "delayed":  # apply the previous sync's average, send this one's
+      applied = frag.take(fl, self._kinds, branch, k, axis=0)
+      fl = frag.put(fl, self._kinds, branch, delta, k, axis=0)
+      delta = applied
+    new_g, new_outer = outer_step(delta, frag.take(outer, self._outer_kinds, branch, k, axis=0), g_sub)
+    g = frag.put(g, self._kinds, branch, new_g, k, axis=0)
+    outer = frag.put(outer, self._outer_kinds, branch, new_outer, k, axis=0)
+    return OuterUpdate(g, outer, ef, fl)
+
+  def _merge(self, branch, k, alpha, ops: MergeOperands, per_replica: bool = False) -> list:
     """Blends one fragment of every replica towards the global copy; returns new replica leaves.
 
     ``ops.participation`` ([M], placed) is how each replica took part in that fragment's sync
     (see ``DiLoCoState.participants``): present ones blend, dropped ones are replaced by the
-    global copy (healed), and if nobody took part nothing changes.
+    global copy (healed), and if nobody took part nothing changes. ``per_replica``: the
+    global leaves have a replica axis (each replica's own outer params, eager overlap).
     """
     frag = self.fragments
     g, r, how = ops
-    g_sub = frag.take(g, self._kinds, branch, k, axis=0)
+    g_sub = frag.take(g, self._kinds, branch, k, axis=int(per_replica))
     r_sub = frag.take(r, self._kinds, branch, k, axis=1)
 
     def blend(loc, glob, h):
@@ -346,7 +381,7 @@ class DiLoCo(AlgorithmBase):
                              jnp.where(h == 0, b.astype(a.dtype), a)))
       return out
 
-    merged = drjax.map_fn(blend, (r_sub, drjax.broadcast(g_sub), how))
+    merged = drjax.map_fn(blend, (r_sub, g_sub if per_replica else drjax.broadcast(g_sub), how))
     return frag.put(r, self._kinds, branch, merged, k, axis=1)
 
   def _step_impl(self, state: DiLoCoState, batch, hp, participation=None):
@@ -359,17 +394,18 @@ class DiLoCo(AlgorithmBase):
     outer = jax.tree.leaves(state.outer_state)
     r = jax.tree.leaves(params)
     ef = None if state.ef_residual is None else jax.tree.leaves(state.ef_residual)
+    fl = eager.leaves(state.in_flight)
 
     h, tau = hp["sync_every"], hp["overlap"]
     is_send, p_send = sent_fragment(t, h, cfg.fragments)
     # A sync that nobody takes part in is skipped: no outer update for that fragment.
     is_update = is_send if participation is None else is_send & (jnp.sum(participation) > 0)
-    g, outer, ef = jax.lax.cond(
+    g, outer, ef, fl = jax.lax.cond(
         is_update,
         lambda ops: self.fragments.switch(p_send, lambda b, k: self._send(b, k, hp, ops)),
-        lambda ops: OuterUpdate(ops.global_params, ops.outer_state, ops.ef_residual),
+        lambda ops: OuterUpdate(ops.global_params, ops.outer_state, ops.ef_residual, ops.in_flight),
         SendOperands(global_params=g, outer_state=outer, replica_params=r, ef_residual=ef,
-                     participation=participation))
+                     participation=participation, in_flight=fl))
     # How each replica took part in each fragment's latest sync (its merge heals the dropped
     # ones). Per replica, so the merge reads it without communication.
     present = jnp.ones((cfg.replicas,), jnp.float32) if participation is None else participation
@@ -379,17 +415,21 @@ class DiLoCo(AlgorithmBase):
 
     is_merge, p_merge = merged_fragment(t, h, cfg.fragments, tau)
     how = drjax.map_fn(lambda row: row[p_merge], participants)
+    per_replica = isinstance(fl, eager.EagerInFlight)  # merge towards each replica's own outer params
     r = jax.lax.cond(
         is_merge,
-        lambda ops: self.fragments.switch(p_merge, lambda b, k: self._merge(b, k, hp["alpha"], ops)),
+        lambda ops: self.fragments.switch(
+            p_merge, lambda b, k: self._merge(b, k, hp["alpha"], ops, per_replica)),
         lambda ops: ops.replica_params,
-        MergeOperands(global_params=g, replica_params=r, participation=how))
+        MergeOperands(global_params=fl.outer_params if per_replica else g, replica_params=r,
+                      participation=how))
 
     unflat = functools.partial(jax.tree.unflatten, self._treedef)
     new_state = DiLoCoState(
         params=unflat(r), opt_state=opt_state, global_params=unflat(g),
         outer_state=jax.tree.unflatten(jax.tree.structure(state.outer_state), outer),
-        ef_residual=None if ef is None else unflat(ef), step=t, participants=participants)
+        ef_residual=None if ef is None else unflat(ef), step=t, participants=participants,
+        in_flight=eager.unflatten_like(state.in_flight, fl))
     return new_state, {"loss": loss, "sent": is_send, "merged": is_merge}
 
   # ---- accounting and views ------------------------------------------------------------------

@@ -191,6 +191,9 @@ class TrainConfig:
       raise ValueError("drop_schedule / drop_prob simulate replicas missing a DiLoCo sync; algorithm"
                        " 'dp' has none to miss: use `algorithm` diloco or streaming.")
     M, dh = self.algo.replicas, self.algo.sync_interval
+    if (self.drop_schedule or p) and self.algo.outer_overlap != "none":
+      raise ValueError(f"drop_schedule / drop_prob are not supported with outer_overlap="
+                       f"{self.algo.outer_overlap!r}; use outer_overlap='none'.")
     for entry in self.drop_schedule:
       if (not isinstance(entry, (tuple, list)) or len(entry) != 2 or not all(v.is_int(x) for x in entry)):
         raise ValueError(f"drop_schedule entries must be (step, replica) integer pairs, got {entry!r}.")

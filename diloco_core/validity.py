@@ -31,6 +31,8 @@ import numpy as np
 
 #: How layers are dealt to fragments 1..P−1 (the trainer's and the simulator's patterns).
 FRAGMENT_PATTERNS = ("strided", "sequential")
+#: Whole-outer-step overlap modes (arXiv 2502.12996; semantics page, docs/semantics.md).
+OUTER_OVERLAPS = ("none", "delayed", "eager")
 
 
 def is_int(value) -> bool:
@@ -150,6 +152,22 @@ def check_overlap(overlap, sync_every: int) -> int:
         f"overlap (τ) must be an integer with 0 <= τ < sync_every (H={sync_every}),"
         f" got {overlap!r}.")
   return int(overlap)
+
+
+def check_outer_overlap(outer_overlap, overlap) -> str:
+  """``outer_overlap`` must be one of ``OUTER_OVERLAPS``; other than "none" it needs τ = 0.
+
+  Examples:
+    >>> check_outer_overlap("eager", 1)
+    Traceback (most recent call last):
+    ...
+    ValueError: outer_overlap='eager' overlaps a whole outer step and needs overlap (τ) = 0, got τ=1.
+  """
+  check_choice("outer_overlap", outer_overlap, OUTER_OVERLAPS)
+  if outer_overlap != "none" and overlap != 0:
+    raise ValueError(f"outer_overlap={outer_overlap!r} overlaps a whole outer step and needs"
+                     f" overlap (τ) = 0, got τ={overlap}.")
+  return outer_overlap
 
 
 def check_schedule(sync_every, fragments=1, overlap=0, *, num_layers: int | None = None

@@ -207,3 +207,25 @@ def test_bad_input_is_one_line_naming_the_option(change, message):
   with pytest.raises(ValueError, match=message) as e:
     pl.plan_run(args.pop("model"), args.pop("hardware"), **args)
   assert "\n" not in str(e.value)
+
+
+def test_eager_candidates_are_opt_in_and_taken_after_the_others_of_their_h():
+  plain, eager = toy_plan(1e9, sync_every=(6,)), toy_plan(1e9, sync_every=(6,), eager=True)
+  assert "DiLoCo H=6 eager" not in plain.table.index and not plain.eager and eager.eager
+  catalog = dict(slices=2, chips_per_slice=64, seq_len=4096, global_batch_tokens=2**21, link_gbps=20)
+  assert pl.plan_run("qwen3-8b", "v5p", eager=True, **catalog).command()[-1] == "--eager"
+  assert "--eager" not in pl.plan_run("qwen3-8b", "v5p", **catalog).command()
+  row = eager.table.loc["DiLoCo H=6 eager"]
+  assert row["outer overlap"] == "eager" and row["tau"] == 0
+  # Its bandwidth is DiLoCo's with τ = H - 1 (due at the next send, H steps later).
+  same = pl.candidate_bandwidth("diloco", target=U, payload=1.0, step_time=1.0, layers=2,
+                                sync_every=6, overlap=5)
+  assert pl.candidate_bandwidth("diloco", target=U, payload=1.0, step_time=1.0, layers=2,
+                                sync_every=6, outer_overlap="eager") == same
+  assert row["Gbit/s per slice"] < eager.table.loc["DiLoCo H=6", "Gbit/s per slice"]
+  # A link only the eager candidate fits: it is chosen; one DiLoCo H=6 fits too: not.
+  w = float(row["Gbit/s per slice"])
+  others = eager.table.drop(index=["DiLoCo H=6 eager", "DP"])["Gbit/s per slice"]
+  assert w < others.min()
+  assert toy_plan(w / GBPS, sync_every=(6,), eager=True).choice == "DiLoCo H=6 eager"
+  assert toy_plan(others.min() / GBPS, sync_every=(6,), eager=True).choice != "DiLoCo H=6 eager"

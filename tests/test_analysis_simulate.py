@@ -406,3 +406,53 @@ def test_plot_hiding_marks_where_each_payload_is_needed():
   # sync step starts (d = 1.6e10 / 24 / 2e10 s); tau = 1 and nothing waits: 2 T.
   assert needed[0] == pytest.approx(0.1 / 3 + 0.1 / 36 + 0.8)
   assert needed[1] == pytest.approx(0.2)
+
+
+# ------------------------------------------------------------ whole outer step overlapped (eager)
+
+@pytest.mark.parametrize("method, kw", [("diloco", {}), ("streaming", {"fragment_layers": 3})])
+@pytest.mark.parametrize("name", ["1B", "10B"])
+def test_eager_needs_less_bandwidth_than_none_at_every_target(method, kw, name):
+  targets = list(sim.PAPER_TARGETS)
+  none = sim.bandwidth_for_utilization(targets, name, method, **kw)
+  for mode in ("eager", "delayed"):  # the two communicate alike
+    eager = sim.bandwidth_for_utilization(targets, name, method, outer_overlap=mode, **kw)
+    assert np.all(eager < none)
+  # Nor more than the link must carry on average: V over one period (H T), per period.
+  v = sim.get_sim_model(name).params * 16 * 2 * (2 - 1) / 2
+  assert np.all(eager >= 0.5 * v / (100 * sim.get_sim_model(name).step_time) / 1e9)
+
+
+@pytest.mark.parametrize("method", ["diloco", "streaming"])
+def test_eager_utilization_is_monotone_in_bandwidth(method):
+  w = np.geomspace(0.05, 100, 60)
+  u = sim.utilization("1B", method, w, outer_overlap="eager")
+  assert np.all(np.diff(u) >= -1e-12) and u[-1] == pytest.approx(1.0) and u[0] < 0.5
+
+
+def test_eager_transfer_may_take_the_whole_period_by_hand():
+  # 1.6e10 bits: at 1.6e10 / 9.9 s they leave the link before step t + H starts (no wait);
+  # with τ = 0 the same link stalls every period.
+  w = 1.6e10 / 9.9 / 1e9
+  assert sim.run_simulation("1B", "diloco", w, outer_overlap="eager").utilization == 1.0
+  assert sim.run_simulation("1B", "diloco", w).utilization < 0.6
+  r = sim.run_simulation("1B", "diloco", w, outer_overlap="eager")
+  assert set(r.transfers["needed_by"] - r.transfers["step"]) == {100}
+
+
+def test_paper_table_eager_rows_keep_the_five_rows():
+  plain = sim.paper_table(models=("1B",), targets=(0.5, 0.95))
+  both = sim.paper_table(models=("1B",), targets=(0.5, 0.95), eager=True)
+  assert both.shape == (7, 2) and both.iloc[:5].equals(plain)
+  assert list(both.index.get_level_values("method")[5:]) == [r[0] for r in sim.EAGER_ROWS]
+  assert np.all(both.loc[("1B", "DiLoCo + eager")] < both.loc[("1B", "DiLoCo")])
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(method="dp", outer_overlap="eager"), r"outer_overlap='eager' applies to 'diloco' and 'streaming', not 'dp'"),
+    (dict(method="diloco", outer_overlap="eager", overlap=1), r"needs overlap \(τ\) = 0, got τ=1"),
+    (dict(method="diloco", outer_overlap="later"), r"outer_overlap must be one of"),
+])
+def test_eager_bad_options(kw, match):
+  with pytest.raises(ValueError, match=match):
+    sim.run_simulation("1B", bandwidth_gbps=10.0, **kw)

@@ -137,7 +137,8 @@ def test_cpu_sweeps_fit_the_docs_budget():
         assert c.steps <= 600
   # 172 runs with three seeds built the whole site in 9.5 min on 2 cores (2026-11-30; runs that
   # differ only in H, tau, learning rates or seeds share a compiled step); the limit is 20 min.
-  assert len(keys) <= 200
+  # The outer_overlap sweep (issue 15) adds 36 tiny runs (6 compiled programs).
+  assert len(keys) <= 210
   assert len(keys) - tiny <= 3  # the `small` runs: the three-method comparison only
 
 
