@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from diloco_core import checkpoint as ckpt
 from diloco_core.data import make_dataset
+from diloco_core.divergence import Watch, check_finite  # noqa: F401 (check_finite: re-exported)
 from diloco_core.drops import participation
 from diloco_core.fields import must_match_fields
 from diloco_core.mesh import fetch
@@ -66,7 +67,7 @@ class MetricsLog:
       self._file = open(path, "w")
     elif path is not None:
       with open(path + ".tmp", "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in self.rows[1:])  # the step-0 row is not in the file
+        f.writelines(json.dumps(r, allow_nan=False) + "\n" for r in self.rows[1:])  # the step-0 row is not in the file
       os.replace(path + ".tmp", path)
       self._file = open(path, "a")
 
@@ -98,7 +99,7 @@ class MetricsLog:
     self.rows.append(row)
     self._since_row = 0.0
     if self._file is not None:
-      self._file.write(json.dumps(row) + "\n")
+      self._file.write(json.dumps(row, allow_nan=False) + "\n")  # strict JSON
       self._file.flush()
     return row
 
@@ -123,32 +124,6 @@ def _row(t, losses, eval_loss, tokens, step_bytes, total_bytes, wall) -> dict:
       "total_bytes_sent": total_bytes,  # per replica (mean over replicas), since the start
       "wall_time_s": wall,
   }
-
-
-def check_finite(algo, step_losses: np.ndarray, t: int, state, last_checkpoint: str | None) -> None:
-  """Raises FloatingPointError naming the first bad step and replica (losses [n, M], params).
-
-  The message names the option to lower in backticks (`inner_lr`, `outer_lr`).
-  """
-  keep = f" (the last good checkpoint, {last_checkpoint}, is intact)" if last_checkpoint else ""
-  bad_steps = np.flatnonzero(~np.all(np.isfinite(step_losses), axis=1))
-  if bad_steps.size:
-    i = int(bad_steps[0])
-    bad = [m for m, x in enumerate(step_losses[i]) if not np.isfinite(x)]
-    raise FloatingPointError(
-        f"non-finite training loss at step {t - len(step_losses) + 1 + i} on replica(s) {bad};"
-        f" lower `inner_lr`{keep}.")
-  replicas, glob = algo.finite_flags(state)
-  if replicas is None:  # one model (DP)
-    if not fetch(glob):
-      raise FloatingPointError(f"non-finite params after step {t}; lower `inner_lr`{keep}.")
-    return
-  replicas, glob = fetch(replicas), fetch(glob)
-  if not replicas.all():
-    bad = [m for m, ok in enumerate(replicas) if not ok]
-    raise FloatingPointError(f"non-finite params after step {t} on replica(s) {bad}; lower `inner_lr`{keep}.")
-  if not glob:
-    raise FloatingPointError(f"non-finite global params after step {t}; lower `outer_lr`{keep}.")
 
 
 def _checkpoint_meta(cfg: TrainConfig, t: int, log: MetricsLog) -> dict:
@@ -231,6 +206,7 @@ def train(cfg: TrainConfig) -> TrainResult:
              desc=cfg.algo.algorithm, unit="step")
   if resumed is None:
     log.start(evaluate(state))
+  watch = Watch(algo, state, log.rows[0]["eval_loss"], last_checkpoint)
   try:
     for t in range(first, cfg.steps + 1):
       batch = algo.place_batch(data.train_batch(t - 1))
@@ -241,16 +217,20 @@ def train(cfg: TrainConfig) -> TrainResult:
         compile_time = time.perf_counter() - start
       synced = present is not None and sent_fragment(t, cfg.algo.sync_every, cfg.algo.fragments)[0]
       log.step(t, m["loss"], algo.bytes_sent(t), present, synced)
+      watch.after_step(t, state, *(sent_fragment(u, cfg.algo.sync_every, cfg.algo.fragments)[0] for u in (t, t + 1)))
       do_eval = t % cfg.eval_every == 0 or t == cfg.steps
       if t % cfg.log_every == 0 or do_eval:
         step_losses = log.fetch_losses()
-        check_finite(algo, step_losses, t, state, last_checkpoint)
+        watch.check_row(t, step_losses, state)
         losses = step_losses.mean(axis=0)
-        eval_loss = evaluate(state) if do_eval else None
+        save = checkpoints is not None and (t % cfg.checkpoint_every == 0 or t == cfg.steps)
+        eval_loss = evaluate(state) if do_eval or save else None  # never checkpoint a diverged state
+        if eval_loss is not None:
+          watch.check_eval(t, eval_loss)
         wall = time.perf_counter() - start
-        log.row(t, losses, eval_loss, wall)
-        if checkpoints is not None and (t % cfg.checkpoint_every == 0 or t == cfg.steps):
-          last_checkpoint = checkpoints.save(t, state, _checkpoint_meta(cfg, t, log))
+        log.row(t, losses, eval_loss if do_eval else None, wall)
+        if save:
+          watch.saved(checkpoints.save(t, state, _checkpoint_meta(cfg, t, log)))
         bar.update(t - bar.n)
         tok_s = (t - 1) * log.tokens_per_step / max(wall - compile_time, 1e-9) if t > 1 else 0.0
         bar.set_postfix(loss=f"{losses.mean():.3f}", tok_s=f"{tok_s:,.0f}")
