@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import sys
 import threading
@@ -77,7 +78,40 @@ def finalized_steps(out: str) -> list[int]:
   d = checkpoints_dir(out)
   if not os.path.isdir(d):
     return []
-  return sorted(int(n) for n in os.listdir(d) if n.isdigit() and os.path.isdir(os.path.join(d, n)))
+  return sorted(int(n) for n in os.listdir(d) if n.isdigit() and is_run_checkpoint(os.path.join(d, n)))
+
+
+def is_run_checkpoint(path: str) -> bool:
+  """Whether ``path`` was written by :class:`CheckpointWriter` (its marker: the Orbax
+  ``_CHECKPOINT_METADATA`` file and the ``state`` and ``meta`` items), finished or not."""
+  return (os.path.isfile(os.path.join(path, "_CHECKPOINT_METADATA"))
+          and all(os.path.isdir(os.path.join(path, item)) for item in ("state", "meta")))
+
+
+def remove_run_files(out: str) -> list[str]:
+  """Removes what runs write under ``out`` (checkpoints, set-aside and unfinished ones,
+  ``final_params``, ``summary.json``) and nothing else; returns the paths left (foreign files).
+
+  An entry of ``checkpoints/`` is the run's when it carries the checkpoint marker
+  (:func:`is_run_checkpoint`), or is an interrupted save (``*.orbax-checkpoint-tmp*``).
+  """
+  foreign = []
+  d = checkpoints_dir(out)
+  for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+    path = os.path.join(d, name)
+    step = name.split(".", 1)[0]
+    if step.isdigit() and (TMP_MARK in name or is_run_checkpoint(path)):
+      shutil.rmtree(path, ignore_errors=True)
+    else:
+      foreign.append(path)
+  final = os.path.join(os.path.abspath(out), FINAL_PARAMS)
+  if os.path.isfile(os.path.join(final, "_METADATA")):
+    shutil.rmtree(final, ignore_errors=True)
+  elif os.path.exists(final):
+    foreign.append(final)
+  if os.path.isfile(os.path.join(out, "summary.json")):
+    os.remove(os.path.join(out, "summary.json"))
+  return foreign
 
 
 def leaf_table(tree) -> list[dict]:
@@ -148,10 +182,26 @@ class CheckpointWriter:
     """Writes ``state`` and ``meta`` (JSON-able) as checkpoint ``step``; returns its path."""
     meta = dict(meta, format=FORMAT_VERSION, step=int(step), leaves=leaf_table(state),
                 checksums=fingerprint(state))
-    self._mgr.save(int(step), args=ocp.args.Composite(
-        state=ocp.args.StandardSave(_items(state)), meta=ocp.args.JsonSave(_jsonable(meta))))
-    self._mgr.wait_until_finished()
-    return os.path.join(checkpoints_dir(self.out), str(step))
+    path = os.path.join(checkpoints_dir(self.out), str(step))
+    errors: list[BaseException] = []
+    previous = threading.excepthook  # Orbax's writer threads: their errors are reported below
+    threading.excepthook = lambda info: errors.append(info.exc_value)
+    try:
+      self._mgr.save(int(step), args=ocp.args.Composite(
+          state=ocp.args.StandardSave(_items(state)), meta=ocp.args.JsonSave(_jsonable(meta))))
+      self._mgr.wait_until_finished()
+    except Exception as e:  # noqa: BLE001 - Orbax / TensorStore: one line at the boundary
+      raise OSError(f"checkpoint {path} could not be written ({_reason(e)}); check that"
+                    f" {checkpoints_dir(self.out)} still exists and is writable, then continue with"
+                    " `resume` from the newest checkpoint left.") from None
+    finally:
+      threading.excepthook = previous
+    if errors or not os.path.isdir(path):
+      why = _reason(errors[0]) if errors else "it is missing after the save"
+      raise OSError(f"checkpoint {path} could not be written ({why}); check that"
+                    f" {checkpoints_dir(self.out)} still exists and is writable, then continue with"
+                    " `resume` from the newest checkpoint left.")
+    return path
 
   def close(self) -> None:
     self._mgr.close()
@@ -245,8 +295,7 @@ def restore_latest(out: str, target, config: dict, must_match: Sequence[str]) ->
   _quiet_orbax_failed_reads()
   steps = finalized_steps(out)
   if not steps:
-    raise ValueError(f"`resume`: no checkpoint in {d}; run without `resume` to start a new run"
-                     " (set `checkpoint_every` to write checkpoints).")
+    raise ValueError(no_checkpoint_message(out))
   expected = leaf_table(target)
   abstract = {k: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
               for k, x in _items(target).items()}
@@ -276,13 +325,28 @@ def restore_latest(out: str, target, config: dict, must_match: Sequence[str]) ->
         continue
       _remove_leftovers(out)  # only now: a run refused above leaves its directory untouched
       for bad_step, why in failures:
-        _set_aside(d, bad_step, why)
+        _set_aside(d, bad_step, why, step)
       return Restored(state=state, meta=meta, step=step, path=path)
   finally:
     mgr.close()
-  step, why = failures[0]
-  raise ValueError(f"`resume`: no readable checkpoint in {d} (newest, step {step}: {why}); remove"
-                   " the damaged step directories, or start over with `overwrite`.")
+  listed = "; ".join(f"step {step}: {why}" for step, why in failures)
+  raise ValueError(f"`resume`: no readable checkpoint in {d} ({listed}); start over: drop `resume`"
+                   " and pass `overwrite`.")
+
+
+def no_checkpoint_message(out: str) -> str:
+  """Why `resume` cannot continue ``out`` (no checkpoint), with a command that works.
+
+  Examples:
+    >>> no_checkpoint_message("/nonexistent")
+    '`resume`: no checkpoint in /nonexistent/checkpoints; run without `resume` to start a new run (set `checkpoint_every` to write checkpoints).'
+  """
+  d = checkpoints_dir(out)
+  if any(os.path.exists(os.path.join(out, name)) for name in ("metrics.jsonl", "summary.json")):
+    return (f"`resume`: no checkpoint in {d} (the run there stopped before its first checkpoint);"
+            " start over: drop `resume` and pass `overwrite`.")
+  return (f"`resume`: no checkpoint in {d}; run without `resume` to start a new run (set"
+          " `checkpoint_every` to write checkpoints).")
 
 
 def _quiet_orbax_failed_reads() -> None:
@@ -305,19 +369,45 @@ def _quiet_orbax_failed_reads() -> None:
 
 
 def _reason(e: Exception) -> str:
-  text = " ".join(str(e).split())
+  """One line of an exception, without Python object reprs (``<... at 0x...>``, pybind11).
+
+  Examples:
+    >>> _reason(ValueError("bad <bound method pybind11_detail.x of <a.B object at 0x7f>> read"))
+    'ValueError: bad read'
+  """
+  text = str(e)
+  while True:  # innermost first, so nested reprs go too
+    shorter = re.sub(r"\s*<[^<>]*(?: at 0x[0-9a-fA-F]+|pybind11[^<>]*|bound method[^<>]*)>", "", text)
+    if shorter == text:
+      break
+    text = shorter
+  text = " ".join(text.split())
   text = text if len(text) <= 160 else text[:159] + "…"
   return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
-def _set_aside(d: str, step: int, why: str) -> None:
+def _set_aside(d: str, step: int, why: str, resumed: int) -> None:
   if jax.process_index() != 0:
     return
-  src, dst = os.path.join(d, str(step)), os.path.join(d, f"{step}.damaged")
-  if os.path.exists(dst):
-    shutil.rmtree(dst)
+  src = os.path.join(d, str(step))
+  dst = damaged_path(d, step)
   os.rename(src, dst)
-  _warn(f"checkpoint {src} is damaged ({why}); moved it to {dst} and resumed from an earlier one.")
+  _warn(f"checkpoint {src} is damaged ({why}); moved it to {dst} and resumed from step {resumed}.")
+
+
+def damaged_path(d: str, step: int) -> str:
+  """Where a damaged checkpoint ``step`` is set aside: ``<step>.damaged``, or ``.damaged.1``,
+  ``.damaged.2``, ... when earlier evidence is there (it is never deleted).
+
+  Examples:
+    >>> damaged_path("/nonexistent", 8)
+    '/nonexistent/8.damaged'
+  """
+  dst, n = os.path.join(d, f"{step}.damaged"), 0
+  while os.path.exists(dst):
+    n += 1
+    dst = os.path.join(d, f"{step}.damaged.{n}")
+  return dst
 
 
 # ---- plain params checkpoints --------------------------------------------------------------
@@ -346,18 +436,15 @@ def export_params(params, path: str) -> str:
   return path
 
 
-def load_params(path: str, like=None):
-  """Loads a params checkpoint written by :func:`export_params` (e.g. ``<out>/final_params``).
+def check_params_dir(path: str) -> str:
+  """Raises a one-line ``ValueError`` unless ``path`` looks like a params checkpoint
+  (:func:`export_params`); returns it as an absolute path. Reads no array.
 
-  One line for evaluation: ``params = diloco_core.load_params("runs/x/final_params")``.
-
-  Args:
-    path: the checkpoint directory.
-    like: optional params pytree this must match (structure, shapes, dtypes); the result
-      then has its structure and shardings. A mismatch is a one-line ``ValueError``.
-
-  Returns:
-    The params pytree (nested dicts of arrays).
+  Examples:
+    >>> check_params_dir("/nonexistent/final_params")
+    Traceback (most recent call last):
+    ...
+    ValueError: params checkpoint '/nonexistent/final_params' does not exist; pass the final_params/ directory of a finished run.
   """
   path = os.path.abspath(path)
   if not os.path.exists(path):
@@ -373,6 +460,23 @@ def load_params(path: str, like=None):
   if not os.path.exists(os.path.join(path, "_METADATA")):
     raise ValueError(f"{path!r} is not a params checkpoint (no Orbax _METADATA file; it may be"
                      " truncated); pass a final_params/ directory written by a run.")
+  return path
+
+
+def load_params(path: str, like=None):
+  """Loads a params checkpoint written by :func:`export_params` (e.g. ``<out>/final_params``).
+
+  One line for evaluation: ``params = diloco_core.load_params("runs/x/final_params")``.
+
+  Args:
+    path: the checkpoint directory.
+    like: optional params pytree this must match (structure, shapes, dtypes); the result
+      then has its structure and shardings. A mismatch is a one-line ``ValueError``.
+
+  Returns:
+    The params pytree (nested dicts of arrays).
+  """
+  path = check_params_dir(path)
   _quiet_orbax_failed_reads()
   damaged = lambda e: ValueError(f"params checkpoint {path!r} cannot be read ({_reason(e)}); it is"
                                  " damaged or incomplete.")

@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import time
+import warnings
 from typing import Any
 
 import jax
@@ -32,6 +32,29 @@ from diloco_core.model_config import param_count
 from diloco_core.programs import PROGRAMS
 from diloco_core.run_config import TrainConfig
 from diloco_core.schedule import sent_fragment
+
+
+class RunWarning(UserWarning):
+  """A run that goes ahead but may not mean what was asked (also listed in summary.json)."""
+
+
+class Interrupted(KeyboardInterrupt):
+  """Ctrl-C (or SIGTERM under the command line) during :func:`train`; says how to go on.
+
+  Examples:
+    >>> str(Interrupted(12, "runs/a", "runs/a/checkpoints/10"))
+    'interrupted at step 12; resume with `resume` (from runs/a/checkpoints/10).'
+  """
+
+  def __init__(self, step: int, out: str | None, checkpoint: str | None):
+    if checkpoint is not None:
+      advice = f"resume with `resume` (from {checkpoint})."
+    elif out is not None:
+      advice = "no checkpoint was written: start over with `overwrite` (set `checkpoint_every` to resume later runs)."
+    else:
+      advice = "nothing was saved (no `out`)."
+    super().__init__(f"interrupted at step {step}; {advice}")
+    self.step = step
 
 
 @dataclasses.dataclass
@@ -143,10 +166,10 @@ def _prepare_out(cfg: TrainConfig) -> str | None:
     return None
   os.makedirs(cfg.out, exist_ok=True)
   if cfg.overwrite and not cfg.resume:  # starting over: nothing of the old run may mix in
-    for name in (ckpt.CHECKPOINTS, ckpt.FINAL_PARAMS):
-      shutil.rmtree(os.path.join(cfg.out, name), ignore_errors=True)
-    if os.path.exists(os.path.join(cfg.out, "summary.json")):
-      os.remove(os.path.join(cfg.out, "summary.json"))
+    foreign = ckpt.remove_run_files(cfg.out)
+    if foreign:
+      warnings.warn(f"`overwrite` kept {len(foreign)} file(s) no run wrote: {', '.join(foreign)}.",
+                    RunWarning, stacklevel=3)
   return os.path.join(cfg.out, "metrics.jsonl")
 
 
@@ -173,6 +196,8 @@ def train(cfg: TrainConfig) -> TrainResult:
   """
   # ---- set-up: data, model, the (possibly cached) program, the state ----
   cfg.validate()
+  for message in cfg.schedule_warnings():  # H > steps: run, but loudly (header and summary.json)
+    warnings.warn(message, RunWarning, stacklevel=2)
   M, b, T = cfg.algo.replicas, cfg.batch_size, cfg.seq_len
   # The data defines the vocabulary: synthetic -> DataConfig.vocab_size, text -> 256 bytes,
   # .npy -> cfg.vocab_size (ids must be below it) or the largest id + 1.
@@ -207,6 +232,7 @@ def train(cfg: TrainConfig) -> TrainResult:
   if resumed is None:
     log.start(evaluate(state))
   watch = Watch(algo, state, log.rows[0]["eval_loss"], last_checkpoint)
+  done = first - 1
   try:
     for t in range(first, cfg.steps + 1):
       batch = algo.place_batch(data.train_batch(t - 1))
@@ -234,6 +260,9 @@ def train(cfg: TrainConfig) -> TrainResult:
         bar.update(t - bar.n)
         tok_s = (t - 1) * log.tokens_per_step / max(wall - compile_time, 1e-9) if t > 1 else 0.0
         bar.set_postfix(loss=f"{losses.mean():.3f}", tok_s=f"{tok_s:,.0f}")
+      done = t
+  except KeyboardInterrupt:  # Ctrl-C, or SIGTERM under the command line: one line, what to do next
+    raise Interrupted(done, cfg.out, watch.last_checkpoint) from None
   finally:
     bar.close()
     log.close()
@@ -266,6 +295,7 @@ def train(cfg: TrainConfig) -> TrainResult:
       "config": dataclasses.asdict(cfg),
       "final_params": final_params,
       "resumed_from": None if resumed is None else resumed.path,
+      "warnings": cfg.schedule_warnings(),
   }
   if cfg.out is not None and writer:
     with open(os.path.join(cfg.out, "summary.json"), "w") as f:

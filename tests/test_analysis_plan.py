@@ -207,3 +207,12 @@ def test_bad_input_is_one_line_naming_the_option(change, message):
   with pytest.raises(ValueError, match=message) as e:
     pl.plan_run(args.pop("model"), args.pop("hardware"), **args)
   assert "\n" not in str(e.value)
+
+
+def test_plan_refuses_overlaps_beyond_every_h():
+  kw = dict(slices=2, chips_per_slice=64, seq_len=4096, global_batch_tokens=2**21, link_gbps=100)
+  with pytest.raises(ValueError, match=r"^overlaps \(40, 60\) leave no Streaming candidate: τ must be below H,"
+                     r" and the largest H considered for Streaming is 40; give overlaps in \[0, 39\].$"):
+    pl.plan_run("qwen3-8b", "v5p", sync_every=(20, 40), overlaps=(40, 60), **kw)
+  plan = pl.plan_run("qwen3-8b", "v5p", sync_every=(20, 40), overlaps=(1, 60), **kw)  # one usable τ: runs
+  assert plan.overlaps == (1, 60)
