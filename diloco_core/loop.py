@@ -22,6 +22,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from diloco_core import checkpoint as ckpt
+from diloco_core import params_io
 from diloco_core.data import make_dataset
 from diloco_core.divergence import Watch, check_finite  # noqa: F401 (check_finite: re-exported)
 from diloco_core.drops import participation
@@ -178,7 +179,7 @@ def _init_params(cfg: TrainConfig, model_cfg):
   apply_fn, params = init_model(model_cfg, cfg.seed)
   if cfg.init_from is not None and not cfg.resume:  # bootstrap: broadcast to replicas, fresh outer state
     try:
-      params = ckpt.load_params(cfg.init_from, like=params)
+      params = params_io.load_params(cfg.init_from, like=params)
     except ValueError as e:
       raise ValueError(f"init_from: {e}") from None
   return apply_fn, params
@@ -272,7 +273,7 @@ def train(cfg: TrainConfig) -> TrainResult:
   # ---- summary ----
   final_params = None
   if cfg.out is not None:  # a plain checkpoint of the global params: diloco_core.load_params(path)
-    final_params = ckpt.export_params(algo.eval_params(state), os.path.join(cfg.out, ckpt.FINAL_PARAMS))
+    final_params = params_io.export_params(algo.eval_params(state), os.path.join(cfg.out, ckpt.FINAL_PARAMS))
   wall = time.perf_counter() - start
   compile_time = 0.0 if compile_time is None else compile_time  # resumed at the last step: no step ran
   metrics = pd.DataFrame(log.rows)

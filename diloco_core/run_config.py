@@ -20,7 +20,8 @@ import tempfile
 from typing import Any
 
 from diloco_core import validity as v
-from diloco_core.checkpoint import check_params_dir, finalized_steps, no_checkpoint_message
+from diloco_core.checkpoint import check_no_foreign_steps, finalized_steps, no_checkpoint_message
+from diloco_core.params_io import check_params_dir
 from diloco_core.config import DiLoCoConfig
 from diloco_core.data import DataConfig
 from diloco_core.fields import field
@@ -157,6 +158,8 @@ class TrainConfig:
     self._validate_drops()
     if self.out is not None:
       check_out_dir(self.out, self.overwrite, self.resume)
+      if self.checkpoint_every:
+        check_no_foreign_steps(self.out)
 
   def _validate_checkpointing(self) -> None:
     ce = v.check_int("checkpoint_every", self.checkpoint_every, low=0, what=" (0: no checkpoints)")

@@ -268,7 +268,7 @@ def test_divergence_watch_blames_the_outer_or_the_inner_step():
   with pytest.raises(FloatingPointError, match=r"^replica params after step 3, before the outer step,"
                      r" hold 2e\+03 .*lower `inner_lr`.*newest finite checkpoint is ck/2"):
     watch.check_row(4, ok, big)
-  with pytest.raises(FloatingPointError, match=r"^training loss at step 3 is 500 \(above 100: exploding\)"):
+  with pytest.raises(FloatingPointError, match=r"^training loss at step 4 is 500 \(above 100: exploding\)"):
     watch.check_row(4, np.array([[1.0, 1.0], [1.0, 500.0]]), state)
   with pytest.raises(FloatingPointError, match=r"^eval loss \(global params after the outer steps\) at"
                      r" step 4 is nan; lower `outer_lr`"):
@@ -281,11 +281,15 @@ def test_overwrite_keeps_foreign_files_and_h_over_steps_warns(tmp_path, finished
   (run / "checkpoints" / "README").write_text("notes")
   (run / "checkpoints" / "999").mkdir()
   (run / "checkpoints" / "999" / "x").write_text("mine")
-  argv = BASE + ["--out", str(run), "--overwrite", "--checkpoint-every", "2", "--sync-every", "8"]
+  argv = BASE + ["--out", str(run), "--overwrite", "--sync-every", "8"]
+  # Checkpoints cannot go next to a step-named directory Orbax would take for the newest one.
+  assert main(argv + ["--checkpoint-every", "2"]) == 2
+  assert capsys.readouterr().err == (f"error: {run}/checkpoints/999 in the checkpoint directory was not written"
+                                     " by a run (no checkpoint marker); move it out of there or choose another --out.\n")
   assert main(argv) == 0
   err = capsys.readouterr().err
   assert (run / "checkpoints" / "README").read_text() == "notes" and (run / "checkpoints" / "999" / "x").exists()
-  assert ckpt.finalized_steps(str(run)) == [2, 4]
+  assert ckpt.finalized_steps(str(run)) == [] and not (run / "checkpoints" / "2").exists()
   warned = [line for line in err.splitlines() if line.startswith("warning: ")]
   assert any("--overwrite kept 2 file(s) no run wrote" in w and "README" in w and "999" in w for w in warned), err
   h = "sync_every (H=8) > steps (4): the global params are never updated (fragment(s) [0] never sent)"
@@ -334,9 +338,10 @@ def test_checkpoints_removed_during_a_save_one_line(tmp_path, monkeypatch, capsy
   import diloco_core.loop as loop
   real = loop._checkpoint_meta
 
-  def remove_then_meta(cfg, t, log):  # what `rm -rf OUT/checkpoints` in the middle of a save does
+  def remove_then_meta(cfg, t, log):  # `rm -rf OUT/checkpoints` and a file in its place, mid-run
     if t == 4:
       shutil.rmtree(run / "checkpoints")
+      write(run / "checkpoints", b"not a directory")
     return real(cfg, t, log)
 
   monkeypatch.setattr(loop, "_checkpoint_meta", remove_then_meta)
