@@ -13,6 +13,7 @@ import math
 from analysis import _checks
 from analysis.models import fragment_sizes
 from analysis.roofline import METHODS
+from diloco_core.footprint import replica_state_bytes
 from diloco_core.model_config import ModelConfig
 from diloco_core.model_config import param_count
 from diloco_core.validity import check_choice
@@ -86,19 +87,18 @@ def memory_per_replica(model, *, method="diloco", sync_every=1, fragments=1, ove
                    buffer_bytes=buffer_bytes)
   for name, value in byte_args.items():
     _checks.nonneg(name, value)
-  local = dict(params=n_total * param_bytes, grads=n_total * grad_bytes,
-               optimizer=n_total * optimizer_bytes)
+  state = replica_state_bytes(n_total, outer=method != "dp", param_bytes=param_bytes,
+                              grad_bytes=grad_bytes, optimizer_bytes=optimizer_bytes,
+                              outer_bytes=outer_bytes)
   if method == "dp":
-    return ReplicaMemory(**local, outer_params=0.0, outer_momentum=0.0, in_flight=0.0)
+    return ReplicaMemory(**state, in_flight=0.0)
   if method == "diloco":
     fragments = 1
   layers = cfg.n_layers if isinstance(cfg, ModelConfig) else None
   h, p, tau = check_schedule(sync_every, fragments, overlap, num_layers=layers)
   sizes = fragment_sizes(cfg, p) if layers is not None else [n_total / p] * p
   n_flight = min(p, math.ceil((tau + 1) / (h / p)))
-  return ReplicaMemory(**local, outer_params=n_total * outer_bytes,
-                       outer_momentum=n_total * outer_bytes,
-                       in_flight=float(n_flight * max(sizes) * buffer_bytes))
+  return ReplicaMemory(**state, in_flight=float(n_flight * max(sizes) * buffer_bytes))
 
 
 def check_model_or_count(model) -> ModelConfig | int:

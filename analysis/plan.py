@@ -307,6 +307,23 @@ def candidate_table(model: ModelConfig, hardware: HardwareSpec, cands, *, slices
   return pd.DataFrame.from_dict(rows, orient="index").rename_axis("label")
 
 
+def _check_overlaps(taus, layers: int, sync_every) -> None:
+  """Refuses overlaps that no Streaming candidate can use (τ >= H for every H considered).
+
+  Examples:
+    >>> _check_overlaps((100000,), 2, (6, 12))
+    Traceback (most recent call last):
+    ...
+    ValueError: overlaps (100000,) leave no Streaming candidate: τ must be below H, and the largest H considered for Streaming is 12; give overlaps in [0, 11].
+  """
+  hs = sorted({layers + 1, *SYNC_EVERY_LADDER}) if sync_every is None else sync_every
+  streaming = [h for h in hs if largest_fragments(h, layers) > 1]
+  if streaming and min(taus) >= max(streaming):
+    raise ValueError(f"overlaps {tuple(taus)} leave no Streaming candidate: τ must be below H, and the"
+                     f" largest H considered for Streaming is {max(streaming)}; give overlaps in"
+                     f" [0, {max(streaming) - 1}].")
+
+
 def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_tokens,
              link_gbps, mfu=0.5, target=0.95, bits=16, sync_every=None,
              overlaps=OVERLAPS, eager: bool = False) -> Plan:
@@ -388,6 +405,7 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
   b = check_real("bits", bits, low=0.0, low_open=True)
   hs = None if sync_every is None else _ints("sync_every", sync_every, low=1)
   taus = _ints("overlaps", overlaps, low=0)
+  _check_overlaps(taus, cfg.n_layers, hs)
 
   stats = model_stats(cfg, seq)
   tokens_slice = gbt / m

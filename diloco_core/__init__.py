@@ -48,8 +48,8 @@ from diloco_core.data import make_dataset
 from diloco_core.mesh import initialize_distributed
 from diloco_core.mesh import make_mesh
 from diloco_core.mesh import parse_mesh
-from diloco_core.checkpoint import export_params
-from diloco_core.checkpoint import load_params
+from diloco_core.params_io import export_params
+from diloco_core.params_io import load_params
 from diloco_core.fields import non_result_fields
 from diloco_core.fields import result_fields
 from diloco_core.run_config import TrainConfig

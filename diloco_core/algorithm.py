@@ -183,8 +183,36 @@ class AlgorithmBase(MeshPlacement):
     """One step (jitted); see the subclass for ``participation``."""
     if self._step is None:
       raise RuntimeError("call init(params) before step().")
+    self.check_step_inputs(batch, participation)
     with jax.set_mesh(self.mesh):
       return self._step(*self.step_args(state, batch, participation))
+
+  def check_step_inputs(self, batch, participation=None) -> None:
+    """Raises a one-line ``ValueError`` unless every leaf of ``batch`` has leading axis M and
+    ``participation`` is None or of shape (M,).
+
+    Examples:
+      >>> import optax
+      >>> from diloco_core import DiLoCo, DiLoCoConfig
+      >>> algo = DiLoCo(lambda w, x: jnp.sum((w - x) ** 2), optax.sgd(0.25), DiLoCoConfig(replicas=2))
+      >>> algo.check_step_inputs(jnp.zeros((3, 4)))
+      Traceback (most recent call last):
+      ...
+      ValueError: DiLoCo.step: every batch leaf needs a leading axis of replicas=2 (one batch per replica), got shape (3, 4).
+      >>> algo.check_step_inputs(jnp.zeros((2, 4)), participation=jnp.ones(3))
+      Traceback (most recent call last):
+      ...
+      ValueError: DiLoCo.step: participation must have shape (replicas,) = (2,) (1 present, 0 dropped), got shape (3,).
+    """
+    M, who = self.config.replicas, f"{type(self).__name__}.step"
+    for leaf in jax.tree.leaves(batch):
+      shape = tuple(np.shape(leaf))
+      if not shape or shape[0] != M:
+        raise ValueError(f"{who}: every batch leaf needs a leading axis of replicas={M} (one batch per"
+                         f" replica), got shape {shape}.")
+    if participation is not None and tuple(np.shape(participation)) != (M,):
+      raise ValueError(f"{who}: participation must have shape (replicas,) = ({M},) (1 present, 0"
+                       f" dropped), got shape {tuple(np.shape(participation))}.")
 
   def lower(self, state, batch, participation=None) -> jax.stages.Lowered:
     """The step for these arguments as a :class:`jax.stages.Lowered` (nothing runs).

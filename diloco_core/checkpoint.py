@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import sys
 import threading
@@ -77,7 +78,55 @@ def finalized_steps(out: str) -> list[int]:
   d = checkpoints_dir(out)
   if not os.path.isdir(d):
     return []
-  return sorted(int(n) for n in os.listdir(d) if n.isdigit() and os.path.isdir(os.path.join(d, n)))
+  return sorted(int(n) for n in os.listdir(d) if n.isdigit() and is_run_checkpoint(os.path.join(d, n)))
+
+
+def is_run_checkpoint(path: str) -> bool:
+  """Whether ``path`` was written by :class:`CheckpointWriter` (its marker: the Orbax
+  ``_CHECKPOINT_METADATA`` file and the ``state`` and ``meta`` items), finished or not."""
+  return (os.path.isfile(os.path.join(path, "_CHECKPOINT_METADATA"))
+          and all(os.path.isdir(os.path.join(path, item)) for item in ("state", "meta")))
+
+
+def check_no_foreign_steps(out: str) -> None:
+  """Refuses a ``<out>/checkpoints`` holding a step-named entry no run wrote (``999/``):
+  Orbax would take it for the newest checkpoint, skip this run's saves and, later, delete it.
+
+  Examples:
+    >>> check_no_foreign_steps("/nonexistent")
+  """
+  d = checkpoints_dir(out)
+  names = sorted(os.listdir(d)) if os.path.isdir(d) else []
+  foreign = [os.path.join(d, n) for n in names if n.isdigit() and not is_run_checkpoint(os.path.join(d, n))]
+  if foreign:
+    raise ValueError(f"{', '.join(foreign)} in the checkpoint directory was not written by a run (no"
+                     " checkpoint marker); move it out of there or choose another `out`.")
+
+
+def remove_run_files(out: str) -> list[str]:
+  """Removes what runs write under ``out`` (checkpoints, set-aside and unfinished ones,
+  ``final_params``, ``summary.json``) and nothing else; returns the paths left (foreign files).
+
+  An entry of ``checkpoints/`` is the run's when it carries the checkpoint marker
+  (:func:`is_run_checkpoint`), or is an interrupted save (``*.orbax-checkpoint-tmp*``).
+  """
+  foreign = []
+  d = checkpoints_dir(out)
+  for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+    path = os.path.join(d, name)
+    step = name.split(".", 1)[0]
+    if step.isdigit() and (TMP_MARK in name or is_run_checkpoint(path)):
+      shutil.rmtree(path, ignore_errors=True)
+    else:
+      foreign.append(path)
+  final = os.path.join(os.path.abspath(out), FINAL_PARAMS)
+  if os.path.isfile(os.path.join(final, "_METADATA")):
+    shutil.rmtree(final, ignore_errors=True)
+  elif os.path.exists(final):
+    foreign.append(final)
+  if os.path.isfile(os.path.join(out, "summary.json")):
+    os.remove(os.path.join(out, "summary.json"))
+  return foreign
 
 
 def leaf_table(tree) -> list[dict]:
@@ -148,10 +197,26 @@ class CheckpointWriter:
     """Writes ``state`` and ``meta`` (JSON-able) as checkpoint ``step``; returns its path."""
     meta = dict(meta, format=FORMAT_VERSION, step=int(step), leaves=leaf_table(state),
                 checksums=fingerprint(state))
-    self._mgr.save(int(step), args=ocp.args.Composite(
-        state=ocp.args.StandardSave(_items(state)), meta=ocp.args.JsonSave(_jsonable(meta))))
-    self._mgr.wait_until_finished()
-    return os.path.join(checkpoints_dir(self.out), str(step))
+    path = os.path.join(checkpoints_dir(self.out), str(step))
+    errors: list[BaseException] = []
+    previous = threading.excepthook  # Orbax's writer threads: their errors are reported below
+    threading.excepthook = lambda info: errors.append(info.exc_value)
+    try:
+      self._mgr.save(int(step), args=ocp.args.Composite(
+          state=ocp.args.StandardSave(_items(state)), meta=ocp.args.JsonSave(_jsonable(meta))))
+      self._mgr.wait_until_finished()
+    except Exception as e:  # noqa: BLE001 - Orbax / TensorStore: one line at the boundary
+      raise OSError(f"checkpoint {path} could not be written ({_reason(e)}); check that"
+                    f" {checkpoints_dir(self.out)} still exists and is writable, then continue with"
+                    " `resume` from the newest checkpoint left.") from None
+    finally:
+      threading.excepthook = previous
+    if errors or not os.path.isdir(path):
+      why = _reason(errors[0]) if errors else "it is missing after the save"
+      raise OSError(f"checkpoint {path} could not be written ({why}); check that"
+                    f" {checkpoints_dir(self.out)} still exists and is writable, then continue with"
+                    " `resume` from the newest checkpoint left.")
+    return path
 
   def close(self) -> None:
     self._mgr.close()
@@ -245,8 +310,7 @@ def restore_latest(out: str, target, config: dict, must_match: Sequence[str]) ->
   _quiet_orbax_failed_reads()
   steps = finalized_steps(out)
   if not steps:
-    raise ValueError(f"`resume`: no checkpoint in {d}; run without `resume` to start a new run"
-                     " (set `checkpoint_every` to write checkpoints).")
+    raise ValueError(no_checkpoint_message(out))
   expected = leaf_table(target)
   abstract = {k: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
               for k, x in _items(target).items()}
@@ -276,13 +340,28 @@ def restore_latest(out: str, target, config: dict, must_match: Sequence[str]) ->
         continue
       _remove_leftovers(out)  # only now: a run refused above leaves its directory untouched
       for bad_step, why in failures:
-        _set_aside(d, bad_step, why)
+        _set_aside(d, bad_step, why, step)
       return Restored(state=state, meta=meta, step=step, path=path)
   finally:
     mgr.close()
-  step, why = failures[0]
-  raise ValueError(f"`resume`: no readable checkpoint in {d} (newest, step {step}: {why}); remove"
-                   " the damaged step directories, or start over with `overwrite`.")
+  listed = "; ".join(f"step {step}: {why}" for step, why in failures)
+  raise ValueError(f"`resume`: no readable checkpoint in {d} ({listed}); start over: drop `resume`"
+                   " and pass `overwrite`.")
+
+
+def no_checkpoint_message(out: str) -> str:
+  """Why `resume` cannot continue ``out`` (no checkpoint), with a command that works.
+
+  Examples:
+    >>> no_checkpoint_message("/nonexistent")
+    '`resume`: no checkpoint in /nonexistent/checkpoints; run without `resume` to start a new run (set `checkpoint_every` to write checkpoints).'
+  """
+  d = checkpoints_dir(out)
+  if any(os.path.exists(os.path.join(out, name)) for name in ("metrics.jsonl", "summary.json")):
+    return (f"`resume`: no checkpoint in {d} (the run there stopped before its first checkpoint);"
+            " start over: drop `resume` and pass `overwrite`.")
+  return (f"`resume`: no checkpoint in {d}; run without `resume` to start a new run (set"
+          " `checkpoint_every` to write checkpoints).")
 
 
 def _quiet_orbax_failed_reads() -> None:
@@ -305,103 +384,42 @@ def _quiet_orbax_failed_reads() -> None:
 
 
 def _reason(e: Exception) -> str:
-  text = " ".join(str(e).split())
+  """One line of an exception, without Python object reprs (``<... at 0x...>``, pybind11).
+
+  Examples:
+    >>> _reason(ValueError("bad <bound method pybind11_detail.x of <a.B object at 0x7f>> read"))
+    'ValueError: bad read'
+  """
+  text = str(e)
+  while True:  # innermost first, so nested reprs go too
+    shorter = re.sub(r"\s*<[^<>]*(?: at 0x[0-9a-fA-F]+|pybind11[^<>]*|bound method[^<>]*)>", "", text)
+    if shorter == text:
+      break
+    text = shorter
+  text = " ".join(text.split())
   text = text if len(text) <= 160 else text[:159] + "…"
   return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
-def _set_aside(d: str, step: int, why: str) -> None:
+def _set_aside(d: str, step: int, why: str, resumed: int) -> None:
   if jax.process_index() != 0:
     return
-  src, dst = os.path.join(d, str(step)), os.path.join(d, f"{step}.damaged")
-  if os.path.exists(dst):
-    shutil.rmtree(dst)
+  src = os.path.join(d, str(step))
+  dst = damaged_path(d, step)
   os.rename(src, dst)
-  _warn(f"checkpoint {src} is damaged ({why}); moved it to {dst} and resumed from an earlier one.")
+  _warn(f"checkpoint {src} is damaged ({why}); moved it to {dst} and resumed from step {resumed}.")
 
 
-# ---- plain params checkpoints --------------------------------------------------------------
-def export_params(params, path: str) -> str:
-  """Writes ``params`` (any pytree of arrays) as a plain Orbax checkpoint at ``path``.
-
-  The directory is replaced atomically if it exists. Load it back with
-  :func:`load_params` (or ``orbax.checkpoint.StandardCheckpointer().restore(path)``).
-
-  Args:
-    params: the params pytree (e.g. ``TrainResult.params``, the global params).
-    path: the directory to write.
-
-  Returns:
-    The absolute path written.
+def damaged_path(d: str, step: int) -> str:
+  """Where a damaged checkpoint ``step`` is set aside: ``<step>.damaged``, or ``.damaged.1``,
+  ``.damaged.2``, ... when earlier evidence is there (it is never deleted).
 
   Examples:
-    >>> import tempfile
-    >>> path = export_params({"w": jnp.arange(3.0)}, tempfile.mkdtemp() + "/final_params")
-    >>> load_params(path)["w"].tolist()
-    [0.0, 1.0, 2.0]
+    >>> damaged_path("/nonexistent", 8)
+    '/nonexistent/8.damaged'
   """
-  path = os.path.abspath(path)
-  with ocp.StandardCheckpointer() as ckptr:
-    ckptr.save(path, params, force=True)
-  return path
-
-
-def load_params(path: str, like=None):
-  """Loads a params checkpoint written by :func:`export_params` (e.g. ``<out>/final_params``).
-
-  One line for evaluation: ``params = diloco_core.load_params("runs/x/final_params")``.
-
-  Args:
-    path: the checkpoint directory.
-    like: optional params pytree this must match (structure, shapes, dtypes); the result
-      then has its structure and shardings. A mismatch is a one-line ``ValueError``.
-
-  Returns:
-    The params pytree (nested dicts of arrays).
-  """
-  path = os.path.abspath(path)
-  if not os.path.exists(path):
-    raise ValueError(f"params checkpoint {path!r} does not exist; pass the final_params/ directory"
-                     " of a finished run.")
-  if not os.path.isdir(path):
-    raise ValueError(f"params checkpoint {path!r} is a file, not a checkpoint directory; pass the"
-                     " final_params/ directory of a finished run.")
-  if os.path.isdir(os.path.join(path, "state")) or os.path.isdir(os.path.join(path, CHECKPOINTS)) or (
-      os.path.basename(path) == CHECKPOINTS):
-    raise ValueError(f"{path!r} is a training checkpoint (or run) directory, not a params checkpoint;"
-                     " pass the run's final_params/ (or use `resume` to continue that run).")
-  if not os.path.exists(os.path.join(path, "_METADATA")):
-    raise ValueError(f"{path!r} is not a params checkpoint (no Orbax _METADATA file; it may be"
-                     " truncated); pass a final_params/ directory written by a run.")
-  _quiet_orbax_failed_reads()
-  damaged = lambda e: ValueError(f"params checkpoint {path!r} cannot be read ({_reason(e)}); it is"
-                                 " damaged or incomplete.")
-  with ocp.StandardCheckpointer() as ckptr:
-    try:
-      meta = ckptr.metadata(path).item_metadata
-      if like is None:
-        return ckptr.restore(path)
-    except Exception as e:  # noqa: BLE001 - damaged files: one clear line
-      raise damaged(e) from None
-    saved = jax.tree_util.tree_flatten_with_path(meta.tree if hasattr(meta, "tree") else meta)[0]
-    saved = {jax.tree_util.keystr(p): (list(m.shape), str(m.dtype)) for p, m in saved}
-    if not saved:
-      raise damaged(ValueError("no readable array metadata"))
-    for row in leaf_table(like):
-      got = saved.pop(row["path"], None)
-      if got is None:
-        raise ValueError(f"params checkpoint {path!r} has no {row['path']} (this model needs"
-                         f" {row['dtype']}{row['shape']}); it is from another model.")
-      if got != (row["shape"], row["dtype"]):
-        raise ValueError(f"params checkpoint {path!r} holds {row['path']} as {got[1]}{got[0]} but"
-                         f" this model needs {row['dtype']}{row['shape']}; use the same model"
-                         " options as the run that wrote it.")
-    if saved:
-      raise ValueError(f"params checkpoint {path!r} has {sorted(saved)[0]}, which this model does"
-                       " not; it is from another model.")
-    abstract = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), like)
-    try:
-      return ckptr.restore(path, abstract)
-    except Exception as e:  # noqa: BLE001
-      raise damaged(e) from None
+  dst, n = os.path.join(d, f"{step}.damaged"), 0
+  while os.path.exists(dst):
+    n += 1
+    dst = os.path.join(d, f"{step}.damaged.{n}")
+  return dst

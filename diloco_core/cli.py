@@ -16,7 +16,10 @@ import argparse
 import dataclasses
 import os
 import re
+import signal
 import sys
+import threading
+import warnings
 
 from diloco_core import compare as compare_lib
 from diloco_core.fields import spec, walk
@@ -144,9 +147,17 @@ def _error(e: Exception) -> int:
   return 2
 
 
+def _terminate(signum, frame):
+  raise KeyboardInterrupt
+
+
+def _show_warning(message, category, *args, **kwargs) -> None:
+  print(f"warning: {to_flags(' '.join(str(message).split()))}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
   """``python -m diloco_core.train``: one-line errors on stderr and exit code 2 for bad input."""
-  from diloco_core.loop import train
+  from diloco_core.loop import Interrupted, RunWarning, train
   parser = build_parser()
   parser.error = lambda message: parser.exit(2, f"error: {message} (see --help).\n")
   try:
@@ -154,11 +165,25 @@ def main(argv: list[str] | None = None) -> int:
   except SystemExit as e:  # --help (0) or a malformed flag (2, one line above)
     return int(e.code or 0)
   configure_determinism(False if args.nondeterministic else None)  # before JAX starts
+  main_thread = threading.current_thread() is threading.main_thread()
+  previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None  # like Ctrl-C
   try:
     initialize_distributed(args.coordinator, args.num_processes, args.process_id)
-    result = train(config_from_args(args))  # train validates the config, once
+    with warnings.catch_warnings():
+      warnings.simplefilter("always", RunWarning)
+      warnings.showwarning = _show_warning
+      result = train(config_from_args(args))  # train validates the config, once
   except (ValueError, OSError, FloatingPointError) as e:
     return _error(e)
+  except Interrupted as e:
+    print(to_flags(str(e)), file=sys.stderr)
+    return 130
+  except KeyboardInterrupt:
+    print("interrupted before the first step; nothing to resume.", file=sys.stderr)
+    return 130
+  finally:
+    if main_thread:
+      signal.signal(signal.SIGTERM, previous)
   s = result.summary
   floor = "n/a" if s["loss_floor"] is None else f"{s['loss_floor']:.4f}"
   print(f"{s['algorithm']} ({s['compute_dtype']}): final eval loss {s['final_eval_loss']:.4f} (floor {floor}), "

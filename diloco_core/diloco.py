@@ -220,6 +220,10 @@ class DiLoCo(AlgorithmBase):
       mask_leaves, mask_def = jax.tree.flatten(self.layer_mask)
       if mask_def != self._treedef:
         raise ValueError("layer_mask must have exactly the structure of the params pytree.")
+      bad = [m for m in mask_leaves if not isinstance(m, (bool, np.bool_))]
+      if bad:
+        raise ValueError("layer_mask leaves must be Python bools (True: a layer leaf, stacked on"
+                         f" a leading layer axis), got a {type(bad[0]).__name__}.")
       is_layer = [bool(m) for m in mask_leaves]
     self.fragments = Fragments(is_layer, [np.shape(x) for x in leaves], cfg.fragments,
                                cfg.fragment_pattern, paths=leaf_paths(params))

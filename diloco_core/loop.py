@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import time
+import warnings
 from typing import Any
 
 import jax
@@ -22,7 +22,9 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from diloco_core import checkpoint as ckpt
+from diloco_core import params_io
 from diloco_core.data import make_dataset
+from diloco_core.divergence import Watch, check_finite  # noqa: F401 (check_finite: re-exported)
 from diloco_core.drops import participation
 from diloco_core.fields import must_match_fields
 from diloco_core.mesh import fetch
@@ -32,6 +34,29 @@ from diloco_core.model_config import param_count
 from diloco_core.programs import PROGRAMS
 from diloco_core.run_config import TrainConfig
 from diloco_core.schedule import sent_fragment
+
+
+class RunWarning(UserWarning):
+  """A run that goes ahead but may not mean what was asked (also listed in summary.json)."""
+
+
+class Interrupted(KeyboardInterrupt):
+  """Ctrl-C (or SIGTERM under the command line) during :func:`train`; says how to go on.
+
+  Examples:
+    >>> str(Interrupted(12, "runs/a", "runs/a/checkpoints/10"))
+    'interrupted at step 12; resume with `resume` (from runs/a/checkpoints/10).'
+  """
+
+  def __init__(self, step: int, out: str | None, checkpoint: str | None):
+    if checkpoint is not None:
+      advice = f"resume with `resume` (from {checkpoint})."
+    elif out is not None:
+      advice = "no checkpoint was written: start over with `overwrite` (set `checkpoint_every` to resume later runs)."
+    else:
+      advice = "nothing was saved (no `out`)."
+    super().__init__(f"interrupted at step {step}; {advice}")
+    self.step = step
 
 
 @dataclasses.dataclass
@@ -67,7 +92,7 @@ class MetricsLog:
       self._file = open(path, "w")
     elif path is not None:
       with open(path + ".tmp", "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in self.rows[1:])  # the step-0 row is not in the file
+        f.writelines(json.dumps(r, allow_nan=False) + "\n" for r in self.rows[1:])  # the step-0 row is not in the file
       os.replace(path + ".tmp", path)
       self._file = open(path, "a")
 
@@ -99,7 +124,7 @@ class MetricsLog:
     self.rows.append(row)
     self._since_row = 0.0
     if self._file is not None:
-      self._file.write(json.dumps(row) + "\n")
+      self._file.write(json.dumps(row, allow_nan=False) + "\n")  # strict JSON
       self._file.flush()
     return row
 
@@ -126,32 +151,6 @@ def _row(t, losses, eval_loss, tokens, step_bytes, total_bytes, wall) -> dict:
   }
 
 
-def check_finite(algo, step_losses: np.ndarray, t: int, state, last_checkpoint: str | None) -> None:
-  """Raises FloatingPointError naming the first bad step and replica (losses [n, M], params).
-
-  The message names the option to lower in backticks (`inner_lr`, `outer_lr`).
-  """
-  keep = f" (the last good checkpoint, {last_checkpoint}, is intact)" if last_checkpoint else ""
-  bad_steps = np.flatnonzero(~np.all(np.isfinite(step_losses), axis=1))
-  if bad_steps.size:
-    i = int(bad_steps[0])
-    bad = [m for m, x in enumerate(step_losses[i]) if not np.isfinite(x)]
-    raise FloatingPointError(
-        f"non-finite training loss at step {t - len(step_losses) + 1 + i} on replica(s) {bad};"
-        f" lower `inner_lr`{keep}.")
-  replicas, glob = algo.finite_flags(state)
-  if replicas is None:  # one model (DP)
-    if not fetch(glob):
-      raise FloatingPointError(f"non-finite params after step {t}; lower `inner_lr`{keep}.")
-    return
-  replicas, glob = fetch(replicas), fetch(glob)
-  if not replicas.all():
-    bad = [m for m, ok in enumerate(replicas) if not ok]
-    raise FloatingPointError(f"non-finite params after step {t} on replica(s) {bad}; lower `inner_lr`{keep}.")
-  if not glob:
-    raise FloatingPointError(f"non-finite global params after step {t}; lower `outer_lr`{keep}.")
-
-
 def _checkpoint_meta(cfg: TrainConfig, t: int, log: MetricsLog) -> dict:
   """Everything but the arrays that a resumed run needs to continue exactly."""
   return {
@@ -169,10 +168,10 @@ def _prepare_out(cfg: TrainConfig) -> str | None:
     return None
   os.makedirs(cfg.out, exist_ok=True)
   if cfg.overwrite and not cfg.resume:  # starting over: nothing of the old run may mix in
-    for name in (ckpt.CHECKPOINTS, ckpt.FINAL_PARAMS):
-      shutil.rmtree(os.path.join(cfg.out, name), ignore_errors=True)
-    if os.path.exists(os.path.join(cfg.out, "summary.json")):
-      os.remove(os.path.join(cfg.out, "summary.json"))
+    foreign = ckpt.remove_run_files(cfg.out)
+    if foreign:
+      warnings.warn(f"`overwrite` kept {len(foreign)} file(s) no run wrote: {', '.join(foreign)}.",
+                    RunWarning, stacklevel=3)
   return os.path.join(cfg.out, "metrics.jsonl")
 
 
@@ -181,7 +180,7 @@ def _init_params(cfg: TrainConfig, model_cfg):
   apply_fn, params = init_model(model_cfg, cfg.seed)
   if cfg.init_from is not None and not cfg.resume:  # bootstrap: broadcast to replicas, fresh outer state
     try:
-      params = ckpt.load_params(cfg.init_from, like=params)
+      params = params_io.load_params(cfg.init_from, like=params)
     except ValueError as e:
       raise ValueError(f"init_from: {e}") from None
   return apply_fn, params
@@ -199,6 +198,8 @@ def train(cfg: TrainConfig) -> TrainResult:
   """
   # ---- set-up: data, model, the (possibly cached) program, the state ----
   cfg.validate()
+  for message in cfg.schedule_warnings():  # H > steps: run, but loudly (header and summary.json)
+    warnings.warn(message, RunWarning, stacklevel=2)
   M, b, T = cfg.algo.replicas, cfg.batch_size, cfg.seq_len
   # The data defines the vocabulary: synthetic -> DataConfig.vocab_size, text -> 256 bytes,
   # .npy -> cfg.vocab_size (ids must be below it) or the largest id + 1.
@@ -232,6 +233,8 @@ def train(cfg: TrainConfig) -> TrainResult:
              desc=f"{cfg.algo.algorithm} ({model_cfg.compute_dtype})", unit="step")
   if resumed is None:
     log.start(evaluate(state))
+  watch = Watch(algo, state, log.rows[0]["eval_loss"], last_checkpoint)
+  done = first - 1
   try:
     for t in range(first, cfg.steps + 1):
       batch = algo.place_batch(data.train_batch(t - 1))
@@ -242,19 +245,26 @@ def train(cfg: TrainConfig) -> TrainResult:
         compile_time = time.perf_counter() - start
       synced = present is not None and sent_fragment(t, cfg.algo.sync_every, cfg.algo.fragments)[0]
       log.step(t, m["loss"], algo.bytes_sent(t), present, synced)
+      watch.after_step(t, state, *(sent_fragment(u, cfg.algo.sync_every, cfg.algo.fragments)[0] for u in (t, t + 1)))
       do_eval = t % cfg.eval_every == 0 or t == cfg.steps
       if t % cfg.log_every == 0 or do_eval:
         step_losses = log.fetch_losses()
-        check_finite(algo, step_losses, t, state, last_checkpoint)
+        watch.check_row(t, step_losses, state)
         losses = step_losses.mean(axis=0)
-        eval_loss = evaluate(state) if do_eval else None
+        save = checkpoints is not None and (t % cfg.checkpoint_every == 0 or t == cfg.steps)
+        eval_loss = evaluate(state) if do_eval or save else None  # never checkpoint a diverged state
+        if eval_loss is not None:
+          watch.check_eval(t, eval_loss)
         wall = time.perf_counter() - start
-        log.row(t, losses, eval_loss, wall)
-        if checkpoints is not None and (t % cfg.checkpoint_every == 0 or t == cfg.steps):
-          last_checkpoint = checkpoints.save(t, state, _checkpoint_meta(cfg, t, log))
+        log.row(t, losses, eval_loss if do_eval else None, wall)
+        if save:
+          watch.saved(checkpoints.save(t, state, _checkpoint_meta(cfg, t, log)))
         bar.update(t - bar.n)
         tok_s = (t - 1) * log.tokens_per_step / max(wall - compile_time, 1e-9) if t > 1 else 0.0
         bar.set_postfix(loss=f"{losses.mean():.3f}", tok_s=f"{tok_s:,.0f}")
+      done = t
+  except KeyboardInterrupt:  # Ctrl-C, or SIGTERM under the command line: one line, what to do next
+    raise Interrupted(done, cfg.out, watch.last_checkpoint) from None
   finally:
     bar.close()
     log.close()
@@ -264,7 +274,7 @@ def train(cfg: TrainConfig) -> TrainResult:
   # ---- summary ----
   final_params = None
   if cfg.out is not None:  # a plain checkpoint of the global params: diloco_core.load_params(path)
-    final_params = ckpt.export_params(algo.eval_params(state), os.path.join(cfg.out, ckpt.FINAL_PARAMS))
+    final_params = params_io.export_params(algo.eval_params(state), os.path.join(cfg.out, ckpt.FINAL_PARAMS))
   wall = time.perf_counter() - start
   compile_time = 0.0 if compile_time is None else compile_time  # resumed at the last step: no step ran
   metrics = pd.DataFrame(log.rows)
@@ -289,6 +299,7 @@ def train(cfg: TrainConfig) -> TrainResult:
       "config": dataclasses.asdict(cfg),
       "final_params": final_params,
       "resumed_from": None if resumed is None else resumed.path,
+      "warnings": cfg.schedule_warnings(),
   }
   if cfg.out is not None and writer:
     with open(os.path.join(cfg.out, "summary.json"), "w") as f:

@@ -13,16 +13,21 @@ those to its flags (``--out``).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import shutil
+import tempfile
 from typing import Any
 
 from diloco_core import validity as v
-from diloco_core.checkpoint import finalized_steps
+from diloco_core.checkpoint import check_no_foreign_steps, finalized_steps, no_checkpoint_message
+from diloco_core.params_io import check_params_dir
 from diloco_core.config import DiLoCoConfig
 from diloco_core.data import DataConfig
 from diloco_core.fields import field
+from diloco_core.footprint import check_fits
 from diloco_core.mesh import check_mesh, parse_mesh
-from diloco_core.model_config import ATTENTIONS, COMPUTE_DTYPES, PRESETS, REMATS, get_preset
+from diloco_core.model_config import ATTENTIONS, COMPUTE_DTYPES, PRESETS, REMATS, get_preset, param_count
 
 
 def parse_drop_schedule(text: str | None) -> tuple:
@@ -161,12 +166,22 @@ class TrainConfig:
     v.check_choice("remat", self.remat, REMATS)
     v.check_bool("nondeterministic", self.nondeterministic)
     self.algo.validate(num_layers=self.model_config().n_layers)
+    devices = 1
     if self.mesh is not None:
-      check_mesh(parse_mesh(self.mesh), replicas=self.algo.replicas, batch_size=self.batch_size)
+      mesh = parse_mesh(self.mesh)
+      check_mesh(mesh, replicas=self.algo.replicas, batch_size=self.batch_size)
+      devices = math.prod(mesh.values()) if isinstance(mesh, dict) else devices
+    vocab = self.vocab_size or self.data.vocab_size  # the data's vocabulary is only known later
+    M = self.algo.replicas
+    check_fits(param_count(self.model_config(vocab_size=vocab)), replicas=M,
+               outer=self.algo.algorithm != "dp", tokens=M * self.batch_size * self.seq_len,
+               vocab=vocab, devices=devices)
     self._validate_checkpointing()
     self._validate_drops()
     if self.out is not None:
       check_out_dir(self.out, self.overwrite, self.resume)
+      if self.checkpoint_every:
+        check_no_foreign_steps(self.out)
 
   def _validate_checkpointing(self) -> None:
     ce = v.check_int("checkpoint_every", self.checkpoint_every, low=0, what=" (0: no checkpoints)")
@@ -182,6 +197,11 @@ class TrainConfig:
       raise ValueError("resume needs `out`: the directory of the run to continue.")
     if self.init_from is not None and (not isinstance(self.init_from, str) or not self.init_from):
       raise ValueError(f"init_from must be a path to a params checkpoint directory, got {self.init_from!r}.")
+    if self.init_from is not None and not self.resume:
+      try:  # the files now; their shapes once the model is known (init_model)
+        check_params_dir(self.init_from)
+      except ValueError as e:
+        raise ValueError(f"init_from: {e}") from None
 
   def _validate_drops(self) -> None:
     p = self.drop_prob
@@ -206,6 +226,25 @@ class TrainConfig:
         raise ValueError(
             f"drop_schedule: no sync after step {s} (syncs every H/P = {dh} steps); use a multiple"
             f" of {dh}, e.g. {max(dh, s - s % dh)}.")
+
+  def schedule_warnings(self) -> list[str]:
+    """Warnings for a schedule that never syncs everything (H > steps: a fragment never sent).
+
+    Examples:
+      >>> TrainConfig(steps=20).schedule_warnings()
+      ['sync_every (H=50) > steps (20): the global params are never updated (fragment(s) [0] never sent), so the final eval loss and final_params are those of the initial model; lower `sync_every` to at most 20 or raise `steps` to at least 50.']
+    """
+    a = self.algo
+    if a.algorithm == "dp" or self.steps >= a.sync_every:
+      return []
+    dh = a.sync_every // a.fragments
+    never = [p for p in range(a.fragments) if (p + 1) * dh > self.steps]
+    what = ("the global params are never updated" if len(never) == a.fragments
+            else "part of the global params is never updated")
+    return [f"sync_every (H={a.sync_every}) > steps ({self.steps}): {what} (fragment(s) {never} never"
+            f" sent), so the final eval loss and final_params are those of the initial model"
+            f"{'' if len(never) == a.fragments else ' for those fragments'}; lower `sync_every` to at"
+            f" most {self.steps} or raise `steps` to at least {a.sync_every}."]
 
   @property
   def warmup(self) -> int:
@@ -234,17 +273,19 @@ def check_out_dir(out: str, overwrite: bool, resume: bool = False) -> None:
     overwrite: the run may replace a run in ``out``.
     resume: the run continues the run in ``out``.
   """
+  if not isinstance(out, str) or not out.strip():
+    raise ValueError(f"`out` must be a directory path, got {out!r}.")
   if os.path.exists(out) and not os.path.isdir(out):
     raise ValueError(f"out={out!r} is a file; give a directory path.")
   if not os.path.isdir(out):
-    parent = os.path.dirname(os.path.abspath(out))
-    while not os.path.exists(parent):
-      parent = os.path.dirname(parent)
-    if not os.access(parent, os.W_OK):
-      raise ValueError(f"out={out!r} cannot be created ({parent!r} is not writable).")
+    if resume:
+      raise ValueError(no_checkpoint_message(out))
+    _probe_create(out)
     return
-  if not os.access(out, os.W_OK):
+  if not os.access(out, os.W_OK) or not _can_write_in(out):
     raise ValueError(f"out={out!r} is not writable; choose another directory.")
+  if resume and not finalized_steps(out):
+    raise ValueError(no_checkpoint_message(out))
   if overwrite or resume:
     return
   if os.path.exists(os.path.join(out, "summary.json")):
@@ -256,3 +297,27 @@ def check_out_dir(out: str, overwrite: bool, resume: bool = False) -> None:
   if os.path.exists(os.path.join(out, "metrics.jsonl")):
     raise ValueError(f"out={out!r} holds metrics.jsonl of an unfinished run (no checkpoint); pass"
                      " `overwrite` to start over or choose another directory.")
+
+
+def _probe_create(out: str) -> None:
+  """Creates ``out`` (and missing parents) and removes them again: the only check that holds
+  as root and on read-only or virtual file systems (``/proc``, ``/sys``)."""
+  top = os.path.abspath(out)
+  while not os.path.exists(os.path.dirname(top)):
+    top = os.path.dirname(top)
+  try:
+    os.makedirs(out)
+  except OSError as e:
+    raise ValueError(f"`out` {out!r} cannot be created ({e.strerror or e}); choose a directory in a"
+                     " writable place.") from None
+  shutil.rmtree(top, ignore_errors=True)
+
+
+def _can_write_in(directory: str) -> bool:
+  try:
+    fd, path = tempfile.mkstemp(dir=directory, prefix=".diloco-probe-")
+  except OSError:
+    return False
+  os.close(fd)
+  os.remove(path)
+  return True

@@ -135,3 +135,13 @@ def test_catalog_commands(capsys):
   assert cli.main(["simulate", "--model", "llama3-8b", "--step-time", "0.5", "--method", "dp",
                    "--target", "0.5"]) == 0
   assert "8.03e+09 parameters, 32 layers" in capsys.readouterr().out
+
+
+def test_plan_refuses_overlaps_no_streaming_candidate_can_use(capsys):
+  assert cli.main(["plan", "--model", "qwen3-8b", "--hardware", "v5p", "--slices", "2", "--chips-per-slice",
+                   "64", "--seq-len", "4096", "--global-batch-tokens", "2097152", "--link-gbps", "100",
+                   "--overlaps", "100000"]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and err.split(": ", 1)[1].startswith("error: overlaps (100000,) leave no Streaming candidate: τ must"
+                                                 " be below H, and the largest H considered for Streaming is 1000;"
+                                                 " give overlaps in [0, 999]."), err

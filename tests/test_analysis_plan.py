@@ -229,3 +229,12 @@ def test_eager_candidates_are_opt_in_and_taken_after_the_others_of_their_h():
   assert w < others.min()
   assert toy_plan(w / GBPS, sync_every=(6,), eager=True).choice == "DiLoCo H=6 eager"
   assert toy_plan(others.min() / GBPS, sync_every=(6,), eager=True).choice != "DiLoCo H=6 eager"
+
+
+def test_plan_refuses_overlaps_beyond_every_h():
+  kw = dict(slices=2, chips_per_slice=64, seq_len=4096, global_batch_tokens=2**21, link_gbps=100)
+  with pytest.raises(ValueError, match=r"^overlaps \(40, 60\) leave no Streaming candidate: τ must be below H,"
+                     r" and the largest H considered for Streaming is 40; give overlaps in \[0, 39\].$"):
+    pl.plan_run("qwen3-8b", "v5p", sync_every=(20, 40), overlaps=(40, 60), **kw)
+  plan = pl.plan_run("qwen3-8b", "v5p", sync_every=(20, 40), overlaps=(1, 60), **kw)  # one usable τ: runs
+  assert plan.overlaps == (1, 60)

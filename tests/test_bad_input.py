@@ -5,15 +5,21 @@ stderr that names the problem, and must leave every file that already existed un
 """
 
 import hashlib
+import json
 import os
+import signal
 import shutil
 import subprocess
 import sys
 
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
-from diloco_core import export_params, init_model
+from diloco_core import DiLoCo, DiLoCoConfig, export_params, init_model
+from diloco_core import checkpoint as ckpt
+from diloco_core.divergence import Watch
 from diloco_core.model_config import get_preset
 from diloco_core.train import main
 
@@ -28,6 +34,10 @@ def finished(tmp_path_factory):
   out = tmp_path_factory.mktemp("finished") / "run"
   assert main(BASE + ["--out", str(out), "--checkpoint-every", "2"]) == 0
   return out
+
+
+def quad(w, x):
+  return 0.5 * jnp.sum((w - x) ** 2)
 
 
 def snapshot(root):
@@ -64,6 +74,14 @@ def damaged_run(tmp, finished):
   run = unfinished(tmp, finished)
   truncate_all(tmp / "run" / "checkpoints" / "2" / "state")
   return run
+
+
+def all_damaged(tmp, finished):
+  run = tmp / "run"
+  shutil.copytree(finished, run)
+  for step in ("2", "4"):
+    truncate_all(run / "checkpoints" / step / "state")
+  return str(run)
 
 
 def damaged_params(tmp, finished):
@@ -110,6 +128,14 @@ CASES = [
     ("out-holds-metrics-only", lambda t, f: ["--out", str(t)] if write(t / "metrics.jsonl", b"{}\n") else [],
      "holds metrics.jsonl of an unfinished run"),
     # ---- checkpoint options ----
+    ("out-cannot-be-created", lambda t, f: ["--out", "/proc/x"], "--out '/proc/x' cannot be created ("),
+    ("out-under-a-file", lambda t, f: ["--out", write(t / "file", b"x") + "/run"], "cannot be created (Not a directory)"),
+    ("out-empty", lambda t, f: ["--out", ""], "--out must be a directory path, got ''"),
+    # ---- sizes beyond the memory of the devices (checked before the model is built) ----
+    ("replicas-beyond-memory", lambda t, f: ["--replicas", "1000000000000"], "lower --replicas, --batch-size"),
+    ("batch-beyond-memory", lambda t, f: ["--batch-size", "100000000000"], "logits"),
+    ("layers-beyond-memory", lambda t, f: ["--layers", "100000000"], "training state"),
+    # ---- checkpoint options ----
     ("checkpoint-every-without-out", lambda t, f: ["--checkpoint-every", "2"], "checkpoint_every needs --out"),
     ("checkpoint-every-off-log-rows", lambda t, f: ["--checkpoint-every", "3", "--out", str(t / "o")],
      "checkpoint_every (3) must be a multiple of log_every (2)"),
@@ -128,6 +154,10 @@ CASES = [
      "steps (3) is below the checkpoint's step 4"),
     ("resume-damaged-checkpoint", lambda t, f: ["--resume", "--out", damaged_run(t, f)],
      "--resume: no readable checkpoint in"),
+    ("resume-all-damaged-names-each", lambda t, f: ["--resume", "--out", all_damaged(t, f)],
+     "; step 2: "),
+    ("resume-stopped-before-first-checkpoint", lambda t, f: ["--resume", "--out", str(t)] if write(
+        t / "metrics.jsonl", b"{}\n") else [], "start over: drop --resume and pass --overwrite"),
     # ---- params checkpoints (--init-from) ----
     ("init-from-missing", lambda t, f: ["--init-from", str(t / "nope")], "does not exist"),
     ("init-from-a-file", lambda t, f: ["--init-from", write(t / "p.bin", b"x")], "is a file, not a checkpoint directory"),
@@ -161,8 +191,14 @@ def test_out_not_writable(tmp_path, monkeypatch, capsys):
   monkeypatch.setattr(os, "access", lambda path, mode: False)
   assert main(BASE + ["--out", str(tmp_path)]) == 2
   assert capsys.readouterr().err.strip() == f"error: out={str(tmp_path)!r} is not writable; choose another directory."
+  def refuse(path, *args, **kwargs):  # a read-only file system refuses root too
+    raise PermissionError(13, "Permission denied", path)
+
+  monkeypatch.setattr(os, "makedirs", refuse)
   assert main(BASE + ["--out", str(tmp_path / "a" / "b")]) == 2
-  assert "cannot be created" in capsys.readouterr().err
+  assert capsys.readouterr().err.strip() == (
+      f"error: --out {str(tmp_path / 'a' / 'b')!r} cannot be created (Permission denied); choose a"
+      " directory in a writable place.")
 
 
 def test_at_least_twenty_cases_and_all_in_the_docs():
@@ -186,3 +222,162 @@ def test_cli_subprocess_no_traceback(argv, message, tmp_path, finished):
   assert r.returncode == 2 and "Traceback" not in r.stderr
   lines = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
   assert len(lines) == 1 and message in lines[0], r.stderr
+
+
+# ---- runs that go wrong after they start (each message's advice is followed) ----------------------
+def strict_json(line):
+  def refuse(name):
+    raise AssertionError(f"metrics.jsonl holds {name}: not strict JSON")
+  return json.loads(line, parse_constant=refuse)
+
+
+def test_outer_divergence_stops_before_checkpointing_and_names_outer_lr(tmp_path, capsys):
+  out = tmp_path / "run"
+  argv = BASE + ["--algorithm", "streaming", "--fragments", "2", "--sync-every", "4", "--steps", "8",
+                 "--checkpoint-every", "2", "--out", str(out)]
+  assert main(argv + ["--outer-lr", "1e6"]) == 2
+  err = capsys.readouterr().err
+  lines = [line for line in err.splitlines() if line.startswith("error: ")]
+  assert len(lines) == 1 and "Traceback" not in err, err
+  assert lines[0].startswith("error: global params after the outer step at step 2 hold ") and (
+      "lower --outer-lr and start over with --overwrite (no checkpoint was written" in lines[0]), lines[0]
+  assert ckpt.finalized_steps(str(out)) == []  # step 2 diverged: never checkpointed
+  rows = [strict_json(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+  assert all(r["step"] < 2 for r in rows)
+  # The advice works: a lower --outer-lr with --overwrite finishes, every row finite.
+  assert main(argv + ["--outer-lr", "0.7", "--overwrite"]) == 0
+  rows = [strict_json(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows] == [2, 4, 6, 8] and all(np.isfinite(r["train_loss"]) for r in rows)
+
+
+def test_divergence_watch_blames_the_outer_or_the_inner_step():
+  """max |θ| limit 1e3 (init max 1); an outer blow-up (replicas fine before the outer step)
+  names outer_lr, a blow-up already in the replicas names inner_lr, an eval NaN outer_lr."""
+  algo = DiLoCo(quad, optax.sgd(0.5), DiLoCoConfig(replicas=2, sync_every=2))
+  state = algo.init(jnp.ones(2))
+  watch = Watch(algo, state, 1.0, "ck/2")
+  big = state.replace(global_params=jnp.array([1.0, 5e3]))
+  ok = np.ones((2, 2))
+  watch.after_step(3, state, False, True)  # replicas fine before the send at 4
+  watch.after_step(4, big, True, False)
+  with pytest.raises(FloatingPointError, match=r"^global params after the outer step at step 4 hold 5e\+03"
+                     r" \(above 1e\+03: exploding\) values; lower `outer_lr`"):
+    watch.check_row(4, ok, big)
+  watch.after_step(3, state.replace(params=jnp.full((2, 2), 2e3)), False, True)
+  watch.after_step(4, big, True, False)
+  with pytest.raises(FloatingPointError, match=r"^replica params after step 3, before the outer step,"
+                     r" hold 2e\+03 .*lower `inner_lr`.*newest finite checkpoint is ck/2"):
+    watch.check_row(4, ok, big)
+  with pytest.raises(FloatingPointError, match=r"^training loss at step 4 is 500 \(above 100: exploding\)"):
+    watch.check_row(4, np.array([[1.0, 1.0], [1.0, 500.0]]), state)
+  with pytest.raises(FloatingPointError, match=r"^eval loss \(global params after the outer steps\) at"
+                     r" step 4 is nan; lower `outer_lr`"):
+    watch.check_eval(4, float("nan"))
+
+
+def test_overwrite_keeps_foreign_files_and_h_over_steps_warns(tmp_path, finished, capsys):
+  run = tmp_path / "run"
+  shutil.copytree(finished, run)
+  (run / "checkpoints" / "README").write_text("notes")
+  (run / "checkpoints" / "999").mkdir()
+  (run / "checkpoints" / "999" / "x").write_text("mine")
+  argv = BASE + ["--out", str(run), "--overwrite", "--sync-every", "8"]
+  # Checkpoints cannot go next to a step-named directory Orbax would take for the newest one.
+  assert main(argv + ["--checkpoint-every", "2"]) == 2
+  assert capsys.readouterr().err == (f"error: {run}/checkpoints/999 in the checkpoint directory was not written"
+                                     " by a run (no checkpoint marker); move it out of there or choose another --out.\n")
+  assert main(argv) == 0
+  err = capsys.readouterr().err
+  assert (run / "checkpoints" / "README").read_text() == "notes" and (run / "checkpoints" / "999" / "x").exists()
+  assert ckpt.finalized_steps(str(run)) == [] and not (run / "checkpoints" / "2").exists()
+  warned = [line for line in err.splitlines() if line.startswith("warning: ")]
+  assert any("--overwrite kept 2 file(s) no run wrote" in w and "README" in w and "999" in w for w in warned), err
+  h = "sync_every (H=8) > steps (4): the global params are never updated (fragment(s) [0] never sent)"
+  assert any(w.startswith(f"warning: {h}") and "lower --sync-every to at most 4" in w for w in warned), err
+  summary = json.loads((run / "summary.json").read_text())
+  assert len(summary["warnings"]) == 1 and summary["warnings"][0].startswith(h)
+
+
+def test_damaged_evidence_is_kept_and_the_warning_is_clean(tmp_path, finished, capsys):
+  run = tmp_path / "run"
+  shutil.copytree(finished, run)
+  for suffix in ("damaged", "damaged.1"):
+    truncate_all(run / "checkpoints" / "4" / "state")
+    assert main(BASE + ["--out", str(run), "--resume", "--checkpoint-every", "2"]) == 0
+    err = capsys.readouterr().err
+    assert (run / "checkpoints" / f"4.{suffix}").is_dir(), err
+    warned = [line for line in err.splitlines() if "is damaged" in line]
+    assert len(warned) == 1 and warned[0].endswith("and resumed from step 2."), err
+    assert "pybind" not in err and " at 0x" not in err and "Traceback" not in err
+  assert (run / "checkpoints" / "4.damaged").is_dir() and ckpt.finalized_steps(str(run)) == [2, 4]
+
+
+@pytest.mark.parametrize("how", ["sigint", "sigterm"])
+def test_interrupt_one_line_and_resume_works(how, tmp_path, monkeypatch, capsys):
+  import diloco_core.loop as loop
+  real = loop.participation
+
+  def interrupt_at_3(cfg, t):
+    if t == 3:
+      if how == "sigint":
+        raise KeyboardInterrupt
+      os.kill(os.getpid(), signal.SIGTERM)
+    return real(cfg, t)
+
+  monkeypatch.setattr(loop, "participation", interrupt_at_3)
+  run = tmp_path / "run"
+  assert main(BASE + ["--out", str(run), "--checkpoint-every", "2"]) == 130
+  err = capsys.readouterr().err
+  assert err.strip().splitlines()[-1] == f"interrupted at step 2; resume with --resume (from {run}/checkpoints/2).", err
+  assert "Traceback" not in err
+  monkeypatch.setattr(loop, "participation", real)
+  assert main(BASE + ["--out", str(run), "--resume", "--checkpoint-every", "2"]) == 0
+
+
+def test_checkpoints_removed_during_a_save_one_line(tmp_path, monkeypatch, capsys):
+  import diloco_core.loop as loop
+  real = loop._checkpoint_meta
+
+  def remove_then_meta(cfg, t, log):  # `rm -rf OUT/checkpoints` and a file in its place, mid-run
+    if t == 4:
+      shutil.rmtree(run / "checkpoints")
+      write(run / "checkpoints", b"not a directory")
+    return real(cfg, t, log)
+
+  monkeypatch.setattr(loop, "_checkpoint_meta", remove_then_meta)
+  run = tmp_path / "run"
+  assert main(BASE + ["--out", str(run), "--checkpoint-every", "2"]) == 2
+  err = capsys.readouterr().err
+  lines = [line for line in err.splitlines() if line.startswith("error: ")]
+  assert len(lines) == 1 and lines[0].startswith(f"error: checkpoint {run}/checkpoints/4 could not be written ("), err
+  assert " at 0x" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("make", ["metrics-only", "all-damaged"])
+def test_resume_advice_leads_to_a_working_command(make, tmp_path, finished, capsys):
+  if make == "metrics-only":  # went non-finite before its first checkpoint
+    run = tmp_path / "run"
+    run.mkdir()
+    write(run / "metrics.jsonl", b'{"step": 2}\n')
+    run = str(run)
+  else:
+    run = all_damaged(tmp_path, finished)
+  assert main(BASE + ["--out", run, "--resume"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.endswith("start over: drop --resume and pass --overwrite."), err
+  assert main(BASE + ["--out", run, "--overwrite"]) == 0
+
+
+# ---- the Python API checks its inputs at the boundary, in its own words --------------------------
+def test_api_step_inputs_are_checked_at_the_boundary():
+  algo = DiLoCo(quad, optax.sgd(0.5), DiLoCoConfig(replicas=2, sync_every=2))
+  state = algo.init(jnp.zeros(2))
+  with pytest.raises(ValueError, match=r"^DiLoCo.step: every batch leaf needs a leading axis of replicas=2"
+                     r" \(one batch per replica\), got shape \(3, 2\).$"):
+    algo.step(state, jnp.zeros((3, 2)))
+  with pytest.raises(ValueError, match=r"^DiLoCo.step: participation must have shape \(replicas,\) = \(2,\)"
+                     r" \(1 present, 0 dropped\), got shape \(2, 1\).$"):
+    algo.step(state, jnp.zeros((2, 2)), jnp.ones((2, 1)))
+  with pytest.raises(ValueError, match=r"^layer_mask leaves must be Python bools .*got a ndarray.$"):
+    DiLoCo(quad, optax.sgd(0.5), DiLoCoConfig(replicas=2), layer_mask=np.array([True, False])).init(jnp.zeros(2))
+  state, _ = algo.step(state, jnp.zeros((2, 2)), jnp.ones(2))  # the right shapes still run

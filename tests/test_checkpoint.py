@@ -189,10 +189,10 @@ def test_non_finite_loss_stops_naming_step_and_replica_and_keeps_the_last_checkp
   assert main(BASE + ALGOS["diloco"] + ["--steps", "12", "--inner-lr", "1e30", "--checkpoint-every", "2",
                                         "--out", str(out)]) == 2
   err = capsys.readouterr().err.strip()
-  assert err.startswith("error: non-finite training loss at step ") and "on replica(s) [" in err and "\n" not in err
-  bad_step = int(err.split("at step ")[1].split()[0])
+  assert err.startswith("error: ") and "lower --inner-lr" in err and "\n" not in err
+  bad_step = int(err.split("step ")[1].split()[0].rstrip(","))
   steps = ckpt.finalized_steps(str(out))
-  assert steps and max(steps) < bad_step and f"checkpoints/{max(steps)}, is intact" in err
+  assert steps and max(steps) < bad_step and f"the newest finite checkpoint is {out}/checkpoints/{max(steps)};" in err
   assert not (out / "summary.json").exists() and not (out / "final_params").exists()
 
 
@@ -210,19 +210,22 @@ def test_non_finite_params_name_the_step_and_replica():
       check_finite(algorithm, *args)
     return to_flags(str(e.value))
 
-  assert message(ok, 4, bad, "ck/2") == ("non-finite params after step 4 on replica(s) [1]; lower --inner-lr"
-                                         " (the last good checkpoint, ck/2, is intact).")
+  assert message(ok, 4, bad, "ck/2") == (
+      "non-finite params after step 4 on replica(s) [1]; lower --inner-lr and start over with --overwrite"
+      " (the newest finite checkpoint is ck/2; --resume continues with the same --inner-lr).")
   assert str(pytest.raises(FloatingPointError, check_finite, algo, ok, 4, bad, None).value).endswith(
-      "lower `inner_lr`.")
-  assert message(ok, 6, state.replace(global_params=jnp.array([0.0, jnp.nan])), None) == (
-      "non-finite global params after step 6; lower --outer-lr.")
+      "lower `inner_lr` and start over with `overwrite` (no checkpoint was written; `resume` continues"
+      " with the same `inner_lr`).")
+  assert message(ok, 6, state.replace(global_params=jnp.array([0.0, jnp.nan])), None).startswith(
+      "non-finite global params after step 6; lower --outer-lr and start over")
   assert message(np.array([[0, 0, np.nan], [0, 0, 0]]), 4, state, None).startswith(
-      "non-finite training loss at step 3 on replica(s) [2]")
+      "training loss at step 3 is nan on replica(s) [2]; lower --inner-lr")
   dp = DataParallel(quad, optax.sgd(0.5), DiLoCoConfig(algorithm="dp", replicas=3))
   dp_state = dp.init(jnp.zeros(2))
   check_finite(dp, ok, 4, dp_state, None)
   assert message(ok, 4, dp_state.replace(params=jnp.array([jnp.nan, 0.0])), None, algorithm=dp) == (
-      "non-finite params after step 4; lower --inner-lr.")
+      "non-finite params after step 4; lower --inner-lr and start over with --overwrite (no checkpoint"
+      " was written; --resume continues with the same --inner-lr).")
 
 
 # ---- replica drops -------------------------------------------------------------------------------
