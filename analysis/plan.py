@@ -4,7 +4,7 @@
 ``diloco_core.validity`` (the semantics page, docs/semantics.md): DP, DiLoCo
 and Streaming DiLoCo for a ladder of :math:`H`. It computes for each the cross-slice
 bandwidth it needs and its memory with the closed forms of :mod:`analysis.bandwidth` and
-:mod:`analysis.memory` (:func:`candidate_table`, which ``python -m analysis roofline`` uses too),
+:mod:`analysis.memory` (:func:`~analysis.candidates.candidate_table`, which ``python -m analysis roofline`` uses too),
 and applies one documented selection rule against the bandwidth of the link. The result
 is a :class:`Plan`; ``python -m analysis plan`` prints it and :meth:`Plan.command`
 gives that command line.
@@ -14,7 +14,7 @@ Bandwidth per slice, with :math:`T` the step time, :math:`u` the target utilizat
 (:func:`~analysis.bandwidth.payload_bytes`) and :math:`V_\\max` those of the largest
 fragment (fragment 0 holds the embeddings, so fragments are not all the same size).
 Every payload is reduced layer by layer while the backward pass of the step that sends
-it runs, as in the Streaming DiLoCo paper's simulation (:func:`candidate_bandwidth`):
+it runs, as in the Streaming DiLoCo paper's simulation (:func:`~analysis.candidates.candidate_bandwidth`):
 
 * DP, DiLoCo and Streaming with :math:`\\tau = 0`: the bandwidth at which the waits of
   one sync period leave a fraction :math:`u` of the wall time to compute. DP and DiLoCo
@@ -42,34 +42,27 @@ import numbers
 
 import pandas as pd
 
-from analysis.bandwidth import hidden_bandwidth
-from analysis.bandwidth import payload_bytes
-from analysis.bandwidth import required_bandwidth
-from analysis.bandwidth import streaming_required_bandwidth
+from analysis.candidates import GBIT
+from analysis.candidates import OVERLAPS
+from analysis.candidates import SYNC_EVERY_LADDER
+from analysis.candidates import _check_overlaps
+from analysis.candidates import candidate_bandwidth
+from analysis.candidates import candidate_table
+from analysis.candidates import candidates
+from analysis.candidates import label
+from analysis.candidates import largest_fragments
 from analysis.hardware import HardwareSpec
-from analysis.hardware import check_hardware
 from analysis.hardware import get_hardware
-from analysis.memory import memory_per_replica
 from analysis.models import ModelStats
-from analysis.models import check_model
-from analysis.models import fragment_sizes
 from analysis.models import get_model
 from analysis.models import model_stats
-from analysis.roofline import METHODS
 from analysis.roofline import dp_critical_batch_per_slice
 from analysis.roofline import t_math
 from diloco_core.model_config import ModelConfig
-from diloco_core.model_config import param_count
-from diloco_core.validity import allowed_fragments
 from diloco_core.validity import check_bool
-from diloco_core.validity import check_choice
 from diloco_core.validity import check_int
-from diloco_core.validity import check_outer_overlap
 from diloco_core.validity import check_real
 
-GBIT = 1e9 / 8  # bytes/s in one Gbit/s
-SYNC_EVERY_LADDER = (10, 20, 50, 100, 200, 500, 1000)  # H candidates, besides L + 1
-OVERLAPS = (0, 1, 5)  # τ candidates for Streaming
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -147,183 +140,6 @@ def _ints(name, values, *, low) -> tuple[int, ...]:
   return tuple(sorted({check_int(name, v, low=low) for v in values}))
 
 
-def largest_fragments(sync_every: int, layers: int) -> int:
-  """Largest P valid with H: :math:`H \\bmod P = 0` and :math:`P = 1` or :math:`(P-1) \\mid L`.
-
-  Args:
-    sync_every: H.
-    layers: L.
-
-  Returns:
-    P (1 when no P > 1 is valid), among ``diloco_core.validity.allowed_fragments``.
-
-  Examples:
-    >>> largest_fragments(37, 36), largest_fragments(100, 36), largest_fragments(10, 48)
-    (37, 10, 5)
-  """
-  return max(p for p in allowed_fragments(layers) if sync_every % p == 0)
-
-
-def label(method: str, sync_every: int = 1, fragments: int = 1, overlap: int = 0,
-          outer_overlap: str = "none") -> str:
-  """The row label of a candidate: "DP", "DiLoCo H=…" ("DiLoCo H=… eager" with eager
-  updates) or "Streaming H=… P=… tau=…"."""
-  if method == "dp":
-    return "DP"
-  if method == "diloco":
-    return f"DiLoCo H={sync_every}" + ("" if outer_overlap == "none" else f" {outer_overlap}")
-  return f"Streaming H={sync_every} P={fragments} tau={overlap}"
-
-
-def candidates(layers: int, sync_every=None, overlaps=OVERLAPS, eager: bool = False) -> list[tuple]:
-  """The planner's candidates ``(method, H, P, τ)``: DP, then per H DiLoCo and Streaming.
-
-  Args:
-    layers: L.
-    sync_every: H candidates (sorted ints), None for :math:`L + 1` and the ladder.
-    overlaps: τ candidates for Streaming (sorted ints); those >= H are left out.
-
-    eager: also, per H, ``("diloco", H, 1, 0, "eager")`` (eager updates, τ = 0).
-
-  Returns:
-    A list of ``(method, H, P, tau)`` (and the eager 5-tuples), every one valid under
-    ``diloco_core.validity.check_schedule`` with ``num_layers=layers``.
-
-  Examples:
-    >>> candidates(2, sync_every=(6,), overlaps=(0, 6))
-    [('dp', 1, 1, 0), ('diloco', 6, 1, 0), ('streaming', 6, 3, 0)]
-    >>> candidates(2, sync_every=(6,), overlaps=(0,), eager=True)[1:3]
-    [('diloco', 6, 1, 0), ('diloco', 6, 1, 0, 'eager')]
-  """
-  out = [("dp", 1, 1, 0)]
-  for h in (sorted({layers + 1, *SYNC_EVERY_LADDER}) if sync_every is None else sync_every):
-    out += [("diloco", h, 1, 0)] + ([("diloco", h, 1, 0, "eager")] if eager else [])
-    p = largest_fragments(h, layers)
-    if p > 1:
-      out += [("streaming", h, p, t) for t in overlaps if t < h]
-  return out
-
-
-def candidate_bandwidth(method, *, target, payload, step_time, layers, sync_every=1,
-                        fragments=1, overlap=0, first_fragment=0.0, latency=0.0,
-                        outer_overlap="none"):
-  """Bytes/s a DP, DiLoCo or Streaming candidate needs (the rule of the module docstring).
-
-  Args:
-    method: "dp", "diloco" or "streaming".
-    target: u, the utilization for the τ = 0 candidates.
-    payload: V, bytes a replica sends to all-reduce the whole model.
-    step_time: T, seconds per inner step.
-    layers: L.
-    sync_every, fragments, overlap: H, P, τ (fragment 0 holds the non-layer parameters,
-      fragments 1..P-1 the layers, strided, as in the trainer).
-    first_fragment: V_0, bytes of fragment 0 (Streaming only).
-    latency: ε, seconds per chunk.
-    outer_overlap: "eager" (or "delayed"): DiLoCo's sync may take until the next send,
-      as τ = H - 1 (DiLoCo only).
-
-  Returns:
-    Bytes/s.
-
-  Examples:
-    >>> # DiLoCo, 2 GB every 100 steps of 0.1 s, 24 layers, 95%: 27.1 Gbit/s.
-    >>> w = candidate_bandwidth("diloco", target=0.95, payload=2e9, step_time=0.1, layers=24,
-    ...                         sync_every=100)
-    >>> round(w / GBIT, 1)
-    27.1
-    >>> # Eager: the 1.6e10 bits may take the rest of the backward pass and H - 1 = 99
-    >>> # more steps (hidden_bandwidth with τ = 99), a little over V / (H T) = 1.6 Gbit/s.
-    >>> w = candidate_bandwidth("diloco", target=0.95, payload=2e9, step_time=0.1, layers=24,
-    ...                         sync_every=100, outer_overlap="eager")
-    >>> round(w / GBIT, 3)
-    1.606
-  """
-  check_choice("method", method, METHODS)
-  if check_outer_overlap(outer_overlap, overlap) != "none":
-    if method != "diloco":
-      raise ValueError(f"outer_overlap={outer_overlap!r} is planned for 'diloco' only, got {method!r}.")
-    overlap = sync_every - 1  # due when the next sync is sent
-  if method == "dp":
-    return required_bandwidth(target, payload, step_time, 1, latency, chunks=layers)
-  if method == "diloco" or fragments == 1:  # one payload of the whole model
-    if overlap == 0:
-      return required_bandwidth(target, payload, step_time, sync_every, latency,
-                                   chunks=layers)
-    return hidden_bandwidth(payload, step_time, overlap, sync_every, chunks=layers)
-  p = fragments - 1  # layer fragments
-  if overlap == 0:
-    return streaming_required_bandwidth(target, payload - first_fragment, step_time,
-                                           sync_every, p, layers, 0, latency,
-                                           first_payload=first_fragment)
-  every = sync_every / fragments
-  layer_part = hidden_bandwidth((payload - first_fragment) / p, step_time, overlap, every,
-                                   chunks=layers // p)
-  return max(float(layer_part),
-             float(hidden_bandwidth(first_fragment, step_time, overlap, every, chunks=1)))
-
-
-def candidate_table(model: ModelConfig, hardware: HardwareSpec, cands, *, slices: int,
-                    chips_per_slice: int, step_time: float, target: float, bits: float,
-                    latency: float = 0.0) -> pd.DataFrame:
-  """Bandwidth per slice and memory of each candidate ``(method, H, P, τ)`` (see the module).
-
-  Each candidate's bandwidth is :func:`candidate_bandwidth` (latency :math:`\\varepsilon`
-  per transfer for τ = 0; not modelled for τ >= 1).
-
-  Args:
-    model: the resolved model (a ModelConfig).
-    hardware: the resolved chip (a HardwareSpec).
-    cands: ``(method, H, P, tau)`` tuples, e.g. :func:`candidates`.
-    slices: M.
-    chips_per_slice: n.
-    step_time: T, seconds per inner step.
-    target: u, the utilization planned for by the τ = 0 candidates.
-    bits: bits per value on the wire.
-    latency: ε, seconds per transfer (τ = 0).
-
-  Returns:
-    A DataFrame indexed by :func:`label`, with the columns of :class:`Plan`'s table except
-    ``fits link``.
-  """
-  model, hw = check_model(model), check_hardware(hardware)
-  payload = payload_bytes(param_count(model), bits, slices)  # whole model, per replica
-  dcn_gbps = hw.dcn_bandwidth * chips_per_slice / GBIT
-  rows = {}
-  for method, h, p, tau, *mode in cands:
-    mode = mode[0] if mode else "none"
-    sizes = fragment_sizes(model, p)
-    largest = payload_bytes(max(sizes), bits, slices)
-    w = candidate_bandwidth(method, target=target, payload=payload, step_time=step_time,
-                            layers=model.n_layers, sync_every=h, fragments=p, overlap=tau,
-                            first_fragment=payload_bytes(sizes[0], bits, slices) if p > 1 else 0.0,
-                            latency=latency, outer_overlap=mode)
-    mem = memory_per_replica(model, method=method, sync_every=h, fragments=p,
-                             overlap=tau).total
-    rows[label(method, h, p, tau, mode)] = {
-        "method": method, "H": h, "P": p, "tau": tau, "outer overlap": mode,
-        "Gbit/s per slice": w / GBIT,
-        "GB per sync": largest / 1e9, "memory GB/replica": mem / 1e9,
-        "memory GB/chip": mem / chips_per_slice / 1e9, "fits DCN": w / GBIT <= dcn_gbps}
-  return pd.DataFrame.from_dict(rows, orient="index").rename_axis("label")
-
-
-def _check_overlaps(taus, layers: int, sync_every) -> None:
-  """Refuses overlaps that no Streaming candidate can use (τ >= H for every H considered).
-
-  Examples:
-    >>> _check_overlaps((100000,), 2, (6, 12))
-    Traceback (most recent call last):
-    ...
-    ValueError: overlaps (100000,) leave no Streaming candidate: τ must be below H, and the largest H considered for Streaming is 12; give overlaps in [0, 11].
-  """
-  hs = sorted({layers + 1, *SYNC_EVERY_LADDER}) if sync_every is None else sync_every
-  streaming = [h for h in hs if largest_fragments(h, layers) > 1]
-  if streaming and min(taus) >= max(streaming):
-    raise ValueError(f"overlaps {tuple(taus)} leave no Streaming candidate: τ must be below H, and the"
-                     f" largest H considered for Streaming is {max(streaming)}; give overlaps in"
-                     f" [0, {max(streaming) - 1}].")
-
-
 def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_tokens,
              link_gbps, mfu=0.5, target=0.95, bits=16, sync_every=None,
              overlaps=OVERLAPS, eager: bool = False) -> Plan:
@@ -336,7 +152,7 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
 
   Candidates: DP; for every :math:`H` (``sync_every``, default :math:`L + 1` and
   ``SYNC_EVERY_LADDER``), DiLoCo (:math:`P = 1, \\tau = 0`) and Streaming with the largest
-  :math:`P` the schedule rules allow (:func:`largest_fragments`; for :math:`H = L + 1` that is
+  :math:`P` the schedule rules allow (:func:`~analysis.candidates.largest_fragments`; for :math:`H = L + 1` that is
   MaxText's :math:`H = P = L + 1`, one layer per fragment) and each τ of ``overlaps``
   with :math:`\\tau < H`. At fixed :math:`H` and τ the largest :math:`P` needs the least
   bandwidth (each fragment is smaller and hides behind its own step's backward pass, for
