@@ -15,7 +15,7 @@ from diloco_core.config import COMPRESSIONS
 from diloco_core.config import DiLoCoConfig
 from diloco_core.config import FRAGMENT_PATTERNS
 from diloco_core.diloco import DiLoCo
-from diloco_core.diloco import DiLoCoState
+from diloco_core.state import DiLoCoState
 from diloco_core.diloco import CONFIG_HYPERPARAMS
 from diloco_core.diloco import default_outer_optimizer
 from diloco_core.algorithm import Algorithm
