@@ -25,7 +25,7 @@ def test_the_lists_read_from_the_metadata_are_the_former_hand_kept_ones():
   assert {p for p in must if p.startswith("algo.")} == {f"algo.{f.name}" for f in dataclasses.fields(DiLoCoConfig)}
   assert {p for p in must if p.startswith("data.")} == {f"data.{f.name}" for f in dataclasses.fields(TrainConfig().data)}
   assert fields.non_result_fields(TrainConfig) == ("nondeterministic", "out", "overwrite", "progress")
-  assert set(fields.result_fields(TrainConfig)) | {"out", "overwrite", "progress"} == {
+  assert set(fields.result_fields(TrainConfig)) | {"nondeterministic", "out", "overwrite", "progress"} == {
       f.name for f in dataclasses.fields(TrainConfig)}
   assert fields.program_fields(TrainConfig) == ("batch_size", "seq_len", "steps", "mesh")
 
