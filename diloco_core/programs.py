@@ -16,6 +16,7 @@ import json
 import jax
 import optax
 
+from diloco_core.backend import resolve_model_config
 from diloco_core.diloco import DiLoCo
 from diloco_core.dp import DataParallel
 from diloco_core.fields import program_fields, traced_values
@@ -67,7 +68,9 @@ def program_key(cfg: TrainConfig, model_cfg) -> str:
 
   Those are the fields marked ``program`` (the algorithm's structural fields, batch, sequence
   length, steps, mesh), the model's shape, and what the inner optimizer fixes (the warmup
-  length, whether to clip); never a traced hyperparameter or a seed.
+  length, whether to clip); never a traced hyperparameter or a seed. The model config is
+  resolved for this backend first (:func:`~diloco_core.backend.resolve_model_config`), so an
+  unresolved config and the resolved one the trainer builds give the same key.
 
   Examples:
     >>> from diloco_core.config import DiLoCoConfig
@@ -78,7 +81,7 @@ def program_key(cfg: TrainConfig, model_cfg) -> str:
   """
   key = {name: getattr(cfg, name) for name in program_fields(type(cfg))}
   key["algo"] = {name: getattr(cfg.algo, name) for name in program_fields(type(cfg.algo))}
-  key.update(model=dataclasses.asdict(model_cfg), warmup=cfg.warmup, clip=bool(cfg.grad_clip))
+  key.update(model=dataclasses.asdict(resolve_model_config(model_cfg)), warmup=cfg.warmup, clip=bool(cfg.grad_clip))
   return json.dumps(key, sort_keys=True, default=str)
 
 
