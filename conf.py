@@ -119,6 +119,7 @@ nitpick_ignore_regex = [
     (r"py:.*", r"(Any|Callable|Iterable|Iterator|Sequence|Mapping|Figure|Axes|DataFrame|Array|ArrayLike|PyTree|LossFn|optional|callable)"),
     (r"py:.*", r"(int|float|str|bool|dict|list|tuple|None|object|type)\b.*"),
     (r"py:.*", r"diloco_core\.fragments\.(OTHER|LAYER|SHARED)"),
+    (r"py:.*", r"dataclasses\.Field"),
 ]
 
 # ---- HTML ----------------------------------------------------------------------------------

@@ -66,15 +66,16 @@ def _send(layer_set, m, bits_per_layer, delay, fragment, bucket_layers, phi) -> 
 
 def schedule(method, m, *, replicas, sync_every, fragment_layers, fragment_pattern,
               overlap, bits, bucket_layers, forward_fraction, outer_overlap="none"
-              ) -> tuple[int, dict[int, _Send]]:
+              ) -> tuple[int, dict]:
   """(period, {step mod period: _Send}): what each step sends and when it is due.
 
   Args:
     method: "dp", "diloco" or "streaming".
     m: the model (``params``, ``layers``, ``step_time``), e.g. a
       :class:`analysis.simulate.SimModel`.
-    replicas, sync_every, fragment_layers, fragment_pattern, overlap, bits,
-      bucket_layers, forward_fraction, outer_overlap: as in
+    replicas: M; the other keyword arguments (``sync_every``, ``fragment_layers``,
+      ``fragment_pattern``, ``overlap``, ``bits``, ``bucket_layers``,
+      ``forward_fraction``, ``outer_overlap``) are those of
       :func:`analysis.simulate.run_simulation`.
 
   Returns:

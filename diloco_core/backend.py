@@ -37,8 +37,8 @@ from diloco_core.validity import check_choice
 
 #: Setting this environment variable to 1 keeps XLA's fast non-deterministic GPU kernels.
 NONDETERMINISTIC_ENV = "DILOCO_NONDETERMINISTIC"
-#: "float32" or "bfloat16": overrides the backend's default compute dtype (a config that
-#: names one wins). The test suite sets float32, so its exact numbers hold on every backend.
+#: Names a compute dtype (``float32`` or ``bfloat16``) that overrides the backend's default (a
+#: config that names one wins). The test suite sets float32, so its exact numbers hold on every backend.
 COMPUTE_DTYPE_ENV = "DILOCO_COMPUTE_DTYPE"
 DETERMINISTIC_FLAG = "--xla_gpu_deterministic_ops=true"
 ACCELERATORS = ("gpu", "tpu")

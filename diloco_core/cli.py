@@ -125,7 +125,7 @@ def build_parser(defaults: TrainConfig | None = None) -> argparse.ArgumentParser
 
 
 def config_from_args(args: argparse.Namespace, base: TrainConfig | None = None) -> TrainConfig:
-  """The :class:`TrainConfig` of parsed arguments: ``base`` (default: the defaults) with every
+  """The :class:`~diloco_core.run_config.TrainConfig` of parsed arguments: ``base`` (default: the defaults) with every
   option that the parser offers set from ``args``."""
   base = TrainConfig() if base is None else base
   values: dict[str, dict] = {"": {}, "algo": {}, "data": {}}

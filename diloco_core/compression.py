@@ -32,7 +32,7 @@ rounded to float32, and
    Q(x_i) = s \\cdot R\\!\\left(\\frac{x_i}{s}\\right), \\quad \\text{except} \\quad
    R\\!\\left(\\frac{x_i}{s}\\right) = \\pm q_\\max \\;\\Rightarrow\\; Q(x_i) = \\pm a,
 
-where :math:`R` rounds to the unscaled format (:func:`round_to_format`).
+where :math:`R` rounds to the unscaled format (:func:`~diloco_core.minifloat.round_to_format`).
 
 - On the wire: the codes, plus the block's absmax :math:`a` as one float32 per block
   (counted by :func:`wire_bits`); the receiver rebuilds :math:`s` from :math:`a`.

@@ -5,7 +5,7 @@ The loop checks at its log cadence (one host sync per log row, as before):
 * the training losses of every step since the last row (on device until then);
 * the global params after every outer step: one fused reduction, ``max |θ_g|``, queued on
   device right after each step that sends a fragment and fetched with the losses;
-* every replica's params and the global params at the row (:meth:`Algorithm.finite_flags`);
+* every replica's params and the global params at the row (:meth:`~diloco_core.algorithm.Algorithm.finite_flags`);
 * the eval loss, and before every checkpoint the eval loss of the state to be saved.
 
 A loss is *exploding* above ``LOSS_FACTOR`` times the initial eval loss (a uniform guess
@@ -29,7 +29,7 @@ from diloco_core.mesh import fetch
 
 #: A loss above this multiple of the initial eval loss has exploded.
 LOSS_FACTOR = 100.0
-#: Global params above this multiple of their initial max |θ| (at least 1) have exploded.
+#: Global params above this multiple of their initial largest magnitude (at least 1) have exploded.
 PARAMS_FACTOR = 1e3
 
 

@@ -66,7 +66,7 @@ _BITS = {"none": 32, "bf16": 16, **{k: v.bits for k, v in _MINIFLOATS.items()}}
 
 
 def validate_format(name: str) -> None:
-  """Raises a one-line :class:`ValueError` unless ``name`` is one of :data:`FORMATS`.
+  """Raises a one-line :class:`ValueError` unless ``name`` is one of :data:`~diloco_core.compression.FORMATS`.
 
   Args:
     name: the wire format (the ``compression`` flag).
@@ -86,7 +86,7 @@ def bits_per_element(name: str) -> int:
   """Bits one element takes on the wire, not counting the scales.
 
   Args:
-    name: the wire format, one of :data:`FORMATS`.
+    name: the wire format, one of :data:`~diloco_core.compression.FORMATS`.
 
   Returns:
     32, 16, 8, 4 or 4 for ``none``, ``bf16``, ``fp8``, ``fp4``, ``e3m0``.

@@ -2,7 +2,7 @@
 
 A sweep over H, τ, η, μ, α or the inner learning rate compiles once: those values are
 traced inputs of the step (their fields say so in their metadata, :mod:`diloco_core.fields`),
-and :func:`cached_program` hands a later run the algorithm object of an earlier run with the
+and ``PROGRAMS.get`` hands a later run the algorithm object of an earlier run with the
 same :func:`program_key`, copied with the new values
 (:meth:`~diloco_core.algorithm.AlgorithmBase.with_hyperparams`).
 """

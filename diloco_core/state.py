@@ -58,7 +58,7 @@ class DiLoCoState(struct.PyTreeNode):
     step: inner steps done (int32 scalar).
     participants: float32 [M, P]: entry (m, p) says how replica m took part in fragment
       p's latest sync: 1 present, 0 dropped (its merge heals m), -1 nobody was present
-      (its merge leaves m alone). All ones unless :meth:`DiLoCo.step` gets a mask.
+      (its merge leaves m alone). All ones unless :meth:`~diloco_core.diloco.DiLoCo.step` gets a mask.
     in_flight: what ``outer_overlap`` keeps between two syncs of a fragment: None for
       ``"none"``; for ``"delayed"`` the average in flight (float32, shaped like θ_g); for
       ``"eager"`` an :class:`~diloco_core.eager.EagerInFlight` per replica (leading axis

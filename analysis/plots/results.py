@@ -193,7 +193,7 @@ def plot_lines(df: pd.DataFrame, *, x: str, y: str | Sequence[str], hue: str | N
     hue: a column whose values make one line each (with a single ``y``).
     logx, logy: log-scale an axis.
     hlines, vlines: labelled reference lines ``{label: value}``.
-    xlabel, ylabel: axis labels (default: :func:`label` of the columns).
+    xlabel, ylabel: axis labels (default: the columns' ``label``).
     title: the axes title.
     ax: draw into this Axes instead of a new figure.
 
