@@ -38,12 +38,12 @@ def replica_state_bytes(n: float, *, outer: bool, param_bytes=4, grad_bytes=4, o
 
 
 def device_bytes(devices: int) -> float:
-  """The memory of the first ``devices`` devices (accelerators: their ``bytes_limit``; CPU:
-  the host's physical memory, shared by all of them)."""
-  found = jax.devices()[:devices]
-  stats = [d.memory_stats() or {} for d in found]
-  if all("bytes_limit" in s for s in stats):
-    return float(sum(s["bytes_limit"] for s in stats))
+  """The memory of ``devices`` devices (accelerators: ``devices`` times the ``bytes_limit`` of
+  one of this process's devices; CPU: the host's physical memory, shared by all of them)."""
+  # Only this process's devices report memory (multi-process runs): devices are taken as alike.
+  stats = jax.local_devices()[0].memory_stats() or {}
+  if "bytes_limit" in stats:
+    return float(stats["bytes_limit"]) * devices
   return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
