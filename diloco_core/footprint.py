@@ -59,7 +59,7 @@ def check_fits(n_params: int, *, replicas: int, outer: bool, tokens: int, vocab:
     >>> check_fits(10**6, replicas=10**12, outer=True, tokens=10**12 * 32, vocab=32, available=64e9)
     Traceback (most recent call last):
     ...
-    ValueError: the run needs at least 1.6e+07 GB (training state 1.6e+07 GB for `replicas`=1000000000000 copies of 1000000 params; logits 1.3e+05 GB for M·b·T=32000000000000 tokens) but the device(s) have 64 GB; lower `replicas`, `batch_size`, `seq_len` or `n_layers`.
+    ValueError: the run needs at least 1.6e+10 GB (training state 1.6e+10 GB for `replicas`=1000000000000 copies of 1000000 params; logits 4.1e+06 GB for M·b·T=32000000000000 tokens) but the device(s) have 64 GB; lower `replicas`, `batch_size`, `seq_len` or `n_layers`.
   """
   per = replica_state_bytes(n_params, outer=outer)
   state = replicas * (per["params"] + per["grads"] + per["optimizer"]) + per["outer_params"] + per["outer_momentum"]
