@@ -180,6 +180,8 @@ def shard_batch(batch: np.ndarray, mesh: Mesh) -> jax.Array:
 
 def fetch(x: Any) -> np.ndarray:
   """Host copy of a (possibly sharded over processes) array."""
+  if isinstance(x, (list, tuple)) and jax.process_count() > 1:  # several arrays (e.g. queued per-step values): one array
+    return np.asarray([fetch(v) for v in x])
   if jax.process_count() > 1 and not x.is_fully_addressable:
     from jax.experimental import multihost_utils
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
