@@ -307,6 +307,8 @@ def _probe_create(out: str) -> None:
     top = os.path.dirname(top)
   try:
     os.makedirs(out)
+  except FileExistsError:  # another process of a multi-process run created it meanwhile
+    return
   except OSError as e:
     raise ValueError(f"`out` {out!r} cannot be created ({e.strerror or e}); choose a directory in a"
                      " writable place.") from None
