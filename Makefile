@@ -22,8 +22,8 @@ test: $(VENV)/.installed  ## the whole test suite (doctests included), 2 workers
 test-fast: $(VENV)/.installed  ## everything but the tests marked slow
 	$(PY) -m pytest -n 2 -q -m "not slow" $(PYTEST_ARGS)
 
-docs: $(VENV)/.installed  ## the site, every notebook executed, warnings are errors
-	$(PY) -m sphinx -W -n --keep-going -b html . _build/html
+docs: $(VENV)/.installed  ## the site from scratch, every notebook executed, warnings are errors
+	$(PY) docs/build.py
 
 bench: $(VENV)/.installed  ## benchmarks that print measured ratios
 	$(PY) benchmarks/step_time.py

@@ -86,6 +86,10 @@ napoleon_numpy_docstring = False
 napoleon_use_rtype = False
 napoleon_use_ivar = True  # "Attributes:" as fields: dataclass fields are not documented twice
 add_module_names = False
+# "[source]" links only where the documented module defines the object. Following imports would
+# list namedtuple helpers (module "namedtuple_X") as source modules and give re-exported names
+# back-links into the wrong module's page (Sphinx keeps one back-link module per source file).
+viewcode_follow_imported_members = False
 
 # intersphinx: the inventories are fetched at build time. Offline (no DNS), a failed fetch
 # would be a warning and fail the -W build, so unreachable hosts are dropped up front.

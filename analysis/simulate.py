@@ -108,7 +108,8 @@ PAPER_ROWS = (
     ("Streaming + overlap + 4-bit", "streaming", 1, 4),
 )
 # Extra rows (``paper_table(eager=True)``): (label, method, overlap, bits, outer_overlap),
-# the eager-updates paper's setting (arXiv 2502.12996, its Table 5).
+# the eager-updates paper's methods (arXiv 2502.12996: Algorithm 3; its Figure 3 simulates
+# their compute utilization).
 EAGER_ROWS = (
     ("DiLoCo + eager", "diloco", 0, 16, "eager"),
     ("Streaming + eager", "streaming", 0, 16, "eager"),

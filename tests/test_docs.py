@@ -1,26 +1,25 @@
 """The docs site: notebook pairs and Colab URLs (fast), and a warning-free build (slow).
 
 The build helper here is shared with ``test_site_browser.py``: one build of ``_build/html``
-per session, serialized by a file lock so that pytest-xdist workers never build at once.
+per state of the sources (``docs/build.py`` stamps each build with their digest), serialized
+by a file lock so that pytest-xdist workers never build at once.
 """
 
 from __future__ import annotations
 
 import ast
 import fcntl
+import importlib.util
 import json
-import os
 import pathlib
 import re
 import subprocess
-import sys
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 HTML = ROOT / "_build" / "html"
-BUILD_CMD = [sys.executable, "-m", "sphinx", "-W", "-n", "--keep-going", "-b", "html", ".", "_build/html"]
 
 
 def conf_constant(name: str) -> str:
@@ -42,23 +41,37 @@ def notebook_names() -> list[str]:
   return sorted({p.stem for p in NOTEBOOKS.glob("*.md")} | {p.stem for p in NOTEBOOKS.glob("*.ipynb")})
 
 
-def build_site(fresh: bool = False) -> subprocess.CompletedProcess | None:
-  """Builds the site into _build/html (once per lock holder); returns the process or None.
+def _site_build():
+  """docs/build.py, the one place that builds the site and stamps it (loaded by path)."""
+  spec = importlib.util.spec_from_file_location("site_build", ROOT / "docs" / "build.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
 
-  ``fresh=True`` rebuilds from a new environment (-E), so every page is read and executed
-  again and every warning is seen; otherwise an existing build is reused as it is.
+
+site_build = _site_build()
+
+
+def build_site(fresh: bool = False) -> subprocess.CompletedProcess | None:
+  """The site in _build/html, built at most once per state of the sources; returns the build.
+
+  A build stamped with the digest of the sources as they are now (`make docs`, which CI
+  runs first, or an earlier call here) is reused: its process is returned from its log.
+  Otherwise ``fresh=True`` builds the site from scratch (every page executed, every warning
+  seen) and ``fresh=False`` reuses whatever ``_build/html`` holds, building only when there
+  is none. A file lock serializes pytest-xdist workers.
   """
   lock_path = ROOT / "_build" / ".build.lock"
   lock_path.parent.mkdir(exist_ok=True)
   with open(lock_path, "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
     try:
+      current = site_build.current_build()
+      if current is not None:
+        return current
       if not fresh and (HTML / "docs" / "index.html").exists():
         return None
-      cmd = BUILD_CMD[:4] + ["-E"] + BUILD_CMD[4:] if fresh else BUILD_CMD
-      proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=2400)
-      (ROOT / "_build" / "build.log").write_text(proc.stdout + proc.stderr)
-      return proc
+      return site_build.build(timeout=5400)
     finally:
       fcntl.flock(lock, fcntl.LOCK_UN)
 
@@ -131,6 +144,22 @@ def test_conf_excludes_the_ipynb_twins_and_sets_execution():
   assert '"notebooks/*.ipynb"' in text
   assert 'nb_execution_mode = "force"' in text and "nb_execution_raise_on_error = True" in text
   assert '"myst_nb"' in text and '"myst_parser"' not in text
+
+
+# ---- the build stamp (fast) ------------------------------------------------------------------
+def test_source_digest_follows_contents_and_skips_build_outputs(tmp_path):
+  (tmp_path / "docs").mkdir()
+  (tmp_path / "docs" / "a.md").write_text("x")
+  first = site_build.source_digest(tmp_path)
+  for ignored in ("_build", ".cache", "runs"):
+    (tmp_path / ignored).mkdir()
+    (tmp_path / ignored / "out.txt").write_text("built")
+  assert site_build.source_digest(tmp_path) == first  # outputs of a build are not sources
+  (tmp_path / "docs" / "a.md").write_text("y")
+  assert site_build.source_digest(tmp_path) != first
+  (tmp_path / "docs" / "a.md").write_text("x")
+  (tmp_path / "docs" / "b.md").write_text("")
+  assert site_build.source_digest(tmp_path) != first  # a new (even empty) file counts
 
 
 # ---- the build (slow) ------------------------------------------------------------------------

@@ -1,0 +1,121 @@
+"""Builds the site once per state of the sources: ``python docs/build.py`` (what `make docs` runs).
+
+The build is Sphinx with warnings as errors, nitpicky references and a fresh environment
+(every page and notebook is executed again), into ``_build/html``. Its output goes to the
+terminal and to ``_build/build.log``; ``_build/build.stamp`` records the digest of the
+sources it was built from and its exit status. The site tests
+(``tests/test_docs.py``, ``tests/test_site_browser.py``) reuse a build whose stamp matches
+the sources as they are now, and build the site themselves otherwise: CI builds the docs
+first and the test suite checks that very build instead of executing every notebook twice.
+
+The digest covers every file git tracks or would track (``git ls-files -co
+--exclude-standard``; without git, every file outside the ignored folders), by path and
+content, so any change to the code, pages or notebooks makes an older build stale.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import threading
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+OUT = ROOT / "_build"
+HTML = OUT / "html"
+LOG = OUT / "build.log"
+STAMP = OUT / "build.stamp"
+COMMAND = ["-m", "sphinx", "-W", "-E", "-n", "--keep-going", "-b", "html", ".", "_build/html"]
+# Folders never part of the sources when git is not available (mirrors .gitignore).
+_IGNORED = {".git", ".venv", "_build", ".cache", "runs", "build", ".pytest_cache", "__pycache__",
+            ".ipynb_checkpoints"}
+
+
+def source_files(root: pathlib.Path = ROOT) -> list[str]:
+  """The repository's files (relative paths, sorted) that a build reads or could read."""
+  try:
+    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=root,
+                         capture_output=True, check=True).stdout.decode()
+    names = [n for n in out.split("\0") if n]
+  except (OSError, subprocess.CalledProcessError):
+    names = []
+    for dirpath, dirnames, filenames in os.walk(root):
+      dirnames[:] = [d for d in dirnames if d not in _IGNORED and not d.endswith(".egg-info")]
+      names += [os.path.relpath(os.path.join(dirpath, f), root) for f in filenames]
+  return sorted(n for n in names if (root / n).is_file())
+
+
+def source_digest(root: pathlib.Path = ROOT) -> str:
+  """SHA-256 over the paths and contents of :func:`source_files`."""
+  h = hashlib.sha256()
+  for name in source_files(root):
+    h.update(name.encode() + b"\0")
+    h.update(hashlib.sha256((root / name).read_bytes()).digest())
+  return h.hexdigest()
+
+
+def build(echo: bool = False, timeout: float | None = None) -> subprocess.CompletedProcess:
+  """Builds the site from scratch; writes the log and the stamp; returns the process.
+
+  Args:
+    echo: also copy Sphinx's output to this process's stdout as it comes.
+    timeout: seconds before the build is killed (``subprocess.TimeoutExpired``).
+
+  Returns:
+    The finished process, its combined output in ``stdout``.
+  """
+  OUT.mkdir(exist_ok=True)
+  STAMP.unlink(missing_ok=True)
+  digest = source_digest()
+  cmd = [sys.executable] + COMMAND
+  lines = []
+  with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                        text=True, start_new_session=True) as proc:
+    expired = threading.Event()
+
+    def kill():  # the whole group: Sphinx and the notebook kernels it started
+      expired.set()
+      os.killpg(proc.pid, signal.SIGKILL)
+
+    watchdog = threading.Timer(timeout, kill) if timeout else None
+    if watchdog:
+      watchdog.start()
+    try:
+      for line in proc.stdout:
+        lines.append(line)
+        if echo:
+          sys.stdout.write(line)
+          sys.stdout.flush()
+      rc = proc.wait()
+    except BaseException:
+      os.killpg(proc.pid, signal.SIGKILL)
+      raise
+    finally:
+      if watchdog:
+        watchdog.cancel()
+  out = "".join(lines)
+  LOG.write_text(out)
+  if expired.is_set():
+    raise subprocess.TimeoutExpired(cmd, timeout, output=out)
+  STAMP.write_text(json.dumps({"digest": digest, "returncode": rc}))
+  return subprocess.CompletedProcess(cmd, rc, out, "")
+
+
+def current_build() -> subprocess.CompletedProcess | None:
+  """The last build as a finished process, if it was built from the sources as they are now."""
+  try:
+    stamp = json.loads(STAMP.read_text())
+    log = LOG.read_text()
+  except (OSError, ValueError):
+    return None
+  if stamp.get("digest") != source_digest() or not (HTML / "docs" / "index.html").exists():
+    return None
+  return subprocess.CompletedProcess([sys.executable] + COMMAND, stamp["returncode"], log, "")
+
+
+if __name__ == "__main__":
+  sys.exit(build(echo=True).returncode)
