@@ -53,11 +53,17 @@ def base_config(scale: str = "cpu", **changes):
   return with_values(base, changes) if changes else base
 
 
-def seeds(scale: str) -> list[int]:
+def seeds(scale: str, minimum: int = 0) -> list[int]:
   """Model seeds per configuration: two on CPU (what the docs build can afford on 2 cores:
-  a mean and a spread), three on an accelerator (a median and a spread)."""
+  a mean and a spread), three on an accelerator (a median and a spread), and at least
+  ``minimum`` at either scale.
+
+  Examples:
+    >>> seeds("cpu"), seeds("cpu", minimum=3)
+    ([0, 1], [0, 1, 2])
+  """
   check_choice("scale", scale, SCALES)
-  return [0, 1] if scale == "cpu" else [0, 1, 2]
+  return list(range(max(2 if scale == "cpu" else 3, minimum)))
 
 
 def methods_configs(scale: str = "cpu") -> list:
@@ -168,9 +174,10 @@ def _compression(scale):
 
 @_register("outer_overlap")
 def _outer_overlap(scale):
-  """Whole-outer-step overlap none / delayed / eager × M ∈ {2, 4} × H ∈ {10, 50} (DiLoCo)."""
+  """Whole-outer-step overlap none / delayed / eager × M ∈ {2, 4} × H ∈ {10, 50} (DiLoCo),
+  three seeds at either scale (the eager-vs-none gap is compared with the seed spread)."""
   return grid(base_config(scale), outer_overlap=["none", "delayed", "eager"], replicas=[2, 4],
-              sync_every=[10, 50], seed=seeds(scale))
+              sync_every=[10, 50], seed=seeds(scale, minimum=3))
 
 
 def named_sweep(name: str, scale: str = "cpu") -> list:

@@ -183,7 +183,8 @@ def print_table(r: dict) -> None:
 
 def parse_args(argv):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--quick", action="store_true", help="a tiny model for a CPU smoke run (< 1 min)")
+  p.add_argument("--quick", action="store_true",
+                 help="a tiny model for a CPU smoke run (< 1 min on an idle 2-core machine)")
   p.add_argument("--d-model", type=int, default=1024)
   p.add_argument("--layers", type=int, default=16, help="a multiple of 4 (Streaming P=5)")
   p.add_argument("--heads", type=int, default=16)
@@ -198,13 +199,17 @@ def parse_args(argv):
   p.add_argument("--attention", choices=("auto", "xla", "cudnn"), default="auto")
   p.add_argument("--remat", choices=("none", "block"), default="none")
   p.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS))
-  p.add_argument("--no-memory", dest="memory", action="store_false", help="skip the compiled-memory report")
+  p.add_argument("--memory", action=argparse.BooleanOptionalAction, default=None,
+                 help="the compiled-memory report of the plain step with and without remat (two more"
+                      " compilations; default: on, off with --quick)")
   p.add_argument("--no-determinism-cost", dest="determinism_cost", action="store_false")
   p.add_argument("--json", default=None, help="write the results to this JSON file")
   args = p.parse_args(argv)
   if args.quick:
     args.d_model, args.layers, args.heads, args.d_ff, args.vocab, args.seq, args.batch = 32, 4, 2, 64, 64, 32, 2
     args.steps, args.repeats = 10, 1
+  if args.memory is None:
+    args.memory = not args.quick
   if args.steps % SYNC_EVERY or args.layers % 4:
     p.error(f"--steps must be a multiple of H={SYNC_EVERY} and --layers a multiple of 4 (P=5), got"
             f" {args.steps} and {args.layers}")

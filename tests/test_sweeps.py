@@ -137,9 +137,9 @@ def test_cpu_sweeps_fit_the_docs_budget():
         assert c.steps <= 600
   # A tiny run trains in about 4-9 s on 2 cores after its program is compiled (runs that differ
   # only in H, tau, learning rates or seeds share a compiled step). With three seeds (208 runs)
-  # the site's first build took over 30 min on 2 cores (2026-11-30); two seeds and four outer
-  # LRs (129 runs) keep `.ci/run` near its 30-minute budget.
-  assert len(keys) <= 130
+  # the site's first build took over 30 min on 2 cores (2026-11-30); two seeds (three for the
+  # outer-overlap sweep) and four outer LRs (141 runs) keep `.ci/run` near its 30-minute budget.
+  assert len(keys) <= 141
   assert len(keys) - tiny <= 3  # the `small` runs: the three-method comparison only
 
 
