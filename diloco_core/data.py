@@ -59,6 +59,7 @@ __all__ = [
 from diloco_core import fields
 
 _DISTRIBUTIONS = ("iid", "non-iid")
+_BLOCK_TOKENS = 1 << 20  # train tokens sampled in one vectorized pass (4 MiB of int32)
 
 MAX_STATES = 2**20  # largest number of contexts V**k of a synthetic source
 MAX_TABLE_ENTRIES = 2**24  # largest V**k * branching (the transition tables' size)
@@ -168,6 +169,7 @@ class SyntheticDataset(Dataset):
     self.position_floor = sum(w * f for w, f in zip(weights, floors))
     self.loss_floor = float(self.position_floor.mean())
     self.entropy_rate = float(sum(w * s.entropy_rate for w, s in zip(weights, self.sources)))
+    self._block_start, self._block = None, None  # the block of train batches last drawn
     rng = np.random.default_rng([_EVAL_STREAM, cfg.seed, 0, 0])
     self._eval = self._draw(self._eval_which, rng.random(n), rng.random((n, self._steps)))
 
@@ -180,6 +182,12 @@ class SyntheticDataset(Dataset):
   def train_batch(self, step: int) -> np.ndarray:
     """Training sequences of every replica at ``step``.
 
+    Each (replica, step) has its own random stream, and the sampler treats every sequence
+    on its own, so the batch of a step is the same whichever steps are drawn with it: the
+    steps of one aligned block of :attr:`block_steps` are sampled in one vectorized pass
+    (the per-token loop of the sampler runs once per block, not once per step) and the
+    block is kept until a step outside it is asked for.
+
     Args:
       step: the global training (inner) step, >= 0.
 
@@ -187,19 +195,34 @@ class SyntheticDataset(Dataset):
       int32 array [replicas, batch_size, seq_len + 1].
     """
     step = check_step(step)
+    start = step - step % self.block_steps
+    if self._block_start != start:
+      self._block = self._draw_steps(range(start, start + self.block_steps))
+      self._block_start = start
+    return self._block[step - start].copy()
+
+  @property
+  def block_steps(self) -> int:
+    """Steps sampled together: up to 16, at most about 2**20 tokens per block."""
+    per_step = self.replicas * self.batch_size * (self.seq_len + 1)
+    return max(1, min(16, _BLOCK_TOKENS // per_step))
+
+  def _draw_steps(self, steps: range) -> np.ndarray:
+    """Batches [len(steps), replicas, batch_size, seq_len + 1] of the given steps."""
     cfg, b = self.config, self.batch_size
     which, u_start, u_next = [], [], []
-    for r in range(self.replicas):
-      rng = np.random.default_rng([_TRAIN_STREAM, cfg.seed, r, step])
-      if self.tagged:
-        own = rng.random(b) < cfg.non_iid_share
-        which.append(np.where(own, r, rng.integers(0, self.replicas, size=b)))
-      else:
-        which.append(np.zeros(b, dtype=np.int64))
-      u_start.append(rng.random(b))
-      u_next.append(rng.random((b, self._steps)))
+    for step in steps:
+      for r in range(self.replicas):
+        rng = np.random.default_rng([_TRAIN_STREAM, cfg.seed, r, step])
+        if self.tagged:
+          own = rng.random(b) < cfg.non_iid_share
+          which.append(np.where(own, r, rng.integers(0, self.replicas, size=b)))
+        else:
+          which.append(np.zeros(b, dtype=np.int64))
+        u_start.append(rng.random(b))
+        u_next.append(rng.random((b, self._steps)))
     x = self._draw(np.concatenate(which), np.concatenate(u_start), np.concatenate(u_next))
-    return x.reshape(self.replicas, b, self.seq_len + 1)
+    return x.reshape(len(steps), self.replicas, b, self.seq_len + 1)
 
   def eval_batch(self) -> np.ndarray:
     return self._eval.copy()

@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 
+from diloco_core import data as data_module
 from diloco_core.data import DataConfig
 from diloco_core.data import MarkovSource
 from diloco_core.data import make_dataset
@@ -193,6 +194,22 @@ def test_batches_are_pure_functions_of_seed_replica_step():
   np.testing.assert_array_equal(one.eval_batch(), four.eval_batch())
   with pytest.raises(ValueError, match="step must be an integer >= 0"):
     a.train_batch(-1)
+
+
+@pytest.mark.parametrize("distribution", ["iid", "non-iid"])
+def test_batches_drawn_in_blocks_equal_batches_drawn_one_by_one(distribution, monkeypatch):
+  cfg = DataConfig(vocab_size=16, distribution=distribution)
+  blocked = make_dataset(cfg, replicas=3, batch_size=5, seq_len=17)
+  assert blocked.block_steps == 16
+  steps = [16, 0, 15, 31, 17, 3, 40]
+  got = [blocked.train_batch(s) for s in steps]
+  got[0][...] = -1  # a returned batch is the caller's own copy
+  monkeypatch.setattr(data_module, "_BLOCK_TOKENS", 1)
+  single = make_dataset(cfg, replicas=3, batch_size=5, seq_len=17)
+  assert single.block_steps == 1
+  for s, x in zip(steps[1:], got[1:]):
+    np.testing.assert_array_equal(single.train_batch(s), x)
+  np.testing.assert_array_equal(single.train_batch(16), blocked.train_batch(16))
 
 
 def test_iid_replicas_share_one_source():
