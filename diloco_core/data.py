@@ -8,19 +8,22 @@ Two kinds of data, both sharded over the :math:`M` DiLoCo replicas and both pure
   stationary distribution is solved to machine precision, so the *entropy rate* and the
   Bayes-optimal cross-entropy of the eval set (the **loss floor** no model can beat)
   are exact numbers, not estimates.
-* **A local file** (``DataConfig.source="path/to/file"``): UTF-8 text read as bytes
-  (vocabulary 256), or a 1-D integer ``.npy`` array of token ids. Nothing is ever
+* **Local files** (``DataConfig.source="path/to/file"``): UTF-8 text read as bytes
+  (vocabulary 256), a 1-D integer ``.npy`` array of token ids, or a directory of
+  ``.npy`` or ArrayRecord shards, memory-mapped (:mod:`diloco_core.files`) and served
+  in windows by a Grain pipeline (:mod:`diloco_core.grain_data`). Nothing is ever
   downloaded. The last 10% of the tokens are held out for evaluation.
 
-Every batch is a pure function of ``(seed, replica, step)``: each replica's sequences
-come from a counter-based generator ``np.random.default_rng([stream, seed, replica,
-step])`` with distinct stream ids for the source tables, training and eval, so resuming
-at step :math:`t` reproduces the exact batches and train and eval never share draws.
+Every batch is a pure function of ``(seed, replica, step)``: each replica's synthetic
+sequences come from a counter-based generator ``np.random.default_rng([stream, seed,
+replica, step])`` with distinct stream ids for the source tables, training and eval, and
+file windows from a seeded, random-access Grain ``MapDataset``, so resuming at step
+:math:`t` reproduces the exact batches and train and eval never share draws.
 
 Sharding over replicas (``DataConfig.distribution``):
 
 * ``"iid"``: every replica draws an independent stream of the same distribution (one
-  Markov source; for a file, random crops of the whole training split).
+  Markov source; for file data, shuffled windows of the whole training split).
 * ``"non-iid"``: the heterogeneous setting of the DiLoCo paper. Synthetic data has
   :math:`M` independently drawn sub-sources, one per replica; each of replica
   :math:`m`'s sequences comes from sub-source :math:`m` with probability
@@ -28,13 +31,14 @@ Sharding over replicas (``DataConfig.distribution``):
   all :math:`M` (so :math:`s = 0` is the i.i.d. version of the very same data and
   :math:`s = 1` fully disjoint shards). Every non-iid sequence starts with a *tag*
   token (token id :math:`m` for sub-source :math:`m`) that is only ever an input, so
-  the floor stays exact; the eval set is the uniform mixture of the sub-sources. For a
-  file, replica :math:`m` crops only from its own contiguous :math:`1/M` of the
-  training split.
+  the floor stays exact; the eval set is the uniform mixture of the sub-sources. For
+  file data, replica :math:`m` reads only the windows of its own contiguous :math:`1/M`
+  of the training split.
 
 This module holds the config (:class:`DataConfig`), the synthetic dataset with its replica
 sharding (:class:`SyntheticDataset`) and :func:`make_dataset`; the Markov source lives in
-:mod:`diloco_core.markov`, file data in :mod:`diloco_core.files` and the batch interface in
+:mod:`diloco_core.markov`, file data in :mod:`diloco_core.files` (memory-mapped token
+files) and :mod:`diloco_core.grain_data` (the Grain pipeline), and the batch interface in
 :mod:`diloco_core.dataset`. Their public names are re-exported here.
 """
 
@@ -47,7 +51,7 @@ import pathlib
 import numpy as np
 
 from diloco_core.dataset import _EVAL_STREAM, _SOURCE_STREAM, _TRAIN_STREAM, Dataset, check_step
-from diloco_core.files import EVAL_FRACTION, FileDataset
+from diloco_core.grain_data import EVAL_FRACTION, FileDataset
 from diloco_core.markov import MarkovSource, _Tables, de_bruijn
 from diloco_core.validity import check_choice, check_int, is_int, is_real
 
@@ -78,7 +82,7 @@ class DataConfig:
   ``concentration``) are ignored for file data but still validated.
   """
 
-  source: str = _field("synthetic", flag="data", help="'synthetic', or a local .txt (UTF-8, byte tokens) or .npy (token ids) file")
+  source: str = _field("synthetic", flag="data", help="'synthetic', a local UTF-8 text file (byte tokens), an .npy of token ids, or a directory of .npy / .array_record shards")
   distribution: str = _field("iid", flag="distribution", help="iid or non-iid replica shards")
   vocab_size: int = _field(64, flag="data-vocab", help="synthetic: vocabulary size V (text files: 256; .npy: the model's)")
   order: int = _field(2, flag="data-order", help="synthetic: Markov order k")
@@ -87,14 +91,17 @@ class DataConfig:
   non_iid_share: float = _field(0.9, help="non-iid: share of a replica's sequences from its own sub-source")
   eval_sequences: int = _field(64, help="sequences in the fixed held-out eval set")
   seed: int = _field(0, flag="data-seed", help="seed of the synthetic source and of the sampling (independent of the model-init seed)")
+  workers: int = fields.field(0, flag="data-workers", group="data", result=False,
+                              help="file data: threads reading batches ahead (0: read each when asked); same batches")
 
   def __post_init__(self):
     if not isinstance(self.source, (str, pathlib.PurePath)) or not str(self.source):
       raise ValueError(
-          f"DataConfig.source must be 'synthetic' or a path to a .txt/.npy file, got {self.source!r}.")
+          f"DataConfig.source must be 'synthetic' or a path to a text file, an .npy file or a shard"
+          f" directory, got {self.source!r}.")
     check_choice("DataConfig.distribution", self.distribution, _DISTRIBUTIONS)
     for name, low in (("vocab_size", 2), ("order", 1), ("branching", 1), ("eval_sequences", 1),
-                      ("seed", 0)):
+                      ("seed", 0), ("workers", 0)):
       check_int(f"DataConfig.{name}", getattr(self, name), low=low)
     if self.branching > self.vocab_size:
       raise ValueError(
@@ -142,6 +149,7 @@ class SyntheticDataset(Dataset):
   def __init__(self, cfg: DataConfig, *, replicas: int, batch_size: int, seq_len: int):
     self.config = cfg
     self.replicas, self.batch_size, self.seq_len = replicas, batch_size, seq_len
+    self.local_replicas = tuple(range(replicas))  # draws every row (nothing is read)
     self.vocab_size = cfg.vocab_size
     self.tagged = cfg.distribution == "non-iid"
     if self.tagged and replicas > cfg.vocab_size:
@@ -257,7 +265,7 @@ class SyntheticDataset(Dataset):
 
 
 def make_dataset(cfg: DataConfig, *, replicas: int, batch_size: int, seq_len: int,
-                 model_vocab_size: int | None = None) -> Dataset:
+                 model_vocab_size: int | None = None, local_replicas=None) -> Dataset:
   """Builds the dataset described by ``cfg`` for ``replicas`` x ``batch_size`` sequences.
 
   Args:
@@ -267,6 +275,9 @@ def make_dataset(cfg: DataConfig, *, replicas: int, batch_size: int, seq_len: in
     seq_len: T, scored positions per sequence (each sequence has T + 1 tokens).
     model_vocab_size: the model's vocabulary; token ids must be below it (for .npy it
       is also the dataset's vocabulary).
+    local_replicas: the replicas this process trains (None: all); file data reads only
+      their shards (see :class:`~diloco_core.grain_data.FileDataset`). Synthetic data
+      draws every replica's rows (it reads nothing).
 
   Returns:
     A :class:`SyntheticDataset` or :class:`FileDataset`.
@@ -296,4 +307,4 @@ def make_dataset(cfg: DataConfig, *, replicas: int, batch_size: int, seq_len: in
           f" ({cfg.vocab_size}); token ids would fall outside the vocabulary.")
     return SyntheticDataset(cfg, replicas=replicas, batch_size=batch_size, seq_len=seq_len)
   return FileDataset(cfg, replicas=replicas, batch_size=batch_size, seq_len=seq_len,
-                     model_vocab_size=model_vocab_size)
+                     model_vocab_size=model_vocab_size, local_replicas=local_replicas)

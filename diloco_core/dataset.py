@@ -1,9 +1,10 @@
 """The batch interface shared by every dataset, and the random streams behind it.
 
-Every batch is a pure function of ``(seed, replica, step)``: each replica's sequences come
-from a counter-based generator ``np.random.default_rng([stream, seed, replica, step])``
+Every batch is a pure function of ``(seed, replica, step)``: each replica's synthetic
+sequences come from a counter-based generator ``np.random.default_rng([stream, seed, replica, step])``
 whose first word is one of the stream ids below, so resuming at step :math:`t` reproduces
-the exact batches and the source tables, training and eval never share draws.
+the exact batches and the source tables, training and eval never share draws. (File data
+is shuffled by Grain with seeds drawn from the training stream: :mod:`diloco_core.grain_data`.)
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ class Dataset:
     loss_floor: exact Bayes-optimal mean cross-entropy (nats/token) over the T scored
       positions of the eval sequences; None for file data.
     entropy_rate: entropy rate of the eval source in nats/token; None for file data.
+    local_replicas: the replicas whose rows ``train_batch`` fills: in a multi-process
+      run, the ones on this process's devices (file data reads only their shards; the
+      other rows are zeros, never read by the mesh); all of them in one process.
   """
 
   vocab_size: int
@@ -39,6 +43,7 @@ class Dataset:
   seq_len: int
   loss_floor: float | None = None
   entropy_rate: float | None = None
+  local_replicas: tuple[int, ...]
 
   def train_batch(self, step: int) -> np.ndarray:
     """int32 [M, batch_size, seq_len + 1], a pure function of (seed, replica, step)."""

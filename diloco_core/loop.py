@@ -27,7 +27,7 @@ from diloco_core.data import make_dataset
 from diloco_core.divergence import Watch, check_finite  # noqa: F401 (check_finite: re-exported)
 from diloco_core.drops import participation
 from diloco_core.fields import must_match_fields
-from diloco_core.mesh import fetch
+from diloco_core.mesh import fetch, local_replicas, make_mesh, parse_mesh
 from diloco_core.backend import resolve_model_config
 from diloco_core.model import init_model, lm_loss
 from diloco_core.model_config import param_count
@@ -203,7 +203,8 @@ def train(cfg: TrainConfig) -> TrainResult:
   M, b, T = cfg.algo.replicas, cfg.batch_size, cfg.seq_len
   # The data defines the vocabulary: synthetic -> DataConfig.vocab_size, text -> 256 bytes,
   # .npy -> cfg.vocab_size (ids must be below it) or the largest id + 1.
-  data = make_dataset(cfg.data, replicas=M, batch_size=b, seq_len=T, model_vocab_size=cfg.vocab_size)
+  data = make_dataset(cfg.data, replicas=M, batch_size=b, seq_len=T, model_vocab_size=cfg.vocab_size,
+                      local_replicas=local_replicas(make_mesh(parse_mesh(cfg.mesh)), M))  # its shards only
   model_cfg = resolve_model_config(cfg.model_config(vocab_size=data.vocab_size))  # dtype, kernel
   apply_fn, params = _init_params(cfg, model_cfg)
   loss_fn = lambda p, tokens: lm_loss(apply_fn, p, tokens)

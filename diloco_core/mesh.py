@@ -151,6 +151,17 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
+def local_replicas(mesh: Mesh, replicas: int) -> tuple[int, ...]:
+  """The replicas whose batch rows live on this process's devices (all of them in one process).
+
+  Examples:
+    >>> local_replicas(make_mesh(), 3)
+    (0, 1, 2)
+  """
+  index = batch_sharding(mesh).addressable_devices_indices_map((replicas, mesh.shape["data"]))
+  return tuple(sorted({r for idx in index.values() for r in range(replicas)[idx[0]]}))
+
+
 def _global_array(x: Any, sharding: NamedSharding) -> jax.Array:
   """Builds a (possibly multi-process) global array from a host value every process holds."""
   if jax.process_count() == 1:

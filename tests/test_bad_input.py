@@ -55,6 +55,14 @@ def npy(path, array):
   return str(path)
 
 
+def shards(tmp, files):
+  """A shard directory ``tmp/shards`` holding ``files`` (name -> array saved as .npy, or raw bytes)."""
+  (tmp / "shards").mkdir()
+  for name, content in files.items():
+    write(tmp / "shards" / name, content) if isinstance(content, bytes) else np.save(tmp / "shards" / name, content)
+  return str(tmp / "shards")
+
+
 def unfinished(tmp, finished):
   """A copy of the finished run that died after step 2 (no summary, checkpoint 2 only)."""
   run = tmp / "run"
@@ -109,7 +117,12 @@ CASES = [
     ("mesh-too-large", lambda t, f: ["--mesh", "diloco=2,data=64"], "needs 128 devices"),
     # ---- data files ----
     ("data-missing", lambda t, f: ["--data", str(t / "none.txt")], "no such file"),
-    ("data-is-a-directory", lambda t, f: ["--data", str(t)], "is not a regular file"),
+    ("data-directory-empty", lambda t, f: ["--data", str(t)], "is empty (use 'synthetic', a UTF-8 text file"),
+    ("data-shards-mixed-dtypes", lambda t, f: ["--data", shards(t, {"a.npy": np.arange(50, dtype=np.int32),
+                                                                     "b.npy": np.arange(50, dtype=np.int64)})],
+     "mixes dtypes ['int32', 'int64']; save every .npy shard with one integer dtype"),
+    ("data-shards-mixed-kinds", lambda t, f: ["--data", shards(t, {"a.npy": np.arange(50), "b.array_record": b""})],
+     "mixes file kinds (.npy and .array_record)"),
     ("data-empty", lambda t, f: ["--data", write(t / "empty.txt", b"")], "is empty (no tokens)"),
     ("data-not-utf8", lambda t, f: ["--data", write(t / "bin.txt", b"ab\xff\xfe" * 40)], "is not valid UTF-8 text"),
     ("data-npy-unreadable", lambda t, f: ["--data", write(t / "bad.npy", b"not numpy at all")], "cannot read"),

@@ -1,4 +1,4 @@
-"""Tests for diloco_core.data: exact entropies, determinism, sharding and file data."""
+"""Tests for diloco_core.data: exact entropies, determinism, sharding (file data: test_grain_data.py)."""
 
 import json
 import math
@@ -293,103 +293,6 @@ def test_eval_set_is_fixed_and_disjoint_from_training():
   json.dumps(doc, allow_nan=False)
   assert doc["kind"] == "synthetic" and doc["loss_floor"] == ds.loss_floor
   assert doc["vocab_size"] == 64 and doc["contexts"] == 64**2
-
-
-# ----------------------------------------------------------------------------- 5. file data
-
-
-def test_text_file_round_trip(tmp_path):
-  text = "héllo wörld, ünïcode ✓\n" * 40
-  data = text.encode("utf-8")
-  path = tmp_path / "corpus.txt"
-  path.write_text(text, encoding="utf-8")
-  ds = make_dataset(DataConfig(source=str(path)), replicas=2, batch_size=4, seq_len=16,
-                    model_vocab_size=256)
-  assert ds.vocab_size == 256 and ds.loss_floor is None and ds.entropy_rate is None
-  np.testing.assert_array_equal(ds.tokens, np.frombuffer(data, np.uint8))  # byte-level
-  n_eval = math.ceil(0.1 * len(data))
-  assert ds.eval_tokens == n_eval and ds.train_tokens == len(data) - n_eval
-  x = ds.train_batch(0)
-  assert x.shape == (2, 4, 17) and x.dtype == np.int32
-  for row in x.reshape(-1, 17):
-    assert bytes(row.astype(np.uint8)) in data[:ds.train_tokens]
-  e = ds.eval_batch()
-  assert e.shape == (64, 17)
-  for row in e:
-    assert bytes(row.astype(np.uint8)) in data[ds.train_tokens:]
-  np.testing.assert_array_equal(ds.train_batch(5), ds.train_batch(5))
-  doc = ds.describe()
-  json.dumps(doc, allow_nan=False)
-  assert doc["kind"] == "text" and doc["tokens_available"] == len(data)
-
-
-def test_npy_round_trip_and_sharding(tmp_path):
-  path = tmp_path / "ids.npy"
-  np.save(path, np.arange(1000, dtype=np.int64))
-  ds = make_dataset(DataConfig(source=str(path)), replicas=3, batch_size=8, seq_len=15)
-  assert ds.vocab_size == 1000  # max id + 1 without a model vocab
-  assert ds.train_tokens == 900 and ds.eval_tokens == 100
-  x = ds.train_batch(2)
-  assert x.shape == (3, 8, 16) and x.dtype == np.int32
-  np.testing.assert_array_equal(np.diff(x, axis=-1), 1)  # contiguous crops
-  assert x.max() < 900
-  e = ds.eval_batch()
-  assert e.min() == 900 and e.max() == 999  # the held-out tail, first to last window
-  np.testing.assert_array_equal(np.diff(e, axis=-1), 1)
-  iid_starts = np.concatenate([ds.train_batch(s)[..., 0].ravel() for s in range(100)])
-  assert iid_starts.min() < 100 and iid_starts.max() > 800  # every replica sees everything
-  nd = make_dataset(DataConfig(source=str(path), distribution="non-iid"), replicas=3,
-                    batch_size=8, seq_len=15, model_vocab_size=1024)
-  assert nd.vocab_size == 1024
-  xs = np.concatenate([nd.train_batch(s) for s in range(100)], axis=1)
-  for r in range(3):  # replica r crops only inside its own third of the training split
-    assert xs[r].min() >= 300 * r and xs[r].max() < 300 * (r + 1)
-    assert xs[r, :, 0].min() < 300 * r + 30 and xs[r, :, 0].max() > 300 * r + 250
-  assert nd.describe()["shard_tokens"] == [300, 300, 300]
-
-
-def _write(tmp_path, name, content):
-  path = tmp_path / name
-  if isinstance(content, np.ndarray):
-    np.save(path, content, allow_pickle=True)
-  else:
-    path.write_bytes(content)
-  return str(path)
-
-
-@pytest.mark.parametrize("name,content,kwargs,error,match", [
-    ("empty.txt", b"", {}, ValueError, "is empty"),
-    ("bad.txt", b"ok \xff\xfe bad", {}, ValueError, "not valid UTF-8 text .byte 3"),
-    ("short.txt", b"x" * 30, {}, ValueError, "30 tokens, too short for seq_len 16: need at least 34"),
-    ("high.txt", "é".encode(), {"model_vocab_size": 128}, ValueError,
-     "byte token 195 outside the model vocabulary"),
-    ("empty.npy", np.zeros(0, np.int32), {}, ValueError, "is empty"),
-    ("2d.npy", np.zeros((4, 50), np.int32), {}, ValueError, "1-D integer array.*shape \\(4, 50\\)"),
-    ("float.npy", np.zeros(100, np.float32), {}, ValueError, "1-D integer array.*float32"),
-    ("neg.npy", np.array([3, -1] * 100), {}, ValueError, "token id -1 < 0"),
-    ("big.npy", np.arange(200), {"model_vocab_size": 64}, ValueError,
-     "token id 199 outside the model vocabulary \\[0, 64\\)"),
-    ("obj.npy", np.array([1, "a"], dtype=object), {}, ValueError, "cannot read .* as .npy"),
-    ("shard.npy", np.arange(200), {"replicas": 20}, ValueError,
-     "non-iid shards .* hold 9 training tokens, fewer than seq_len \\+ 1 = 17"),
-])
-def test_file_errors(tmp_path, name, content, kwargs, error, match):
-  path = _write(tmp_path, name, content)
-  replicas = kwargs.pop("replicas", 1)
-  dist = "non-iid" if replicas > 1 else "iid"
-  with pytest.raises(error, match=match):
-    make_dataset(DataConfig(source=path, distribution=dist), replicas=replicas, batch_size=2,
-                 seq_len=16, **kwargs)
-
-
-def test_missing_file_and_directory(tmp_path):
-  with pytest.raises(FileNotFoundError, match="no such file .*use 'synthetic'"):
-    make_dataset(DataConfig(source=str(tmp_path / "nope.txt")), replicas=1, batch_size=1,
-                 seq_len=8)
-  with pytest.raises(FileNotFoundError, match="no such file 'synthtic'"):
-    make_dataset(DataConfig(source="synthtic"), replicas=1, batch_size=1, seq_len=8)
-  with pytest.raises(ValueError, match="is not a regular file"):
-    make_dataset(DataConfig(source=str(tmp_path)), replicas=1, batch_size=1, seq_len=8)
 
 
 # ----------------------------------------------------------------------------- validation
