@@ -57,8 +57,9 @@ class Algorithm(Protocol):
     """The initial state from the params pytree (builds the step for its structure)."""
 
   def step(self, state, batch, participation=None) -> tuple[Any, dict[str, jax.Array]]:
-    """One step: ``(new state, {"loss": [M], "sent": bool, "merged": bool})``, all on device
-    (plus the per-replica metrics the loss function reports, :func:`loss_and_grad`)."""
+    """One step: ``(new state, {"loss": [M], "loss_metrics": {name: [M]}, "sent": bool,
+    "merged": bool})``, all on device (``loss_metrics``: what else the loss function reports,
+    :func:`loss_and_grad`)."""
 
   def lower(self, state, batch, participation=None) -> jax.stages.Lowered:
     """The step for these arguments, lowered (``.compile()``, ``.cost_analysis()``, ``.as_text()``)."""
@@ -82,8 +83,8 @@ class Algorithm(Protocol):
     """A host value copied to every device of the mesh."""
 
 
-def loss_and_grad(loss_fn, params, batch) -> tuple[dict[str, jax.Array], Any]:
-  """The reported metrics and the gradient of one model's objective on one batch.
+def loss_and_grad(loss_fn, params, batch) -> tuple[jax.Array, dict[str, jax.Array], Any]:
+  """The reported loss, the other reported metrics, and the gradient of one model's objective.
 
   ``loss_fn(params, batch)`` returns the objective (a scalar), or ``(objective, metrics)``
   with ``metrics`` a dict of scalars reported beside it (the trainer's MoE loss,
@@ -96,14 +97,16 @@ def loss_and_grad(loss_fn, params, batch) -> tuple[dict[str, jax.Array], Any]:
     batch: one model's batch.
 
   Returns:
-    ``({"loss": objective, **metrics}, grads)``: a ``"loss"`` in ``metrics`` (e.g. the LM loss
-    without the auxiliary terms) is what is reported as the loss.
+    ``(loss, metrics, grads)``: ``loss`` is ``metrics["loss"]`` if the loss function reports
+    one (e.g. the LM loss without the auxiliary terms), else the objective; ``metrics`` the
+    other reported values (``{}`` for a scalar loss function). The algorithms' steps return
+    them as ``"loss"`` and ``"loss_metrics"``.
 
   Examples:
     >>> import jax.numpy as jnp
     >>> fn = lambda w, x: (jnp.sum((w - x) ** 2) + 1.0, {"loss": jnp.sum((w - x) ** 2), "aux_loss": 1.0})
-    >>> metrics, grads = loss_and_grad(fn, jnp.zeros(()), jnp.float32(3.0))
-    >>> float(metrics["loss"]), float(metrics["aux_loss"]), float(grads)
+    >>> loss, metrics, grads = loss_and_grad(fn, jnp.zeros(()), jnp.float32(3.0))
+    >>> float(loss), float(metrics["aux_loss"]), float(grads)
     (9.0, 1.0, -6.0)
   """
 
@@ -113,7 +116,8 @@ def loss_and_grad(loss_fn, params, batch) -> tuple[dict[str, jax.Array], Any]:
     return value, {"loss": value, **metrics}
 
   (_, metrics), grads = jax.value_and_grad(objective, has_aux=True)(params, batch)
-  return metrics, grads
+  loss = metrics.pop("loss")
+  return loss, metrics, grads
 
 
 def reported_loss(loss_fn):

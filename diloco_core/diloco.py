@@ -72,14 +72,14 @@ CONFIG_HYPERPARAMS = traced_fields(DiLoCoConfig)
 
 
 def inner_update(loss_fn: LossFn, optimizer: optax.GradientTransformation, params, opt_state, batch):
-  """One optimizer step of one model on one batch; returns (params, opt_state, metrics).
+  """One optimizer step of one model on one batch; returns (params, opt_state, loss, metrics).
 
-  ``metrics`` holds ``"loss"`` and whatever else the loss function reports
-  (:func:`~diloco_core.algorithm.loss_and_grad`).
+  ``loss`` and ``metrics`` (what else the loss function reports, ``{}`` for a scalar loss
+  function) as :func:`~diloco_core.algorithm.loss_and_grad` returns them.
   """
-  metrics, grads = loss_and_grad(loss_fn, params, batch)
+  loss, metrics, grads = loss_and_grad(loss_fn, params, batch)
   updates, opt_state = optimizer.update(grads, opt_state, params)
-  return optax.apply_updates(params, updates), opt_state, metrics
+  return optax.apply_updates(params, updates), opt_state, loss, metrics
 
 
 def default_outer_optimizer(hparams: dict) -> optax.GradientTransformation:
@@ -231,8 +231,8 @@ class DiLoCo(AlgorithmBase):
 
     Returns:
       The new state and metrics ``{"loss": [M] per-replica train loss before the update,
-      "sent": bool, "merged": bool}`` (and any other per-replica metric the loss function
-      reports, e.g. an MoE's ``"aux_loss"``), all on device.
+      "loss_metrics": {name: [M]} what else the loss function reports (e.g. an MoE's
+      ``"aux_loss"``; ``{}`` for a scalar loss), "sent": bool, "merged": bool}``, all on device.
 
     Examples:
       Replica 1 misses the first sync (η = 1, μ = 0): the global copy is replica 0's
@@ -336,7 +336,7 @@ class DiLoCo(AlgorithmBase):
   def _step_impl(self, state: DiLoCoState, batch, hp, participation=None):
     cfg = self.config  # only its structural fields: H, τ, η, μ, α come in ``hp`` (traced)
     update = functools.partial(inner_update, self.loss_fn, resolve_optimizer(self.inner_optimizer, hp))
-    params, opt_state, metrics = drjax.map_fn(update, (state.params, state.opt_state, batch))
+    params, opt_state, loss, metrics = drjax.map_fn(update, (state.params, state.opt_state, batch))
     t = state.step + 1
 
     g = jax.tree.leaves(state.global_params)
@@ -379,7 +379,8 @@ class DiLoCo(AlgorithmBase):
         outer_state=jax.tree.unflatten(jax.tree.structure(state.outer_state), outer),
         ef_residual=None if ef is None else unflat(ef), step=t, participants=participants,
         in_flight=eager.unflatten_like(state.in_flight, fl))
-    return new_state, {**metrics, "sent": is_send, "merged": is_merge}
+    return new_state, {"loss": loss, "loss_metrics": metrics, "sent": is_send,
+                       "merged": is_merge}
 
   # ---- accounting and views ------------------------------------------------------------------
   def bytes_sent(self, t: int) -> float:

@@ -78,13 +78,14 @@ class DataParallel(AlgorithmBase):
 
   def _step_impl(self, state: DPState, batch, hp):
     grad_fn = functools.partial(loss_and_grad, self.loss_fn)
-    metrics, grads = drjax.map_fn(grad_fn, (drjax.broadcast(state.params), batch))
+    loss, metrics, grads = drjax.map_fn(grad_fn, (drjax.broadcast(state.params), batch))
     grads = drjax.reduce_mean(grads)
     opt = resolve_optimizer(self.inner_optimizer, hp)
     updates, opt_state = opt.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     true = jnp.ones((), bool)
-    return DPState(params, opt_state, state.step + 1), {**metrics, "sent": true, "merged": true}
+    return DPState(params, opt_state, state.step + 1), {"loss": loss, "loss_metrics": metrics,
+                                                     "sent": true, "merged": true}
 
   def step(self, state: DPState, batch, participation=None):
     """One synchronous step on the global batch (leaves of ``batch`` have leading axis M).

@@ -259,7 +259,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         jax.block_until_ready(m["loss"])
         compile_time = time.perf_counter() - start
       synced = present is not None and sent_fragment(t, cfg.algo.sync_every, cfg.algo.fragments)[0]
-      log.step(t, m["loss"], algo.bytes_sent(t), present, synced, m.get("aux_loss"))
+      log.step(t, m["loss"], algo.bytes_sent(t), present, synced, m["loss_metrics"].get("aux_loss"))
       watch.after_step(t, state, *(sent_fragment(u, cfg.algo.sync_every, cfg.algo.fragments)[0] for u in (t, t + 1)))
       do_eval = t % cfg.eval_every == 0 or t == cfg.steps
       if t % cfg.log_every == 0 or do_eval:
