@@ -14,6 +14,11 @@ float32 on CPU, see :mod:`diloco_core.backend`), computes norms, RoPE angles and
 attention softmax in float32, and returns float32 logits, so the loss is float32 too.
 Attention is :func:`jax.nn.dot_product_attention` (causal; XLA or cuDNN), and
 ``cfg.remat = "block"`` recomputes each scanned block in the backward pass.
+
+Mixture of experts: with ``cfg.num_experts`` E > 1 every block's MLP is E routed experts
+(:mod:`diloco_core.moe`), their weights stacked as ``[L, E, ...]`` with a float32 router
+``blocks/router`` ``[L, d, E]``; :func:`train_loss` adds their auxiliary losses to the LM
+loss, and :func:`lm_loss` (the evaluation loss) is the LM loss alone.
 """
 
 from __future__ import annotations
