@@ -216,7 +216,7 @@ def init_model(cfg: ModelConfig, seed: int) -> tuple[Callable, dict[str, Any]]:
 
   ``apply_fn(params, tokens) -> logits`` is a pure function of the plain params dict;
   ``apply_fn(params, tokens, with_aux=True)`` also returns the MoE auxiliary loss
-  (:meth:`Transformer.__call__`).
+  (see :class:`Transformer`).
 
   Args:
     cfg: the model shape.

@@ -194,7 +194,9 @@ def flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> float:
      C = 6\\,N_\\text{matmul,active} + 12\\,L\\,h\\,d_h\\,T
 
   where :math:`N_\\text{matmul,active}` excludes the input embedding lookup (a gather)
-  and norms, and counts only routed experts.
+  and norms, and counts only routed experts. (The built-in model's dense MoE dispatch,
+  :mod:`diloco_core.moe`, runs every expert on every token: its step costs the FLOPs of
+  the same config with ``experts_per_token = num_experts``.)
 
   Args:
     cfg: the model shape.

@@ -24,9 +24,9 @@ therefore :func:`~diloco_core.model_config.flops_per_token` of the config with k
 sort the token-expert pairs by expert and run :func:`jax.lax.ragged_dot` over the groups
 (active FLOPs only); it is not implemented here.
 
-Auxiliary losses (each averaged over the L layers, then weighted by its coefficient,
-:attr:`~diloco_core.ModelConfig.aux_loss_coef` and
-:attr:`~diloco_core.ModelConfig.z_loss_coef`, and added to the training objective):
+Auxiliary losses (each averaged over the L layers, weighted by its coefficient,
+``aux_loss_coef`` or ``z_loss_coef`` of :class:`~diloco_core.model_config.ModelConfig`, and
+added to the training objective):
 
 .. math::
    \\mathcal{L}_\\text{balance} = E \\sum_{e=1}^{E} f_e\\,P_e, \\qquad
@@ -91,7 +91,7 @@ def load_balance_loss(probs: jax.Array, experts: jax.Array) -> jax.Array:
 
   Args:
     probs: router probabilities ``[..., E]`` (every leading axis is a token axis).
-    experts: the chosen experts ``[..., k]`` (:attr:`Routing.experts`).
+    experts: the chosen experts ``[..., k]`` (``Routing.experts``).
 
   Returns:
     A float32 scalar: 1 for a perfectly balanced router, up to E when every token sends all
@@ -115,7 +115,7 @@ def experts_mlp(h: jax.Array, combine: jax.Array, w: dict[str, jax.Array], mlp: 
 
   Args:
     h: normalized hidden states ``[..., d]`` in the compute dtype.
-    combine: gates ``[..., E]`` (:attr:`Routing.combine`).
+    combine: gates ``[..., E]`` (``Routing.combine``).
     w: ``w_up`` and ``w_down`` (``[E, d, f]``, ``[E, f, d]``), and ``w_gate`` for SwiGLU.
     mlp: ``"swiglu"`` or ``"gelu"`` (as the dense MLP).
 
