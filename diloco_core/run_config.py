@@ -172,7 +172,7 @@ class TrainConfig:
     v.check_choice("attention", self.attention, ATTENTIONS)
     v.check_choice("remat", self.remat, REMATS)
     for name in ("aux_loss_coef", "z_loss_coef"):
-      v.check_real(name, getattr(self, name), low=0.0)
+      v.check_real(f"`{name}`", getattr(self, name), low=0.0)  # the CLI names the flag
     v.check_bool("nondeterministic", self.nondeterministic)
     self.algo.validate(num_layers=self.model_config().n_layers)
     devices = 1

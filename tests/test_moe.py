@@ -11,6 +11,7 @@ import pytest
 from diloco_core import (DataParallel, DiLoCoConfig, Fragments, ModelConfig, flops_per_token, get_preset,
                          init_model, layer_mask, lm_loss, param_count, resolve_model_config)
 from diloco_core import model as M
+from diloco_core.cli import main as cli_main
 from diloco_core import moe
 from diloco_core.model import train_loss
 from diloco_core.run_config import TrainConfig
@@ -193,5 +194,10 @@ def test_bad_moe_options_are_one_line_errors_naming_the_option():
     ModelConfig(num_experts=2, experts_per_token=3)
   with pytest.raises(ValueError, match=r"^ModelConfig.aux_loss_coef must be a finite number >= 0, got -1.$"):
     ModelConfig(aux_loss_coef=-1)
-  with pytest.raises(ValueError, match=r"^z_loss_coef must be a finite number >= 0, got nan.$"):
+  with pytest.raises(ValueError, match=r"^`z_loss_coef` must be a finite number >= 0, got nan.$"):
     TrainConfig(model="moe-tiny", z_loss_coef=float("nan")).validate()
+
+
+def test_the_cli_names_the_coefficient_flags(capsys):
+  assert cli_main(["--model", "moe-tiny", "--aux-loss-coef", "-1"]) == 2
+  assert capsys.readouterr().err == "error: --aux-loss-coef must be a finite number >= 0, got -1.0.\n"
