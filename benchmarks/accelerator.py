@@ -58,7 +58,7 @@ def model_config(args) -> ModelConfig:
 def plain_step(loss_fn, opt):
   """One jitted AdamW step of one model (state donated), returning (state, loss)."""
   def step(state, tokens):
-    params, opt_state, loss = inner_update(loss_fn, opt, state[0], state[1], tokens)
+    params, opt_state, loss, _ = inner_update(loss_fn, opt, state[0], state[1], tokens)
     return (params, opt_state), loss
   return jax.jit(step, donate_argnums=0)
 

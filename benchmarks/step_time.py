@@ -40,7 +40,7 @@ def bench_algorithms(model: str, batch: int, seq: int, steps: int, replicas_list
   rng = np.random.default_rng(0)
   tokens = lambda *shape: rng.integers(0, cfg.vocab_size, size=shape).astype(np.int32)
 
-  plain = jax.jit(lambda s, x: (lambda p, o, l: ((p, o), l))(*inner_update(loss_fn, opt, s[0], s[1], x)),
+  plain = jax.jit(lambda s, x: (lambda p, o, l, _: ((p, o), l))(*inner_update(loss_fn, opt, s[0], s[1], x)),
                   donate_argnums=0)
   runs = {"plain optax loop (1 model)": (1, plain, (jax.tree.map(jnp.copy, params), opt.init(params)),
                                          [jnp.asarray(tokens(batch, seq + 1)) for _ in range(4)])}

@@ -20,6 +20,7 @@ from diloco_core.diloco import CONFIG_HYPERPARAMS
 from diloco_core.diloco import default_outer_optimizer
 from diloco_core.algorithm import Algorithm
 from diloco_core.algorithm import AlgorithmBase
+from diloco_core.algorithm import loss_and_grad
 from diloco_core.hyperparams import resolve_optimizer
 from diloco_core.dp import DataParallel
 from diloco_core.dp import DPState
@@ -32,6 +33,7 @@ from diloco_core.model import Transformer
 from diloco_core.model import init_model
 from diloco_core.model import layer_mask
 from diloco_core.model import lm_loss
+from diloco_core.model import train_loss
 from diloco_core.schedule import merged_fragment
 from diloco_core.schedule import schedule_table
 from diloco_core.schedule import sent_fragment

@@ -57,7 +57,9 @@ class Algorithm(Protocol):
     """The initial state from the params pytree (builds the step for its structure)."""
 
   def step(self, state, batch, participation=None) -> tuple[Any, dict[str, jax.Array]]:
-    """One step: ``(new state, {"loss": [M], "sent": bool, "merged": bool})``, all on device."""
+    """One step: ``(new state, {"loss": [M], "loss_metrics": {name: [M]}, "sent": bool,
+    "merged": bool})``, all on device (``loss_metrics``: what else the loss function reports,
+    :func:`loss_and_grad`)."""
 
   def lower(self, state, batch, participation=None) -> jax.stages.Lowered:
     """The step for these arguments, lowered (``.compile()``, ``.cost_analysis()``, ``.as_text()``)."""
@@ -79,6 +81,54 @@ class Algorithm(Protocol):
 
   def place_replicated(self, x) -> Any:
     """A host value copied to every device of the mesh."""
+
+
+def loss_and_grad(loss_fn, params, batch) -> tuple[jax.Array, dict[str, jax.Array], Any]:
+  """The reported loss, the other reported metrics, and the gradient of one model's objective.
+
+  ``loss_fn(params, batch)`` returns the objective (a scalar), or ``(objective, metrics)``
+  with ``metrics`` a dict of scalars reported beside it (the trainer's MoE loss,
+  :func:`diloco_core.model.train_loss`, returns ``{"loss": LM loss, "aux_loss": ...}``).
+  The gradient is always that of the objective.
+
+  Args:
+    loss_fn: the loss function.
+    params: the params pytree.
+    batch: one model's batch.
+
+  Returns:
+    ``(loss, metrics, grads)``: ``loss`` is ``metrics["loss"]`` if the loss function reports
+    one (e.g. the LM loss without the auxiliary terms), else the objective; ``metrics`` the
+    other reported values (``{}`` for a scalar loss function). The algorithms' steps return
+    them as ``"loss"`` and ``"loss_metrics"``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> fn = lambda w, x: (jnp.sum((w - x) ** 2) + 1.0, {"loss": jnp.sum((w - x) ** 2), "aux_loss": 1.0})
+    >>> loss, metrics, grads = loss_and_grad(fn, jnp.zeros(()), jnp.float32(3.0))
+    >>> float(loss), float(metrics["aux_loss"]), float(grads)
+    (9.0, 1.0, -6.0)
+  """
+
+  def objective(p, x):
+    out = loss_fn(p, x)
+    value, metrics = out if isinstance(out, tuple) else (out, {})
+    return value, {"loss": value, **metrics}
+
+  (_, metrics), grads = jax.value_and_grad(objective, has_aux=True)(params, batch)
+  loss = metrics.pop("loss")
+  return loss, metrics, grads
+
+
+def reported_loss(loss_fn):
+  """``(params, batch) -> the reported loss`` of ``loss_fn`` (see :func:`loss_and_grad`): for
+  evaluation, where an MoE's auxiliary terms do not count."""
+
+  def fn(params, batch):
+    out = loss_fn(params, batch)
+    return out[1].get("loss", out[0]) if isinstance(out, tuple) else out
+
+  return fn
 
 
 @functools.partial(jax.jit, static_argnums=1)

@@ -186,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
       signal.signal(signal.SIGTERM, previous)
   s = result.summary
   floor = "n/a" if s["loss_floor"] is None else f"{s['loss_floor']:.4f}"
-  print(f"{s['algorithm']} ({s['compute_dtype']}): final eval loss {s['final_eval_loss']:.4f} (floor {floor}), "
+  aux = "" if s["final_aux_loss"] is None else f" (+ aux {s['final_aux_loss']:.4f} in training)"
+  print(f"{s['algorithm']} ({s['compute_dtype']}): final eval loss {s['final_eval_loss']:.4f}{aux} (floor {floor}), "
         f"{s['total_bytes_per_replica'] / 1e6:.2f} MB sent per replica, {s['wall_time_s']:.1f} s")
   return 0
 

@@ -55,7 +55,7 @@ import numpy as np
 import optax
 
 from diloco_core import compression, eager
-from diloco_core.algorithm import AlgorithmBase, all_finite
+from diloco_core.algorithm import AlgorithmBase, all_finite, loss_and_grad
 from diloco_core.config import DiLoCoConfig
 from diloco_core.fields import traced_fields
 from diloco_core.fragments import LAYER, OTHER, SHARED, Fragments, leaf_paths
@@ -72,10 +72,14 @@ CONFIG_HYPERPARAMS = traced_fields(DiLoCoConfig)
 
 
 def inner_update(loss_fn: LossFn, optimizer: optax.GradientTransformation, params, opt_state, batch):
-  """One optimizer step of one model on one batch; returns (params, opt_state, loss)."""
-  loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+  """One optimizer step of one model on one batch; returns (params, opt_state, loss, metrics).
+
+  ``loss`` and ``metrics`` (what else the loss function reports, ``{}`` for a scalar loss
+  function) as :func:`~diloco_core.algorithm.loss_and_grad` returns them.
+  """
+  loss, metrics, grads = loss_and_grad(loss_fn, params, batch)
   updates, opt_state = optimizer.update(grads, opt_state, params)
-  return optax.apply_updates(params, updates), opt_state, loss
+  return optax.apply_updates(params, updates), opt_state, loss, metrics
 
 
 def default_outer_optimizer(hparams: dict) -> optax.GradientTransformation:
@@ -92,7 +96,8 @@ class DiLoCo(AlgorithmBase):
   """DiLoCo (P = 1) and Streaming DiLoCo (any P) for any params pytree.
 
   Args:
-    loss_fn: ``loss_fn(params, batch) -> scalar``; ``batch`` is one replica's batch.
+    loss_fn: ``loss_fn(params, batch) -> scalar``; ``batch`` is one replica's batch. It may
+      also return ``(scalar, metrics)`` (:func:`~diloco_core.algorithm.loss_and_grad`).
     inner_optimizer: the optax optimizer each replica runs (AdamW in the papers).
     config: the outer-loop settings; ``algorithm`` must be ``"diloco"`` or ``"streaming"``.
     layer_mask: a pytree of bools shaped like the params marking the stacked-layer
@@ -226,7 +231,8 @@ class DiLoCo(AlgorithmBase):
 
     Returns:
       The new state and metrics ``{"loss": [M] per-replica train loss before the update,
-      "sent": bool, "merged": bool}``, all on device.
+      "loss_metrics": {name: [M]} what else the loss function reports (e.g. an MoE's
+      ``"aux_loss"``; ``{}`` for a scalar loss), "sent": bool, "merged": bool}``, all on device.
 
     Examples:
       Replica 1 misses the first sync (η = 1, μ = 0): the global copy is replica 0's
@@ -330,7 +336,7 @@ class DiLoCo(AlgorithmBase):
   def _step_impl(self, state: DiLoCoState, batch, hp, participation=None):
     cfg = self.config  # only its structural fields: H, τ, η, μ, α come in ``hp`` (traced)
     update = functools.partial(inner_update, self.loss_fn, resolve_optimizer(self.inner_optimizer, hp))
-    params, opt_state, loss = drjax.map_fn(update, (state.params, state.opt_state, batch))
+    params, opt_state, loss, metrics = drjax.map_fn(update, (state.params, state.opt_state, batch))
     t = state.step + 1
 
     g = jax.tree.leaves(state.global_params)
@@ -373,7 +379,8 @@ class DiLoCo(AlgorithmBase):
         outer_state=jax.tree.unflatten(jax.tree.structure(state.outer_state), outer),
         ef_residual=None if ef is None else unflat(ef), step=t, participants=participants,
         in_flight=eager.unflatten_like(state.in_flight, fl))
-    return new_state, {"loss": loss, "sent": is_send, "merged": is_merge}
+    return new_state, {"loss": loss, "loss_metrics": metrics, "sent": is_send,
+                       "merged": is_merge}
 
   # ---- accounting and views ------------------------------------------------------------------
   def bytes_sent(self, t: int) -> float:

@@ -8,6 +8,7 @@ this is exactly training one model on the global batch of M·b sequences.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import drjax
@@ -17,7 +18,7 @@ import numpy as np
 import optax
 from flax import struct
 
-from diloco_core.algorithm import AlgorithmBase, all_finite
+from diloco_core.algorithm import AlgorithmBase, all_finite, loss_and_grad
 from diloco_core.config import DiLoCoConfig
 from diloco_core.hyperparams import Optimizer, resolve_optimizer
 from diloco_core.mesh import make_mesh
@@ -35,7 +36,8 @@ class DataParallel(AlgorithmBase):
   """Synchronous data parallelism with the same interface as :class:`~diloco_core.DiLoCo`.
 
   Args:
-    loss_fn: ``loss_fn(params, batch) -> scalar`` for one replica's batch.
+    loss_fn: ``loss_fn(params, batch) -> scalar`` for one replica's batch, or
+      ``(scalar, metrics)`` (:func:`~diloco_core.algorithm.loss_and_grad`).
     inner_optimizer: the optax optimizer of the single model, or a factory
       ``hparams -> optimizer`` (see :mod:`diloco_core.hyperparams`).
     config: only ``replicas`` is used.
@@ -75,14 +77,15 @@ class DataParallel(AlgorithmBase):
     return state
 
   def _step_impl(self, state: DPState, batch, hp):
-    grad_fn = jax.value_and_grad(self.loss_fn)
-    loss, grads = drjax.map_fn(grad_fn, (drjax.broadcast(state.params), batch))
+    grad_fn = functools.partial(loss_and_grad, self.loss_fn)
+    loss, metrics, grads = drjax.map_fn(grad_fn, (drjax.broadcast(state.params), batch))
     grads = drjax.reduce_mean(grads)
     opt = resolve_optimizer(self.inner_optimizer, hp)
     updates, opt_state = opt.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     true = jnp.ones((), bool)
-    return DPState(params, opt_state, state.step + 1), {"loss": loss, "sent": true, "merged": true}
+    return DPState(params, opt_state, state.step + 1), {"loss": loss, "loss_metrics": metrics,
+                                                     "sent": true, "merged": true}
 
   def step(self, state: DPState, batch, participation=None):
     """One synchronous step on the global batch (leaves of ``batch`` have leading axis M).

@@ -29,7 +29,7 @@ from diloco_core.drops import participation
 from diloco_core.fields import must_match_fields
 from diloco_core.mesh import fetch, local_replicas, make_mesh, parse_mesh
 from diloco_core.backend import resolve_model_config
-from diloco_core.model import init_model, lm_loss
+from diloco_core.model import init_model, train_loss
 from diloco_core.model_config import param_count
 from diloco_core.programs import PROGRAMS
 from diloco_core.run_config import TrainConfig
@@ -86,7 +86,7 @@ class MetricsLog:
     self.rows: list[dict] = [] if resumed is None else resumed["rows"]
     self.total_bytes = 0.0 if resumed is None else resumed["total_bytes_sent"]
     self.peak_bytes = 0.0 if resumed is None else resumed["peak_bytes_per_step"]
-    self._since_row, self._pending, self._syncs = 0.0, [], []
+    self._since_row, self._pending, self._pending_aux, self._syncs = 0.0, [], [], []
     self._file = None
     if path is not None and resumed is None:
       self._file = open(path, "w")
@@ -100,11 +100,15 @@ class MetricsLog:
     """The step-0 row (the initial eval loss; kept in the summary's rows, not in the file)."""
     self.rows.append(_row(0, None, eval_loss, 0, 0.0, 0.0, 0.0))
 
-  def step(self, t: int, loss: jax.Array, sent: float, present: np.ndarray | None, synced: bool) -> None:
-    """Records step ``t``: its per-replica losses (on device) and the bytes each replica sent."""
+  def step(self, t: int, loss: jax.Array, sent: float, present: np.ndarray | None, synced: bool,
+           aux_loss: jax.Array | None = None) -> None:
+    """Records step ``t``: its per-replica losses (on device), the bytes each replica sent, and
+    an MoE's per-replica auxiliary loss term (on device; None for a dense model)."""
     if present is not None and synced:
       self._syncs.append([t, [i for i in range(len(present)) if present[i]]])
     self._pending.append(loss)
+    if aux_loss is not None:
+      self._pending_aux.append(aux_loss)
     self.peak_bytes = max(self.peak_bytes, sent)  # what one present replica puts on the wire
     if present is not None:
       sent *= float(np.mean(present))  # a dropped replica sends nothing: the mean over replicas
@@ -116,9 +120,20 @@ class MetricsLog:
     losses, self._pending = fetch(jnp.stack(self._pending)), []
     return losses
 
-  def row(self, t: int, losses: np.ndarray, eval_loss: float | None, wall: float) -> dict:
-    """Adds (and writes) the row of step ``t``; ``losses`` [M] are the means since the last row."""
+  def fetch_aux(self) -> float | None:
+    """The mean auxiliary loss term of the steps since the last row (None for a dense model)."""
+    if not self._pending_aux:
+      return None
+    aux, self._pending_aux = fetch(jnp.stack(self._pending_aux)), []
+    return float(np.mean(aux))
+
+  def row(self, t: int, losses: np.ndarray, eval_loss: float | None, wall: float,
+          aux_loss: float | None = None) -> dict:
+    """Adds (and writes) the row of step ``t``; ``losses`` [M] are the means since the last row,
+    ``aux_loss`` (MoE runs only: the rows then have an ``aux_loss`` column) the auxiliary term's."""
     row = _row(t, losses, eval_loss, t * self.tokens_per_step, self._since_row, self.total_bytes, wall)
+    if aux_loss is not None:
+      row["aux_loss"] = aux_loss
     if self.drops:
       row["participants"], self._syncs = self._syncs, []
     self.rows.append(row)
@@ -207,7 +222,7 @@ def train(cfg: TrainConfig) -> TrainResult:
                       local_replicas=local_replicas(make_mesh(parse_mesh(cfg.mesh)), M))  # its shards only
   model_cfg = resolve_model_config(cfg.model_config(vocab_size=data.vocab_size))  # dtype, kernel
   apply_fn, params = _init_params(cfg, model_cfg)
-  loss_fn = lambda p, tokens: lm_loss(apply_fn, p, tokens)
+  loss_fn = lambda p, tokens: train_loss(apply_fn, p, tokens)  # + the MoE aux losses
   algo, eval_fn = PROGRAMS.get(cfg, loss_fn, params, model_cfg)  # reuses an earlier run's program
   state = algo.init(params)
   resumed = None
@@ -245,7 +260,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         jax.block_until_ready(m["loss"])
         compile_time = time.perf_counter() - start
       synced = present is not None and sent_fragment(t, cfg.algo.sync_every, cfg.algo.fragments)[0]
-      log.step(t, m["loss"], algo.bytes_sent(t), present, synced)
+      log.step(t, m["loss"], algo.bytes_sent(t), present, synced, m["loss_metrics"].get("aux_loss"))
       watch.after_step(t, state, *(sent_fragment(u, cfg.algo.sync_every, cfg.algo.fragments)[0] for u in (t, t + 1)))
       do_eval = t % cfg.eval_every == 0 or t == cfg.steps
       if t % cfg.log_every == 0 or do_eval:
@@ -257,7 +272,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         if eval_loss is not None:
           watch.check_eval(t, eval_loss)
         wall = time.perf_counter() - start
-        log.row(t, losses, eval_loss if do_eval else None, wall)
+        log.row(t, losses, eval_loss if do_eval else None, wall, log.fetch_aux())
         if save:
           watch.saved(checkpoints.save(t, state, _checkpoint_meta(cfg, t, log)))
         bar.update(t - bar.n)
@@ -294,6 +309,9 @@ def train(cfg: TrainConfig) -> TrainResult:
       "tokens": cfg.steps * tokens_per_step,
       "tokens_per_s": max(cfg.steps - first, 0) * tokens_per_step / max(wall - compile_time, 1e-9),
       "params": param_count(model_cfg),
+      "active_params": param_count(model_cfg, active=True),
+      # MoE: the auxiliary loss term (weighted balance + z-losses) of the last logged steps
+      "final_aux_loss": float(metrics["aux_loss"].dropna().iloc[-1]) if "aux_loss" in metrics else None,
       "compute_dtype": model_cfg.compute_dtype,
       "attention": model_cfg.attention,
       "data": data.describe(),

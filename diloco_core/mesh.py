@@ -125,7 +125,8 @@ class MeshPlacement:
     """
     state_sh = jax.tree.map(lambda x: x.sharding, state)
     rep = replicated(self.mesh)
-    metrics_sh = {"loss": replica_sharding(self.mesh), "sent": rep, "merged": rep}
+    per_replica = replica_sharding(self.mesh)  # also every value of ``loss_metrics``
+    metrics_sh = {"loss": per_replica, "loss_metrics": per_replica, "sent": rep, "merged": rep}
     return jax.jit(step_fn, donate_argnums=0, out_shardings=(state_sh, metrics_sh))
 
   def place_batch(self, batch):

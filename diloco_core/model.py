@@ -14,6 +14,11 @@ float32 on CPU, see :mod:`diloco_core.backend`), computes norms, RoPE angles and
 attention softmax in float32, and returns float32 logits, so the loss is float32 too.
 Attention is :func:`jax.nn.dot_product_attention` (causal; XLA or cuDNN), and
 ``cfg.remat = "block"`` recomputes each scanned block in the backward pass.
+
+Mixture of experts: with ``cfg.num_experts`` E > 1 every block's MLP is E routed experts
+(:mod:`diloco_core.moe`), their weights stacked as ``[L, E, ...]`` with a float32 router
+``blocks/router`` ``[L, d, E]``; :func:`train_loss` adds their auxiliary losses to the LM
+loss, and :func:`lm_loss` (the evaluation loss) is the LM loss alone.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from diloco_core import moe
 from diloco_core.backend import resolve_model_config
 from diloco_core.model_config import ModelConfig
 
@@ -47,8 +53,8 @@ def _rope(x: jax.Array, positions: jax.Array) -> jax.Array:
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
-def _block(cfg: ModelConfig, x: jax.Array, w: dict[str, jax.Array]) -> jax.Array:
-  """One pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)), in the dtype of ``w``.
+def _attention(cfg: ModelConfig, x: jax.Array, w: dict[str, jax.Array]) -> jax.Array:
+  """``x + attn(norm(x))``: the attention half of a block, in the dtype of ``w``.
 
   ``cfg`` must be resolved (:func:`~diloco_core.backend.resolve_model_config`):
   ``cfg.attention`` is ``"xla"`` or ``"cudnn"``.
@@ -64,13 +70,29 @@ def _block(cfg: ModelConfig, x: jax.Array, w: dict[str, jax.Array]) -> jax.Array
   # Causal attention without a materialized mask; GQA groups query heads n with kv head
   # n // (n_heads / kv_heads). Scores, softmax and its sums are float32 (XLA) or fused (cuDNN).
   attn = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=cfg.attention)
-  x = x + jnp.einsum("bthk,hkd->btd", attn, w["wo"])
+  return x + jnp.einsum("bthk,hkd->btd", attn, w["wo"])
+
+
+def _block(cfg: ModelConfig, x: jax.Array, w: dict[str, jax.Array]) -> jax.Array:
+  """One dense pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)), in the dtype of ``w``."""
+  x = _attention(cfg, x, w)
   h = _rms_norm(x, w["mlp_norm"])
   if cfg.mlp == "swiglu":
     hidden = jax.nn.silu(h @ w["w_gate"]) * (h @ w["w_up"])
   else:
     hidden = jax.nn.gelu(h @ w["w_up"])
   return x + hidden @ w["w_down"]
+
+
+def _moe_block(cfg: ModelConfig, x: jax.Array, w: dict[str, jax.Array]
+               ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """One MoE pre-norm block: attention as :func:`_block`, then x + moe(norm(x)) (:mod:`diloco_core.moe`).
+
+  Returns the new ``x`` and the layer's auxiliary losses ``{"balance", "z"}``.
+  """
+  x = _attention(cfg, x, w)
+  out, aux = moe.moe_mlp(_rms_norm(x, w["mlp_norm"]), w, cfg.experts_per_token, cfg.mlp)
+  return x + out, aux
 
 
 class StackedBlocks(nnx.Module):
@@ -90,26 +112,32 @@ class StackedBlocks(nnx.Module):
     self.wv = normal((d, cfg.kv_heads, dh), std)
     self.wo = normal((cfg.n_heads, dh, d), out_std)
     self.mlp_norm = nnx.Param(jnp.ones((L, d), jnp.float32))
+    experts = (cfg.num_experts,) if cfg.num_experts > 1 else ()  # MoE: [L, E, ...]
     if cfg.mlp == "swiglu":
-      self.w_gate = normal((d, f), std)
-    self.w_up = normal((d, f), std)
-    self.w_down = normal((f, d), out_std)
+      self.w_gate = normal((*experts, d, f), std)
+    self.w_up = normal((*experts, d, f), std)
+    self.w_down = normal((*experts, f, d), out_std)
+    if experts:
+      self.router = normal((d, cfg.num_experts), std)
     self.cfg = cfg
 
-  def __call__(self, x: jax.Array) -> jax.Array:
+  def __call__(self, x: jax.Array) -> tuple[jax.Array, dict[str, jax.Array] | None]:
+    """Runs the L blocks; returns ``x`` and, for MoE, the per-layer aux losses (``[L]`` each)."""
     names = ["attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_up", "w_down"]
     if self.cfg.mlp == "swiglu":
       names.append("w_gate")
     dtype = jnp.dtype(self.cfg.compute_dtype)
     stacked = {n: getattr(self, n)[...].astype(dtype) for n in names}
+    is_moe = self.cfg.num_experts > 1
+    if is_moe:
+      stacked["router"] = self.router[...]  # float32: the router computes in float32
 
     def body(carry, w):
-      return _block(self.cfg, carry, w), None
+      return _moe_block(self.cfg, carry, w) if is_moe else (_block(self.cfg, carry, w), None)
 
     if self.cfg.remat == "block":  # keep only each block's input; recompute the rest
       body = jax.checkpoint(body, prevent_cse=False)
-    x, _ = jax.lax.scan(body, x, stacked)
-    return x
+    return jax.lax.scan(body, x, stacked)
 
 
 class Transformer(nnx.Module):
@@ -126,10 +154,6 @@ class Transformer(nnx.Module):
   """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    if cfg.num_experts != 1:
-      raise ValueError(
-          "the built-in Transformer is dense: num_experts must be 1 (MoE configs are for"
-          f" analysis sizing only), got {cfg.num_experts}.")
     cfg = resolve_model_config(cfg)
     self.cfg = cfg
     self.embed = nnx.Param(0.02 * jax.random.normal(rngs.params(), (cfg.vocab_size, cfg.d_model)))
@@ -141,12 +165,21 @@ class Transformer(nnx.Module):
     if not cfg.tie_embeddings:
       self.head = nnx.Param(0.02 * jax.random.normal(rngs.params(), (cfg.d_model, cfg.vocab_size)))
 
-  def __call__(self, tokens: jax.Array) -> jax.Array:
+  def __call__(self, tokens: jax.Array, *, with_aux: bool = False):
     """Maps int tokens ``[..., T]`` to float32 logits ``[..., T, V]``.
 
     Every param is cast to ``cfg.compute_dtype`` here (the float32 masters are untouched,
     and their gradients come back float32); norms and softmax compute in float32 and the
-    head accumulates into float32 logits.
+    head accumulates into float32 logits. The MoE router computes in float32.
+
+    Args:
+      tokens: int token ids ``[..., T]``.
+      with_aux: also return the auxiliary loss term of the objective
+        (:func:`diloco_core.moe.aux_loss`: the weighted load-balancing and z-losses, a
+        float32 scalar), or None for a dense model.
+
+    Returns:
+      The logits, or ``(logits, aux)`` with ``with_aux``.
     """
     t = tokens.shape[-1]
     if t > self.cfg.max_seq_len:
@@ -156,10 +189,15 @@ class Transformer(nnx.Module):
     x = embed[tokens]
     if self.cfg.positions == "learned":
       x = x + self.pos_embed[...][:t].astype(dtype)
-    x = self.blocks(x)
+    x, per_layer = self.blocks(x)
     x = _rms_norm(x, self.final_norm[...])
     head = embed.T if self.cfg.tie_embeddings else self.head[...].astype(dtype)
-    return jnp.matmul(x, head, preferred_element_type=jnp.float32)
+    logits = jnp.matmul(x, head, preferred_element_type=jnp.float32)
+    if not with_aux:
+      return logits
+    if per_layer is None:
+      return logits, None
+    return logits, moe.aux_loss(per_layer, self.cfg.aux_loss_coef, self.cfg.z_loss_coef)
 
 
 def split_params(model: nnx.Module) -> tuple[nnx.GraphDef, dict[str, Any]]:
@@ -176,7 +214,9 @@ def layer_mask(params: dict[str, Any]) -> dict[str, Any]:
 def init_model(cfg: ModelConfig, seed: int) -> tuple[Callable, dict[str, Any]]:
   """Builds the model and returns ``(apply_fn, params)``.
 
-  ``apply_fn(params, tokens) -> logits`` is a pure function of the plain params dict.
+  ``apply_fn(params, tokens) -> logits`` is a pure function of the plain params dict;
+  ``apply_fn(params, tokens, with_aux=True)`` also returns the MoE auxiliary loss
+  (see :class:`Transformer`).
 
   Args:
     cfg: the model shape.
@@ -193,13 +233,53 @@ def init_model(cfg: ModelConfig, seed: int) -> tuple[Callable, dict[str, Any]]:
   """
   graphdef, params = split_params(Transformer(cfg, rngs=nnx.Rngs(seed)))
 
-  def apply_fn(p, tokens):
-    return nnx.merge(graphdef, p)(tokens)
+  def apply_fn(p, tokens, **kwargs):
+    return nnx.merge(graphdef, p)(tokens, **kwargs)
 
   return apply_fn, params
 
 
 def lm_loss(apply_fn: Callable, params: Any, tokens: jax.Array) -> jax.Array:
   """Mean next-token cross-entropy (nats) of ``tokens[..., :-1] -> tokens[..., 1:]``."""
-  logits = apply_fn(params, tokens[..., :-1])
+  return _cross_entropy(apply_fn(params, tokens[..., :-1]), tokens)
+
+
+def _cross_entropy(logits: jax.Array, tokens: jax.Array) -> jax.Array:
+  """Mean cross-entropy of ``logits`` (of ``tokens[..., :-1]``) against ``tokens[..., 1:]``."""
   return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[..., 1:]).mean()
+
+
+def train_loss(apply_fn: Callable, params: Any, tokens: jax.Array):
+  """The training objective: :func:`lm_loss`, plus the MoE auxiliary losses for an MoE model.
+
+  .. math::
+     \\mathcal{L} = \\mathcal{L}_\\text{LM} + \\mathcal{L}_\\text{aux}
+
+  with :math:`\\mathcal{L}_\\text{aux}` from :func:`diloco_core.moe.aux_loss`.
+
+  Args:
+    apply_fn: as returned by :func:`init_model`.
+    params: the params.
+    tokens: int tokens ``[..., T + 1]``.
+
+  Returns:
+    For a dense model, the LM loss alone (the same computation as :func:`lm_loss`). For an
+    MoE, ``(objective, {"loss": LM loss, "aux_loss": aux term})``: the form of loss function
+    output the algorithms accept (:func:`diloco_core.algorithm.loss_and_grad`), which report
+    the LM loss as ``loss`` and the auxiliary term beside it.
+
+  Examples:
+    >>> from diloco_core.model_config import get_preset
+    >>> apply_fn, params = init_model(get_preset("moe-tiny"), seed=0)
+    >>> tokens = jnp.arange(18).reshape(2, 9) % 32
+    >>> objective, metrics = train_loss(apply_fn, params, tokens)
+    >>> bool(objective == metrics["loss"] + metrics["aux_loss"])
+    True
+    >>> bool(metrics["loss"] == lm_loss(apply_fn, params, tokens))
+    True
+  """
+  logits, aux = apply_fn(params, tokens[..., :-1], with_aux=True)
+  lm = _cross_entropy(logits, tokens)
+  if aux is None:
+    return lm
+  return lm + aux, {"loss": lm, "aux_loss": aux}

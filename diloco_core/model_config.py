@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from diloco_core.validity import check_choice
+from diloco_core.validity import check_choice, check_real
 
 _POSITIONS = ("rope", "learned")
 _MLPS = ("swiglu", "gelu")
@@ -25,11 +25,13 @@ REMATS = ("none", "block")
 class ModelConfig:
   """Shape of a decoder-only transformer (pre-norm RMSNorm, causal attention, MLP).
 
-  The built-in NNX model (:class:`diloco_core.Transformer`) implements every field but
-  the MoE ones (it is dense); :mod:`analysis` uses those to size models it never trains.
-  ``compute_dtype``, ``attention`` and ``remat`` say how the built-in model computes; they
-  change no shape, count or FLOP formula. ``compute_dtype=None`` and ``attention="auto"``
-  are resolved per backend (:func:`diloco_core.backend.resolve_model_config`).
+  The built-in NNX model (:class:`diloco_core.Transformer`) implements every field, the
+  mixture of experts included (``num_experts`` E > 1: top-k routed experts in every block,
+  :mod:`diloco_core.moe`); :mod:`analysis` also sizes models it never trains with them.
+  ``compute_dtype``, ``attention`` and ``remat`` say how the built-in model computes, and
+  ``aux_loss_coef`` and ``z_loss_coef`` weigh the MoE auxiliary losses in the training
+  objective; they change no shape, count or FLOP formula. ``compute_dtype=None`` and
+  ``attention="auto"`` are resolved per backend (:func:`diloco_core.backend.resolve_model_config`).
   """
 
   vocab_size: int = 256  # tokens in the vocabulary (output classes)
@@ -49,12 +51,17 @@ class ModelConfig:
   compute_dtype: str | None = None  # "float32" / "bfloat16"; None = backend default
   attention: str = "auto"  # attention kernel, one of ATTENTIONS
   remat: str = "none"  # "block": recompute each block in the backward pass (less memory)
+  # The MoE auxiliary losses in the training objective (no effect on a dense model):
+  aux_loss_coef: float = 0.01  # weight of the load-balancing loss E sum_e f_e P_e
+  z_loss_coef: float = 0.0  # weight of the router z-loss mean(logsumexp(logits)^2); 0: off
 
   def __post_init__(self):
     if self.compute_dtype is not None:
       check_choice("ModelConfig.compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
     check_choice("ModelConfig.attention", self.attention, ATTENTIONS)
     check_choice("ModelConfig.remat", self.remat, REMATS)
+    for name in ("aux_loss_coef", "z_loss_coef"):
+      check_real(f"ModelConfig.{name}", getattr(self, name), low=0.0)
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len",
                  "num_experts", "experts_per_token"):
       value = getattr(self, name)
@@ -95,6 +102,13 @@ PRESETS: dict[str, ModelConfig] = {
     "small": ModelConfig(vocab_size=64, d_model=64, n_layers=4, n_heads=4, d_ff=192, max_seq_len=128),
     # For accelerators (notebooks pick it on TPU/GPU).
     "base": ModelConfig(vocab_size=256, d_model=256, n_layers=8, n_heads=8, d_ff=768, max_seq_len=256),
+    # The MoE of the unit tests: 4 experts, top-2, as narrow as `tiny`.
+    "moe-tiny": ModelConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, d_ff=16, max_seq_len=32,
+                            num_experts=4, experts_per_token=2),
+    # The CPU MoE demo: `small` with 8 experts of half its MLP width, top-2, so a token uses
+    # as many MLP weights as in `small` (active params: `small`'s plus the routers).
+    "moe-small": ModelConfig(vocab_size=64, d_model=64, n_layers=4, n_heads=4, d_ff=96, max_seq_len=128,
+                             num_experts=8, experts_per_token=2),
 }
 
 
@@ -180,7 +194,9 @@ def flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> float:
      C = 6\\,N_\\text{matmul,active} + 12\\,L\\,h\\,d_h\\,T
 
   where :math:`N_\\text{matmul,active}` excludes the input embedding lookup (a gather)
-  and norms, and counts only routed experts.
+  and norms, and counts only routed experts. (The built-in model's dense MoE dispatch,
+  :mod:`diloco_core.moe`, runs every expert on every token: its step costs the FLOPs of
+  the same config with ``experts_per_token = num_experts``.)
 
   Args:
     cfg: the model shape.

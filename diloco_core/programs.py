@@ -16,6 +16,7 @@ import json
 import jax
 import optax
 
+from diloco_core.algorithm import reported_loss
 from diloco_core.backend import resolve_model_config
 from diloco_core.diloco import DiLoCo
 from diloco_core.dp import DataParallel
@@ -124,7 +125,7 @@ class ProgramCache:
       algo, eval_fn = self._programs[key]
       outer = {k: getattr(cfg.algo, k) for k in algo.config_hyperparams}
       return algo.with_hyperparams(**outer, **inner_hyperparams(cfg)), eval_fn
-    self._programs[key] = make_algorithm(cfg, loss_fn, params), jax.jit(loss_fn)
+    self._programs[key] = make_algorithm(cfg, loss_fn, params), jax.jit(reported_loss(loss_fn))
     while len(self._programs) > self.size:
       self._programs.popitem(last=False)
     return self._programs[key]

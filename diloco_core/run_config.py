@@ -27,7 +27,8 @@ from diloco_core.data import DataConfig
 from diloco_core.fields import field
 from diloco_core.footprint import check_fits
 from diloco_core.mesh import check_mesh, parse_mesh
-from diloco_core.model_config import ATTENTIONS, COMPUTE_DTYPES, PRESETS, REMATS, get_preset, param_count
+from diloco_core.model_config import (ATTENTIONS, COMPUTE_DTYPES, PRESETS, REMATS, ModelConfig, get_preset,
+                                      param_count)
 
 
 def parse_drop_schedule(text: str | None) -> tuple:
@@ -94,6 +95,12 @@ class TrainConfig:
       "none", flag="remat", group=_M,
       help=f"one of {REMATS}; block: recompute each transformer block in the backward pass (less"
            " memory, about one more forward; identical gradients)")
+  aux_loss_coef: float = field(
+      ModelConfig.aux_loss_coef, flag="aux-loss-coef", group=_M, must_match=True,
+      help="MoE models: weight of the load-balancing loss E·Σ_e f_e·P_e in the objective (reported as aux_loss)")
+  z_loss_coef: float = field(
+      ModelConfig.z_loss_coef, flag="z-loss-coef", group=_M, must_match=True,
+      help="MoE models: weight of the router z-loss mean(logsumexp(router logits)²) in the objective (0: off)")
   nondeterministic: bool = field(
       False, flag="nondeterministic", group="devices", result=False,
       help="on a GPU, keep XLA's faster non-deterministic kernels (reused programs, resume and drops"
@@ -164,6 +171,8 @@ class TrainConfig:
       v.check_choice("compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
     v.check_choice("attention", self.attention, ATTENTIONS)
     v.check_choice("remat", self.remat, REMATS)
+    for name in ("aux_loss_coef", "z_loss_coef"):
+      v.check_real(f"`{name}`", getattr(self, name), low=0.0)  # the CLI names the flag
     v.check_bool("nondeterministic", self.nondeterministic)
     self.algo.validate(num_layers=self.model_config().n_layers)
     devices = 1
@@ -261,7 +270,8 @@ class TrainConfig:
       changes["positions"] = self.positions
     if vocab_size is not None:
       changes["vocab_size"] = vocab_size
-    changes.update(compute_dtype=self.compute_dtype, attention=self.attention, remat=self.remat)
+    changes.update(compute_dtype=self.compute_dtype, attention=self.attention, remat=self.remat,
+                   aux_loss_coef=self.aux_loss_coef, z_loss_coef=self.z_loss_coef)
     return dataclasses.replace(base, **changes)
 
 

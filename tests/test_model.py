@@ -51,5 +51,5 @@ def test_config_errors():
     ModelConfig(positions="alibi")
   with pytest.raises(ValueError, match="must be divisible by n_heads"):
     ModelConfig(d_model=10, n_heads=4)
-  with pytest.raises(ValueError, match="built-in Transformer is dense"):
-    init_model(ModelConfig(num_experts=4, experts_per_token=2), 0)
+  with pytest.raises(ValueError, match="experts_per_token \\(3\\) must be <= num_experts"):
+    ModelConfig(num_experts=2, experts_per_token=3)
