@@ -184,7 +184,7 @@ def print_table(r: dict) -> None:
 def parse_args(argv):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--quick", action="store_true",
-                 help="a tiny model for a CPU smoke run (< 1 min on an idle 2-core machine)")
+                 help="a tiny model for a CPU smoke run (under a minute on 2 CPU cores; no memory report)")
   p.add_argument("--d-model", type=int, default=1024)
   p.add_argument("--layers", type=int, default=16, help="a multiple of 4 (Streaming P=5)")
   p.add_argument("--heads", type=int, default=16)
