@@ -238,3 +238,24 @@ def test_plan_refuses_overlaps_beyond_every_h():
     pl.plan_run("qwen3-8b", "v5p", sync_every=(20, 40), overlaps=(40, 60), **kw)
   plan = pl.plan_run("qwen3-8b", "v5p", sync_every=(20, 40), overlaps=(1, 60), **kw)  # one usable τ: runs
   assert plan.overlaps == (1, 60)
+
+
+def test_moe_plan_computes_with_active_params_and_sends_total_params():
+  """Qwen3-30B-A3B: the step time follows the 3.4B routed params, the bytes the 30.5B stored."""
+  from analysis.hardware import get_hardware
+  from analysis.models import get_model
+  from diloco_core.model_config import flops_per_token, param_count
+  cfg, hw = get_model("qwen3-30b-a3b"), get_hardware("v5p")
+  p = pl.plan_run("qwen3-30b-a3b", "v5p", slices=2, chips_per_slice=64, seq_len=4096,
+                  global_batch_tokens=2**21, link_gbps=100, mfu=0.5)
+  total, active = param_count(cfg), param_count(cfg, active=True)
+  assert (p.params, p.active_params) == (total, active) and 9 * active < total
+  # T = F_token (active) x B/M / (n C MFU)
+  assert p.step_time == pytest.approx(flops_per_token(cfg, 4096) * 2**20 / (64 * hw.peak_flops * 0.5),
+                                      rel=1e-12)
+  dense_flops = 6 * total  # what the step would cost if every stored param were computed
+  assert flops_per_token(cfg, 4096) < dense_flops / 5
+  # every stored param travels: bf16 total params per DiLoCo sync, a P-th per Streaming send
+  assert p.table.loc["DiLoCo H=10", "GB per sync"] == pytest.approx(2 * total / 1e9, rel=1e-12)
+  streaming = p.table[p.table["method"] == "streaming"].iloc[0]
+  assert streaming["GB per sync"] < p.table.loc["DiLoCo H=10", "GB per sync"]
