@@ -2,7 +2,8 @@
 
 Prints tokens/s of each and the ratio (DiLoCo step time) / (M x plain step time), whose
 target is <= 1.05: DiLoCo's M replicas should cost no more than M independent models.
-Also prints Streaming's compile time and step time for P in {2, 5, 9, 13, 25} on a
+Also prints the time per token of the ``moe-small`` MoE against the dense ``small`` (about
+the same active params), and Streaming's compile time and step time for P in {2, 5, 9, 13, 25} on a
 24-layer model (targets: compile(P=25) / compile(P=2) <= 1.5, streaming step <= 1.05 x
 vanilla step at the same H). Not a test: the numbers are measured, never asserted.
 
@@ -28,6 +29,8 @@ import optax  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from diloco_core import DataParallel, DiLoCo, DiLoCoConfig, get_preset, init_model, layer_mask, lm_loss  # noqa: E402
 from diloco_core.diloco import inner_update  # noqa: E402
+from diloco_core.model import train_loss  # noqa: E402
+from diloco_core.model_config import flops_per_token, param_count  # noqa: E402
 
 
 def bench_algorithms(model: str, batch: int, seq: int, steps: int, replicas_list=(2, 4), sync_every=50,
@@ -59,6 +62,32 @@ def bench_algorithms(model: str, batch: int, seq: int, steps: int, replicas_list
   plain_t = best["plain optax loop (1 model)"]
   return [(name, M, best[name], M * batch * seq / best[name], None if M == 1 else best[name] / (M * plain_t))
           for name, (M, *_rest) in runs.items()]
+
+
+def bench_moe(batch: int, seq: int, steps: int, repeats=3):
+  """The plain optax loop on ``small`` and on ``moe-small`` (8 experts, top-2, about the same
+  active params): seconds per step, tokens/s and analytic FLOPs per token of each."""
+  rng = np.random.default_rng(0)
+  runs = {}
+  for model in ("small", "moe-small"):
+    cfg = get_preset(model)
+    apply_fn, params = init_model(cfg, 0)
+    loss_fn = functools.partial(train_loss, apply_fn)
+    opt = optax.adamw(1e-3)
+    step = jax.jit(lambda s, x, loss_fn=loss_fn, opt=opt:
+                   (lambda p, o, l, _: ((p, o), l))(*inner_update(loss_fn, opt, s[0], s[1], x)),
+                   donate_argnums=0)
+    xs = [jnp.asarray(rng.integers(0, cfg.vocab_size, size=(batch, seq + 1)).astype(np.int32))
+          for _ in range(4)]
+    runs[model] = (cfg, step, (jax.tree.map(jnp.copy, params), opt.init(params)), xs)
+  best = {name: float("inf") for name in runs}
+  for _ in range(repeats):
+    for name, (cfg, step, state, xs) in runs.items():
+      t, state = _time_state(step, state, xs, steps)
+      runs[name] = (cfg, step, state, xs)
+      best[name] = min(best[name], t)
+  return [(name, param_count(cfg), param_count(cfg, active=True), flops_per_token(cfg, seq), best[name],
+           batch * seq / best[name]) for name, (cfg, *_rest) in runs.items()]
 
 
 def _time_state(step, state, batches, steps):
@@ -116,6 +145,14 @@ def main():
   print(f"{'run':32s} {'s/step':>10s} {'tokens/s':>12s} {'step/(M x plain)':>18s}")
   for name, M, t, tps, ratio in bench_algorithms(args.model, args.batch, args.seq, args.steps):
     print(f"{name:32s} {t:10.5f} {tps:12,.0f} {'' if ratio is None else f'{ratio:18.3f}'}")
+  print(f"\n== MoE vs dense, plain optax loop, batch {args.batch} x {args.seq} tokens ==")
+  print(f"{'model':12s} {'params':>10s} {'active':>10s} {'FLOPs/token':>12s} {'s/step':>10s} {'tokens/s':>12s}")
+  moe = bench_moe(args.batch, args.seq, args.steps)
+  for name, total, active, flops, t, tps in moe:
+    print(f"{name:12s} {total:10,d} {active:10,d} {flops:12.4g} {t:10.5f} {tps:12,.0f}")
+  (_, _, _, f_dense, t_dense, _), (_, _, _, f_moe, t_moe, _) = moe
+  print(f"moe-small / small time per token = {t_moe / t_dense:.3f} (active FLOPs ratio {f_moe / f_dense:.3f};"
+        " the dense dispatch computes every expert)")
   print("\n== streaming: compile time and step time vs P (24 layers of width 64, M=2, no send in the timed steps' H) ==")
   rows = bench_streaming_compile(args.steps)
   print(f"{'run':20s} {'compile (s)':>12s} {'s/step (min)':>13s}")
