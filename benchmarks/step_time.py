@@ -53,12 +53,7 @@ def bench_algorithms(model: str, batch: int, seq: int, steps: int, replicas_list
                         DiLoCo(loss_fn, opt, DiLoCoConfig(replicas=M, sync_every=sync_every)))):
       state = algo.init(params)
       runs[name] = (M, algo.step, state, [algo.place_batch(tokens(M, batch, seq + 1)) for _ in range(4)])
-  best = {name: float("inf") for name in runs}
-  for _ in range(repeats):
-    for name, (M, step, state, xs) in runs.items():
-      t, state = _time_state(step, state, xs, steps)
-      runs[name] = (M, step, state, xs)
-      best[name] = min(best[name], t)
+  best = _best_times(runs, steps, repeats)
   plain_t = best["plain optax loop (1 model)"]
   return [(name, M, best[name], M * batch * seq / best[name], None if M == 1 else best[name] / (M * plain_t))
           for name, (M, *_rest) in runs.items()]
@@ -80,14 +75,21 @@ def bench_moe(batch: int, seq: int, steps: int, repeats=3):
     xs = [jnp.asarray(rng.integers(0, cfg.vocab_size, size=(batch, seq + 1)).astype(np.int32))
           for _ in range(4)]
     runs[model] = (cfg, step, (jax.tree.map(jnp.copy, params), opt.init(params)), xs)
-  best = {name: float("inf") for name in runs}
-  for _ in range(repeats):
-    for name, (cfg, step, state, xs) in runs.items():
-      t, state = _time_state(step, state, xs, steps)
-      runs[name] = (cfg, step, state, xs)
-      best[name] = min(best[name], t)
+  best = _best_times(runs, steps, repeats)
   return [(name, param_count(cfg), param_count(cfg, active=True), flops_per_token(cfg, seq), best[name],
            batch * seq / best[name]) for name, (cfg, *_rest) in runs.items()]
+
+
+def _best_times(runs: dict, steps: int, repeats: int) -> dict:
+  """Seconds per step of each run ``name -> (tag, step, state, batches)``: the minimum over
+  ``repeats`` interleaved rounds (each run's state is carried from round to round)."""
+  best = {name: float("inf") for name in runs}
+  for _ in range(repeats):
+    for name, (tag, step, state, xs) in runs.items():
+      t, state = _time_state(step, state, xs, steps)
+      runs[name] = (tag, step, state, xs)
+      best[name] = min(best[name], t)
+  return best
 
 
 def _time_state(step, state, batches, steps):
