@@ -95,6 +95,12 @@ class TrainConfig:
       "none", flag="remat", group=_M,
       help=f"one of {REMATS}; block: recompute each transformer block in the backward pass (less"
            " memory, about one more forward; identical gradients)")
+  num_experts: int | None = field(
+      None, flag="experts", group=_M, must_match=True, parse=int, symbol="E",
+      help="override the preset's experts per layer (1: dense MLP; E > 1: a mixture of experts)")
+  experts_per_token: int | None = field(
+      None, flag="experts-per-token", group=_M, must_match=True, parse=int, symbol="k",
+      help="override the preset's experts each token is routed to (top-k, 1 <= k <= E)")
   aux_loss_coef: float = field(
       ModelConfig.aux_loss_coef, flag="aux-loss-coef", group=_M, must_match=True,
       help="MoE models: weight of the load-balancing loss E·Σ_e f_e·P_e in the objective (reported as aux_loss)")
@@ -163,6 +169,7 @@ class TrainConfig:
       raise ValueError(f"model must be one of {sorted(PRESETS)}, got {self.model!r}.")
     if self.n_layers is not None:
       v.check_int("n_layers", self.n_layers)
+    self._validate_experts()
     if self.vocab_size is not None and (not v.is_int(self.vocab_size) or self.vocab_size < 2):
       raise ValueError(f"vocab_size must be None or an integer >= 2, got {self.vocab_size!r}.")
     if self.positions not in (None, "rope", "learned"):
@@ -191,6 +198,19 @@ class TrainConfig:
       check_out_dir(self.out, self.overwrite, self.resume)
       if self.checkpoint_every:
         check_no_foreign_steps(self.out)
+
+  def _validate_experts(self) -> None:
+    """E and k: positive integers (overrides or the preset's) with k <= E."""
+    preset = get_preset(self.model)
+    E = preset.num_experts if self.num_experts is None else v.check_int("`num_experts` (E)", self.num_experts)
+    k = (preset.experts_per_token if self.experts_per_token is None
+         else v.check_int("`experts_per_token` (k)", self.experts_per_token))
+    if k > E:
+      whose = lambda name: "" if getattr(self, name) is not None else f", the {self.model} preset's"
+      raise ValueError(
+          f"`experts_per_token` (k={k}{whose('experts_per_token')}) must be <= `num_experts`"
+          f" (E={E}{whose('num_experts')}): a token is routed to k of the E experts; pass"
+          f" `experts_per_token` {f'in [1, {E}]' if E > 1 else '1'} or `num_experts` >= {k}.")
 
   def _validate_checkpointing(self) -> None:
     ce = v.check_int("checkpoint_every", self.checkpoint_every, low=0, what=" (0: no checkpoints)")
@@ -270,6 +290,9 @@ class TrainConfig:
       changes["positions"] = self.positions
     if vocab_size is not None:
       changes["vocab_size"] = vocab_size
+    for name in ("num_experts", "experts_per_token"):
+      if getattr(self, name) is not None:
+        changes[name] = getattr(self, name)
     changes.update(compute_dtype=self.compute_dtype, attention=self.attention, remat=self.remat,
                    aux_loss_coef=self.aux_loss_coef, z_loss_coef=self.z_loss_coef)
     return dataclasses.replace(base, **changes)

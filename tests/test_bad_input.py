@@ -114,6 +114,11 @@ CASES = [
      "sync_every (H=4) must be a multiple of fragments (P=3)"),
     ("overlap-too-large", lambda t, f: ["--overlap", "2"], "overlap (τ) must be an integer with 0 <= τ < sync_every"),
     ("warmup-not-below-steps", lambda t, f: ["--warmup-steps", "4"], "warmup_steps must be an integer in [0, steps=4)"),
+    ("experts-zero", lambda t, f: ["--experts", "0"], "--experts (E) must be an integer >= 1, got 0"),
+    ("experts-per-token-above-experts", lambda t, f: ["--experts", "2", "--experts-per-token", "3"],
+     "--experts-per-token (k=3) must be <= --experts (E=2)"),
+    ("experts-below-the-presets-k", lambda t, f: ["--model", "moe-tiny", "--experts", "1"],
+     "--experts-per-token (k=2, the moe-tiny preset's) must be <= --experts (E=1)"),
     ("mesh-too-large", lambda t, f: ["--mesh", "diloco=2,data=64"], "needs 128 devices"),
     # ---- data files ----
     ("data-missing", lambda t, f: ["--data", str(t / "none.txt")], "no such file"),

@@ -189,6 +189,18 @@ def test_moe_tiny_trains_with_every_algorithm(algo, kw):
   assert result.summary["active_params"] < result.summary["params"]
 
 
+def test_expert_flags_turn_a_dense_preset_into_an_moe():
+  config = tiny("diloco", model="tiny", num_experts=3, experts_per_token=2, steps=4, eval_every=4, log_every=2)
+  cfg = config.model_config()
+  assert (cfg.num_experts, cfg.experts_per_token) == (3, 2)
+  assert dataclasses.replace(cfg, num_experts=1, experts_per_token=1) == tiny(
+      "diloco", model="tiny", steps=4).model_config()  # nothing else changed
+  summary = train(config).summary
+  built = config.model_config(vocab_size=config.data.vocab_size)
+  assert (summary["params"], summary["active_params"]) == (param_count(built), param_count(built, active=True))
+  assert summary["active_params"] < summary["params"]
+
+
 def test_bad_moe_options_are_one_line_errors_naming_the_option():
   with pytest.raises(ValueError, match=r"^ModelConfig.experts_per_token \(3\) must be <= num_experts \(2\).$"):
     ModelConfig(num_experts=2, experts_per_token=3)
