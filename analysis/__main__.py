@@ -140,6 +140,11 @@ def _plan(a) -> None:
   print()
   print(f"choice: {p.choice if p.choice is not None else 'none'}")
   print(f"reason: {p.reason}")
+  if p.choice is not None:
+    try:
+      print("trainer options: " + " ".join(p.train_args()))
+    except ValueError as e:  # a wire width the trainer does not have: the plan still holds
+      print(f"trainer options: none ({e})")
 
 
 def _simulate(a) -> None:

@@ -58,6 +58,8 @@ from analysis.models import get_model
 from analysis.models import model_stats
 from analysis.roofline import dp_critical_batch_per_slice
 from analysis.roofline import t_math
+from diloco_core.minifloat import FORMATS
+from diloco_core.minifloat import bits_per_element
 from diloco_core.model_config import ModelConfig
 from diloco_core.validity import check_bool
 from diloco_core.validity import check_int
@@ -100,6 +102,41 @@ class Plan:
   choice: str | None  # label of the suggested row, None when nothing fits
   reason: str  # one sentence saying why
   eager: bool = False  # eager-update candidates ("DiLoCo H=… eager") were considered
+
+  def train_args(self) -> list[str]:
+    """The trainer options (``python -m diloco_core.train``) of the suggested candidate.
+
+    The algorithm, :math:`M` (one replica per slice), and for DiLoCo and Streaming
+    :math:`H`, :math:`P`, :math:`\\tau`, the outer-overlap mode and the wire format of
+    ``bits`` (16: ``bf16``). The model, data and batch options are the user's: the same
+    schedule runs on the built-in presets at CPU scale as on the planned model.
+
+    Raises:
+      ValueError: nothing was suggested (no candidate fits the link), or ``bits`` is not
+        the width of one of the trainer's wire formats.
+
+    Examples:
+      >>> p = plan_run("qwen3-8b", "v5p", slices=2, chips_per_slice=64, seq_len=4096,
+      ...              global_batch_tokens=2**21, link_gbps=20)
+      >>> " ".join(p.train_args())
+      '--algorithm streaming --replicas 2 --sync-every 10 --fragments 10 --overlap 0 --compression bf16'
+    """
+    if self.choice is None:
+      raise ValueError(f"the plan suggests nothing to train: {self.reason}")
+    row = self.table.loc[self.choice]
+    argv = ["--algorithm", str(row["method"]), "--replicas", str(self.slices)]
+    if row["method"] == "dp":
+      return argv
+    wire = [f for f in FORMATS if bits_per_element(f) == self.bits]
+    if not wire:
+      raise ValueError(f"bits={self.bits:g} is not the width of a trainer wire format; the"
+                       f" trainer sends {sorted({bits_per_element(f) for f in FORMATS})} bits.")
+    argv += ["--sync-every", str(int(row["H"]))]
+    if row["method"] == "streaming":
+      argv += ["--fragments", str(int(row["P"])), "--overlap", str(int(row["tau"]))]
+    if row["outer overlap"] != "none":
+      argv += ["--outer-overlap", str(row["outer overlap"])]
+    return argv + ["--compression", wire[0]]
 
   def command(self) -> list[str]:
     """The ``python -m analysis plan ...`` argv that reproduces this plan.

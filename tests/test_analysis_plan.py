@@ -168,6 +168,7 @@ def test_command_round_trip(capsys):
   assert cli.main(argv[3:]) == 0
   out = capsys.readouterr().out
   assert f"choice: {p.choice}\n" in out and f"reason: {p.reason}\n" in out
+  assert f"trainer options: {' '.join(p.train_args())}\n" in out
   for label in p.table.index:
     assert label in out
   default = pl.plan_run("qwen3-8b", "v5p", slices=2, chips_per_slice=64, seq_len=4096,
@@ -175,6 +176,10 @@ def test_command_round_trip(capsys):
   assert "--sync-every" not in default.command() and "--overlaps" not in default.command()
   assert cli.main(default.command()[3:]) == 0
   assert f"choice: {default.choice or 'none'}\n" in capsys.readouterr().out
+  odd_bits = default.command()[3:]
+  odd_bits[odd_bits.index("--bits") + 1] = "12"
+  assert cli.main(odd_bits) == 0
+  assert "trainer options: none (bits=12 is not the width of a trainer wire format" in capsys.readouterr().out
   with pytest.raises(ValueError, match="Plan.command\\(\\) needs a catalog name for model"):
     toy_plan(1.0).command()
 
@@ -259,3 +264,35 @@ def test_moe_plan_computes_with_active_params_and_sends_total_params():
   assert p.table.loc["DiLoCo H=10", "GB per sync"] == pytest.approx(2 * total / 1e9, rel=1e-12)
   streaming = p.table[p.table["method"] == "streaming"].iloc[0]
   assert streaming["GB per sync"] < p.table.loc["DiLoCo H=10", "GB per sync"]
+
+
+@pytest.mark.parametrize("link, expected", [
+    (1e9, "--algorithm dp --replicas 2"),
+    (3000.0, "--algorithm streaming --replicas 2 --sync-every 3 --fragments 3 --overlap 1 --compression bf16"),
+    (100.0, "--algorithm streaming --replicas 2 --sync-every 1000 --fragments 2 --overlap 0 --compression bf16"),
+])
+def test_train_args_are_the_trainers_options_for_the_choice(link, expected):
+  from diloco_core.cli import build_parser, config_from_args
+  p = toy_plan(link * (1 + 1e-12))
+  argv = p.train_args()
+  assert " ".join(argv) == expected
+  # the trainer parses them into exactly the suggested schedule, valid for the model's L
+  config = config_from_args(build_parser().parse_args(argv + ["--model", "tiny", "--layers", "2"]))
+  config.algo.validate(num_layers=2)
+  row = p.table.loc[p.choice]
+  assert (config.algo.algorithm, config.algo.replicas) == (row["method"], 2)
+  if row["method"] != "dp":
+    assert (config.algo.sync_every, config.algo.fragments, config.algo.overlap) == (row["H"], row["P"], row["tau"])
+
+
+def test_train_args_of_eager_other_bits_and_no_choice():
+  w = float(toy_plan(1e9, sync_every=(6,), eager=True).table.loc["DiLoCo H=6 eager", "Gbit/s per slice"])
+  eager = toy_plan(w / GBPS, sync_every=(6,), eager=True)
+  assert eager.train_args() == ["--algorithm", "diloco", "--replicas", "2", "--sync-every", "6",
+                                "--outer-overlap", "eager", "--compression", "bf16"]
+  assert toy_plan(100.0 * (1 + 1e-12), bits=8).train_args()[-2:] == ["--compression", "fp8"]
+  assert toy_plan(1000.0, bits=32).train_args()[-2:] == ["--compression", "none"]
+  with pytest.raises(ValueError, match=r"^bits=12 is not the width of a trainer wire format; the trainer sends \[4, 8, 16, 32\] bits.$"):
+    toy_plan(100.0 * (1 + 1e-12), bits=12).train_args()
+  with pytest.raises(ValueError, match=r"^the plan suggests nothing to train: No candidate fits"):
+    toy_plan(10.0).train_args()
