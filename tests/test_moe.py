@@ -213,3 +213,14 @@ def test_bad_moe_options_are_one_line_errors_naming_the_option():
 def test_the_cli_names_the_coefficient_flags(capsys):
   assert cli_main(["--model", "moe-tiny", "--aux-loss-coef", "-1"]) == 2
   assert capsys.readouterr().err == "error: --aux-loss-coef must be a finite number >= 0, got -1.0.\n"
+
+
+def test_streaming_sends_total_params_so_an_moe_sends_its_total_ratio_of_bytes():
+  # Every fragment is sent steps / H times: bytes per replica are proportional to the total
+  # (not active) params, exactly (the recipes page states this ratio).
+  kw = dict(fragments=3, sync_every=6, steps=12, eval_every=12, log_every=6, compression="bf16")
+  moe_run = train(tiny("streaming", model="moe-tiny", **kw)).summary
+  dense_run = train(tiny("streaming", model="moe-tiny", num_experts=1, experts_per_token=1, **kw)).summary
+  assert moe_run["total_bytes_per_replica"] * dense_run["params"] == (
+      dense_run["total_bytes_per_replica"] * moe_run["params"])
+  assert moe_run["params"] > 2 * dense_run["params"]
