@@ -22,7 +22,9 @@ E/k times the active MLP FLOPs, which is acceptable there; the compiled step's F
 therefore :func:`~diloco_core.model_config.flops_per_token` of the config with k = E, while
 ``flops_per_token(cfg)`` counts the active experts only. For large E the efficient path is to
 sort the token-expert pairs by expert and run :func:`jax.lax.ragged_dot` over the groups
-(active FLOPs only); it is not implemented here.
+(active FLOPs only); it is not implemented here. Nothing has to divide E: the experts are
+not sharded over devices (there is no expert-parallel mesh axis; within a replica they are
+replicated like every other weight), so the only rule is :math:`1 \\le k \\le E`.
 
 Auxiliary losses (each averaged over the L layers, weighted by its coefficient,
 ``aux_loss_coef`` or ``z_loss_coef`` of :class:`~diloco_core.model_config.ModelConfig`, and
