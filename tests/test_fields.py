@@ -21,7 +21,8 @@ def test_the_lists_read_from_the_metadata_are_the_former_hand_kept_ones():
   must = fields.must_match_fields(TrainConfig)
   assert {p for p in must if "." not in p} == {"model", "n_layers", "vocab_size", "positions", "batch_size",
                                                "seq_len", "seed", "inner_lr", "warmup_steps", "weight_decay",
-                                               "grad_clip", "aux_loss_coef", "z_loss_coef"}
+                                               "grad_clip", "num_experts", "experts_per_token",
+                                               "aux_loss_coef", "z_loss_coef"}
   assert {p for p in must if p.startswith("algo.")} == {f"algo.{f.name}" for f in dataclasses.fields(DiLoCoConfig)}
   assert {p for p in must if p.startswith("data.")} == {f"data.{f.name}" for f in dataclasses.fields(TrainConfig().data)
                                                        if f.name != "workers"}  # read-ahead threads: same batches
