@@ -316,6 +316,8 @@ def check_out_dir(out: str, overwrite: bool, resume: bool = False) -> None:
     _probe_create(out)
     return
   if not os.access(out, os.W_OK) or not _can_write_in(out):
+    if not os.path.isdir(out):  # removed meanwhile by another process's probe (multi-process run)
+      return check_out_dir(out, overwrite, resume)
     raise ValueError(f"out={out!r} is not writable; choose another directory.")
   if resume and not finalized_steps(out):
     raise ValueError(no_checkpoint_message(out))

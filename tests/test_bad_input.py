@@ -399,3 +399,19 @@ def test_api_step_inputs_are_checked_at_the_boundary():
   with pytest.raises(ValueError, match=r"^layer_mask leaves must be Python bools .*got a ndarray.$"):
     DiLoCo(quad, optax.sgd(0.5), DiLoCoConfig(replicas=2), layer_mask=np.array([True, False])).init(jnp.zeros(2))
   state, _ = algo.step(state, jnp.zeros((2, 2)), jnp.ones(2))  # the right shapes still run
+
+
+def test_out_dir_removed_by_another_processs_probe_during_the_check_is_not_an_error(tmp_path, monkeypatch):
+  # Multi-process runs: process 0 may create and remove `out` (its probe) while process 1 checks it.
+  from diloco_core import run_config as rc
+  out, real = tmp_path / "run", rc._can_write_in
+  out.mkdir()
+
+  def vanish(directory):
+    os.rmdir(directory)
+    monkeypatch.setattr(rc, "_can_write_in", real)
+    return False
+
+  monkeypatch.setattr(rc, "_can_write_in", vanish)
+  rc.check_out_dir(str(out), overwrite=False)
+  assert not out.exists()  # checked again as a new directory: probed, nothing left behind
