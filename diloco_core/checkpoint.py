@@ -35,11 +35,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import re
 import shutil
 import sys
 import threading
+import traceback
 from typing import Any, Sequence
 
 import jax
@@ -381,6 +383,19 @@ def _quiet_orbax_failed_reads() -> None:
 
     hook._diloco_quiet = True
     setattr(owner, name, hook)
+  # Orbax's concurrent reads of a damaged checkpoint: the tasks whose failure is not the one
+  # raised end up in asyncio's "Task exception was never retrieved" log, with a traceback.
+  asyncio_log = logging.getLogger("asyncio")
+  if not any(isinstance(f, _OrbaxReadFailures) for f in asyncio_log.filters):
+    asyncio_log.addFilter(_OrbaxReadFailures())
+
+
+class _OrbaxReadFailures(logging.Filter):
+  """Drops asyncio log records of exceptions raised inside Orbax (reported by the caller)."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    tb = record.exc_info[2] if record.exc_info else None
+    return not (tb is not None and any("orbax" in frame.filename for frame in traceback.extract_tb(tb)))
 
 
 def _reason(e: Exception) -> str:

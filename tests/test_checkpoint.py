@@ -340,3 +340,26 @@ def test_trainer_drop_schedule_records_participants_and_changes_only_later_rows(
   prob = tiny(replicas=4, drop_prob=0.5, seed=3)
   assert participation(prob, 4).tolist() == participation(prob, 4).tolist()  # seeded: pure in (seed, step)
   assert participation(prob, 3).tolist() == [1.0] * 4  # no sync after step 3
+
+
+def test_asyncio_logs_of_failed_orbax_reads_are_dropped_and_others_kept():
+  import logging
+  import sys as _sys
+  from diloco_core import checkpoint as ck
+
+  def record_of(filename):
+    try:
+      exec(compile("raise ValueError('NOT_FOUND: array')", filename, "exec"))
+    except ValueError:
+      info = _sys.exc_info()
+    return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, "Task exception was never retrieved",
+                             None, info)
+
+  ck._quiet_orbax_failed_reads()
+  filters = [f for f in logging.getLogger("asyncio").filters if isinstance(f, ck._OrbaxReadFailures)]
+  assert len(filters) == 1
+  ck._quiet_orbax_failed_reads()  # installed once
+  assert len([f for f in logging.getLogger("asyncio").filters if isinstance(f, ck._OrbaxReadFailures)]) == 1
+  assert not filters[0].filter(record_of("/site-packages/orbax/checkpoint/_src/serialization.py"))
+  assert filters[0].filter(record_of("/home/user/my_code.py"))
+  assert filters[0].filter(logging.LogRecord("asyncio", logging.ERROR, __file__, 1, "no exception", None, None))
