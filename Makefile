@@ -3,7 +3,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast docs bench bench-accel clean
+.PHONY: demo test test-fast docs experiments bench bench-accel clean
+EXPERIMENTS ?= --all
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	python3 -m venv $(VENV)
@@ -24,6 +25,9 @@ test-fast: $(VENV)/.installed  ## everything but the tests marked slow
 
 docs: $(VENV)/.installed  ## the site from scratch, every notebook executed, warnings are errors
 	$(PY) docs/build.py
+
+experiments: $(VENV)/.installed  ## train and store the docs' experiments (analysis/results/*.json)
+	$(PY) -m analysis experiments run $(EXPERIMENTS)
 
 bench: $(VENV)/.installed  ## benchmarks that print measured ratios
 	$(PY) benchmarks/step_time.py

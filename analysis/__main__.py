@@ -7,6 +7,9 @@ Examples::
       --seq-len 4096 --global-batch-tokens 2097152 --mfu 0.5 --target 0.95 --link-gbps 100
   python -m analysis simulate --model 1B --method streaming --overlap 1 --bits 4 --target 0.95
   python -m analysis simulate --table
+  python -m analysis experiments list
+  python -m analysis experiments run claims        # train and store analysis/results/claims.json
+  python -m analysis experiments verify claims --sample 2
 
 Errors (unknown names, out-of-range values) print one line to stderr and exit with 2.
 """
@@ -220,7 +223,59 @@ def build_parser() -> argparse.ArgumentParser:
                      description="The model catalog with parameter counts and FLOPs/token.")
   m.add_argument("--seq-len", type=int, default=None, help="context length (default: own)")
   m.set_defaults(func=_models)
+  _add_experiments(sub)
   return p
+
+
+def _experiments(a) -> None:
+  if a.scale == "cpu":  # the docs build's environment (conf.py), which re-checks the results
+    import os
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags:
+      os.environ["XLA_FLAGS"] = (flags + " --xla_force_host_platform_device_count=8").strip()
+  # Imported here: the experiments train with JAX, which the other commands never start.
+  from analysis import experiments
+  from analysis import stored
+  names = list(experiments.SWEEPS) if a.all or a.action == "list" else a.names
+  if not names:
+    raise ValueError("experiments: name at least one experiment (one of "
+                     f"{sorted(experiments.SWEEPS)}) or pass --all.")
+  for name in names:  # unknown names or scales: one line, before anything trains
+    stored.path_of(name)
+    experiments.named_sweep(name, a.scale)
+  if a.action == "list":
+    for name in names:
+      try:
+        e = stored.load(name, scale=a.scale)
+        state = f"stored {e.provenance['date']}, code {e.provenance['code']}"
+      except stored.StoredResultError as err:
+        state = str(err).split(": ", 2)[-1]
+      print(f"{name:15s} {len(experiments.named_sweep(name, a.scale)):4d} runs  {state}")
+    return
+  for name in names:
+    if a.action == "run":
+      path = stored.run_experiment(name, scale=a.scale, progress=not a.quiet)
+      print(f"{name}: stored {path}")
+    else:
+      report = stored.verify(name, k=a.sample, scale=a.scale)
+      print(f"{name}: {len(report)} runs trained again, largest relative difference "
+            f"{report['max_rel_diff'].max():.3g} (allowed {stored.RTOL:g})")
+
+
+def _add_experiments(sub) -> None:
+  e = sub.add_parser("experiments", help="train, store and re-check the docs' experiments",
+                     description="The named experiments behind the docs (analysis.experiments):"
+                                 " `run` trains them and writes analysis/results/NAME.json with"
+                                 " provenance; `verify` trains a fixed sample again and fails on"
+                                 " any difference; `list` shows what is stored.")
+  e.add_argument("action", choices=("run", "verify", "list"), help="what to do")
+  e.add_argument("names", nargs="*", help="experiment names (see `list`)")
+  e.add_argument("--all", action="store_true", help="every experiment")
+  e.add_argument("--scale", default="cpu", help="cpu or accelerator (cpu)")
+  e.add_argument("--sample", type=int, default=2, help="verify: runs trained again (2)")
+  e.add_argument("--quiet", action="store_true", help="run: no progress bar")
+  e.set_defaults(func=_experiments)
 
 
 def _add_roofline(sub) -> None:

@@ -7,6 +7,7 @@ it (or reads it from the cache). :func:`base_config` is the run every sweep vari
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from analysis.sweeps import grid
@@ -20,12 +21,13 @@ SCALES = ("cpu", "accelerator")
 
 
 def base_config(scale: str = "cpu", **changes):
-  """The run every docs sweep varies around.
+  """The run every docs sweep and the claims experiment vary around.
 
-  On ``"cpu"``: the ``tiny`` preset (L = 2) on the synthetic language with V = 16
-  (order 2, 4 successors per context), M = 4 replicas × 8 sequences × 32 tokens,
-  600 inner steps, peak inner LR 1e-2, DiLoCo with H = 24 and the default outer
-  optimizer. Compilation, not training, dominates such a run (a few seconds each).
+  On ``"cpu"``: the ``tiny`` preset (L = 2, about 7,000 parameters) on the synthetic language
+  with V = 8 (order 2, 4 successors per context), M = 4 replicas × 8 sequences × 32 tokens,
+  1,200 inner steps (about 1.2 M tokens: some 170 tokens per parameter, so that DP ends
+  within about 2% of the data's entropy floor), peak inner LR 1e-2, DiLoCo with H = 24 (50 outer
+  steps), η = 0.5 and μ = 0.9. A run takes about 10 s on 2 CPU cores.
   On ``"accelerator"``: the ``base`` preset (7 M parameters, bfloat16 compute by the
   backend's default) on the trainer's default language, 16 × 64 tokens per replica,
   1,500 steps.
@@ -41,12 +43,13 @@ def base_config(scale: str = "cpu", **changes):
   from diloco_core.data import DataConfig
   from diloco_core.train import TrainConfig
   check_choice("scale", scale, SCALES)
-  algo = DiLoCoConfig(algorithm="diloco", replicas=4, sync_every=24)
   if scale == "cpu":
+    algo = DiLoCoConfig(algorithm="diloco", replicas=4, sync_every=24, outer_lr=0.5)
     base = TrainConfig(
-        algo=algo, data=DataConfig(vocab_size=16), model="tiny", batch_size=8, seq_len=32,
-        steps=600, inner_lr=1e-2, eval_every=100, log_every=20, progress=False)
+        algo=algo, data=DataConfig(vocab_size=8), model="tiny", batch_size=8, seq_len=32,
+        steps=1200, inner_lr=1e-2, eval_every=100, log_every=20, progress=False)
   else:
+    algo = DiLoCoConfig(algorithm="diloco", replicas=4, sync_every=24)
     base = TrainConfig(
         algo=algo, model="base", batch_size=16, seq_len=64, steps=1500, inner_lr=3e-3,
         eval_every=100, log_every=20, progress=False)
@@ -66,20 +69,69 @@ def seeds(scale: str, minimum: int = 0) -> list[int]:
   return list(range(max(2 if scale == "cpu" else 3, minimum)))
 
 
-def methods_configs(scale: str = "cpu") -> list:
-  """DP vs DiLoCo vs Streaming DiLoCo, one seed, on the larger model of the scale.
+#: Seeds of every arm of the claims experiment (paired: the same seeds in every arm).
+CLAIM_SEEDS = 6
 
-  CPU: the ``small`` preset (L = 4) on the V = 16 language, 400 steps (evaluated every
-  20), M = 4, H = 20, Streaming with P = 5 (one fragment every 4 steps) and τ = 1. Accelerator: the ``base``
-  preset (L = 8), 2,000 steps, H = 40, P = 5, τ = 1.
+
+def methods_configs(scale: str = "cpu") -> list:
+  """DP vs DiLoCo vs Streaming DiLoCo, one seed: the main job's runs (``make demo``).
+
+  CPU: exactly what ``python -m diloco_core.compare`` trains on CPU
+  (:func:`diloco_core.compare.default_configs`): the ``small`` preset on the V = 16 language,
+  M = 4 × 8 sequences × 32 tokens, 1,500 steps, H = 30 (50 outer steps), Streaming P = 5, τ = 1.
+  Accelerator: the ``base`` preset (L = 8), 3,000 steps, H = 30, P = 5, τ = 1.
   """
+  from diloco_core import compare
+  from diloco_core.backend import default_demo_steps
   if scale == "cpu":
-    base = base_config(scale, model="small", steps=400, sync_every=20, eval_every=20)
+    runs = compare.default_configs(steps=default_demo_steps("cpu"))
   else:
-    base = base_config(scale, model="base", steps=2000, sync_every=40, eval_every=50)
-  return [with_values(base, {"algorithm": "dp"}),
-          with_values(base, {"algorithm": "diloco"}),
-          with_values(base, {"algorithm": "streaming", "fragments": 5, "overlap": 1})]
+    runs = compare.default_configs(steps=default_demo_steps("gpu"), model="base", seq_len=64)
+  return [dataclasses.replace(c, out=None, progress=False, overwrite=False) for c in runs.values()]
+
+
+def claims_arms(scale: str = "cpu") -> dict[str, Any]:
+  """The arms of the claims experiment (docs/claims.md), by name; each is trained with
+  :data:`CLAIM_SEEDS` seeds. Around :func:`base_config` (DiLoCo, M = 4, H = 24, η = 0.5):
+
+  ``dp``; ``diloco``; ``replica`` (``diloco`` with ``eval_replicas``: the last step merges
+  nothing, so replica 0 can be evaluated beside the global params); ``streaming`` (P = 3,
+  τ = 0) and ``tau1`` / ``tau5`` (τ = 1, 5 with α = 0.5); ``e3m0`` (4-bit pseudo-gradients);
+  ``h6`` / ``h12`` / ``h48``; ``m1`` / ``m2`` (M = 1, 2 at DP's global batch of 32 sequences);
+  ``delayed`` / ``eager`` (whole outer step overlapped); ``eta_h{12,48}_{η}``, the outer-LR
+  grid η ∈ {0.1, 0.3, 0.5, 0.7, 0.9, 1.2} at H = 12 and H = 48.
+  """
+  base = base_config(scale)
+  b = base.batch_size * base.algo.replicas  # DP's global batch, kept fixed over M
+  arms = {
+      "dp": {"algorithm": "dp"},
+      "diloco": {},
+      "replica": {"eval_replicas": True},
+      "streaming": {"fragments": 3, "overlap": 0},
+      "tau1": {"fragments": 3, "overlap": 1, "alpha": 0.5},
+      "tau5": {"fragments": 3, "overlap": 5, "alpha": 0.5},
+      "e3m0": {"compression": "e3m0"},
+      "h6": {"sync_every": 6}, "h12": {"sync_every": 12}, "h48": {"sync_every": 48},
+      "m1": {"replicas": 1, "batch_size": b}, "m2": {"replicas": 2, "batch_size": b // 2},
+      "delayed": {"outer_overlap": "delayed"}, "eager": {"outer_overlap": "eager"},
+  }
+  for h in (12, 48):
+    for eta in (0.1, 0.3, 0.5, 0.7, 0.9, 1.2):
+      arms[f"eta_h{h}_{eta:g}"] = {"sync_every": h, "outer_lr": eta}
+  return {name: with_values(base, changes) if changes else base for name, changes in arms.items()}
+
+
+def claims_configs(scale: str = "cpu") -> list:
+  """Every run of the claims experiment: each distinct arm config × :data:`CLAIM_SEEDS` seeds
+  (arms with the same config, e.g. ``h12`` and ``eta_h12_0.5``, are one set of runs)."""
+  out, seen = [], set()
+  for cfg in claims_arms(scale).values():
+    marker = repr(cfg)
+    if marker in seen:
+      continue
+    seen.add(marker)
+    out += grid(cfg, seed=list(range(CLAIM_SEEDS)))
+  return out
 
 
 def _three_methods(base, fragments: int, overlap: int = 1) -> list:
@@ -101,6 +153,11 @@ def _register(name):
 @_register("methods")
 def _methods(scale):
   return methods_configs(scale)
+
+
+@_register("claims")
+def _claims(scale):
+  return claims_configs(scale)
 
 
 @_register("non_iid")

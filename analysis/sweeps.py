@@ -45,7 +45,8 @@ from diloco_core.config import DiLoCoConfig
 #: The numbers of a run's summary that :func:`run_sweep` puts in each row.
 SUMMARY_COLUMNS = (
     "final_eval_loss", "loss_floor", "gap_to_floor", "total_bytes_per_replica",
-    "peak_bytes_per_step", "wall_time_s", "compile_time_s", "tokens", "tokens_per_s", "params")
+    "peak_bytes_per_step", "wall_time_s", "compile_time_s", "tokens", "tokens_per_s", "params",
+    "final_replica_eval_loss")
 
 
 def _train_module():

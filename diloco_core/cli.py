@@ -214,10 +214,10 @@ def compare_main(argv: list[str] | None = None) -> int:
   args.steps = default_demo_steps() if args.steps is None else args.steps
   outer = {k: getattr(args, "algo." + k) for k in ("replicas", "sync_every", "fragments", "overlap")}
   try:
-    base = TrainConfig(model=args.model, steps=args.steps, nondeterministic=args.nondeterministic, batch_size=args.batch_size,
-                       seq_len=args.seq_len, out=args.out, overwrite=args.overwrite,
-                       progress=args.progress)
-    results = compare_lib.compare(compare_lib.comparison_configs(base, **outer))
+    results = compare_lib.compare(compare_lib.default_configs(
+        model=args.model, steps=args.steps, nondeterministic=args.nondeterministic,
+        batch_size=args.batch_size, seq_len=args.seq_len, out=args.out, overwrite=args.overwrite,
+        progress=args.progress, **outer))
   except (ValueError, FileNotFoundError, FloatingPointError) as e:
     print(f"error: {to_flags(str(e))}", file=sys.stderr)
     return 2

@@ -236,6 +236,9 @@ def train(cfg: TrainConfig) -> TrainResult:
   eval_tokens = algo.place_replicated(data.eval_batch())
   evaluate = lambda s: float(eval_fn(algo.eval_params(s), eval_tokens))
 
+  # eval_replicas: the last step merges nothing (alpha = 1 keeps every replica's own params; the
+  # global params do not depend on alpha), so each replica can be evaluated beside them.
+  last_step_algo = algo.with_hyperparams(alpha=1.0) if cfg.eval_replicas else algo
   drops = bool(cfg.drop_schedule or cfg.drop_prob)
   log = MetricsLog(M * b * T, drops, _prepare_out(cfg), None if resumed is None else resumed.meta["metrics"])
   checkpoints = ckpt.CheckpointWriter(cfg.out, cfg.keep_checkpoints) if cfg.checkpoint_every else None
@@ -255,7 +258,8 @@ def train(cfg: TrainConfig) -> TrainResult:
     for t in range(first, cfg.steps + 1):
       batch = algo.place_batch(data.train_batch(t - 1))
       present = participation(cfg, t)
-      state, m = algo.step(state, batch, None if present is None else algo.place_replicated(present))
+      stepper = last_step_algo if t == cfg.steps and cfg.eval_replicas else algo
+      state, m = stepper.step(state, batch, None if present is None else algo.place_replicated(present))
       if compile_time is None:
         jax.block_until_ready(m["loss"])
         compile_time = time.perf_counter() - start
@@ -295,6 +299,11 @@ def train(cfg: TrainConfig) -> TrainResult:
   compile_time = 0.0 if compile_time is None else compile_time  # resumed at the last step: no step ran
   metrics = pd.DataFrame(log.rows)
   final_eval = float(metrics["eval_loss"].dropna().iloc[-1])
+  replica_losses = None
+  if cfg.eval_replicas:
+    host = jax.device_get(state.params)
+    replica_losses = [float(eval_fn(algo.place_replicated(jax.tree.map(lambda x: x[m], host)), eval_tokens))
+                      for m in range(M)]
   floor = data.loss_floor
   tokens_per_step = log.tokens_per_step
   summary = {
@@ -302,6 +311,9 @@ def train(cfg: TrainConfig) -> TrainResult:
       "final_eval_loss": final_eval,
       "loss_floor": floor,
       "gap_to_floor": None if floor is None else final_eval - floor,
+      # eval_replicas: each replica's own params after the last step (which merged nothing)
+      "final_replica_eval_losses": replica_losses,
+      "final_replica_eval_loss": None if replica_losses is None else replica_losses[0],
       "total_bytes_per_replica": log.total_bytes,
       "peak_bytes_per_step": log.peak_bytes,
       "wall_time_s": wall,

@@ -127,6 +127,10 @@ class TrainConfig:
                            help="global-norm gradient clip (0 disables)")
   eval_every: int = field(50, flag="eval-every", group=_R,
                           help="steps between evaluations of the global params (and at 0, end)")
+  eval_replicas: bool = field(
+      False, flag="eval-replicas", group=_R,
+      help="DiLoCo/Streaming: the last step merges nothing, and the summary also holds each replica's"
+           " own eval loss then (final_replica_eval_losses), to compare one replica with the global params")
   log_every: int = field(10, flag="log-every", group=_R,
                          help="steps between metric fetches from the device / log rows")
   seed: int = field(0, flag="seed", group=_R, must_match=True,
@@ -194,6 +198,7 @@ class TrainConfig:
                vocab=vocab, devices=devices)
     self._validate_checkpointing()
     self._validate_drops()
+    self._validate_eval_replicas()
     if self.out is not None:
       check_out_dir(self.out, self.overwrite, self.resume)
       if self.checkpoint_every:
@@ -211,6 +216,20 @@ class TrainConfig:
           f"`experts_per_token` (k={k}{whose('experts_per_token')}) must be <= `num_experts`"
           f" (E={E}{whose('num_experts')}): a token is routed to k of the E experts; pass"
           f" `experts_per_token` {f'in [1, {E}]' if E > 1 else '1'} or `num_experts` >= {k}.")
+
+  def _validate_eval_replicas(self) -> None:
+    v.check_bool("eval_replicas", self.eval_replicas)
+    if not self.eval_replicas:
+      return
+    if self.algo.algorithm == "dp":
+      raise ValueError("eval_replicas compares each replica with the global params; algorithm 'dp' has"
+                       " one model: use `algorithm` diloco or streaming.")
+    if self.algo.outer_overlap != "none":
+      raise ValueError(f"eval_replicas is not supported with outer_overlap={self.algo.outer_overlap!r};"
+                       " use outer_overlap='none'.")
+    if self.checkpoint_every or self.resume:
+      raise ValueError("eval_replicas leaves the replicas unmerged after the last step, which a"
+                       " checkpoint must not hold: drop `checkpoint_every` / `resume` or `eval_replicas`.")
 
   def _validate_checkpointing(self) -> None:
     ce = v.check_int("checkpoint_every", self.checkpoint_every, low=0, what=" (0: no checkpoints)")

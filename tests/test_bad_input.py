@@ -190,6 +190,10 @@ CASES = [
     ("drop-schedule-no-sync", lambda t, f: ["--drop-schedule", "3:0"], "no sync after step 3"),
     ("drop-prob-out-of-range", lambda t, f: ["--drop-prob", "1.5"], "drop_prob must be a number in [0, 1)"),
     ("drops-with-dp", lambda t, f: ["--algorithm", "dp", "--drop-prob", "0.1"], "algorithm 'dp' has none to miss"),
+    # ---- the replica-vs-global diagnostic ----
+    ("eval-replicas-with-dp", lambda t, f: ["--algorithm", "dp", "--eval-replicas"], "algorithm 'dp' has one model"),
+    ("eval-replicas-with-checkpoints", lambda t, f: ["--eval-replicas", "--checkpoint-every", "2", "--out", str(t / "o")],
+     "drop --checkpoint-every / --resume or --eval-replicas"),
 ]
 
 

@@ -13,7 +13,9 @@ from analysis.plots._style import label
 from analysis.plots._style import short
 from analysis.plots.compare import loss_figure
 from analysis.plots.results import plot_bars
+from analysis.plots.results import VERDICT_COLORS
 from analysis.plots.results import plot_curves
+from analysis.plots.results import plot_intervals
 from analysis.plots.results import plot_lines
 from analysis.plots.results import plot_metric
 from analysis.plots.results import plot_tradeoff

@@ -225,3 +225,39 @@ def plot_lines(df: pd.DataFrame, *, x: str, y: str | Sequence[str], hue: str | N
   if ax.get_legend_handles_labels()[0]:
     ax.legend(fontsize=8)
   return done(fig)
+
+
+#: Colors of the claims page's verdicts (and its forest plot).
+VERDICT_COLORS = {"agrees": "#2e7d32", "disagrees": "#c62828", "not resolved": "#9e9e9e"}
+
+
+def plot_intervals(rows: pd.DataFrame, *, title: str | None = None):
+  """A forest plot: one horizontal 95% interval per row, colored by its verdict.
+
+  Args:
+    rows: columns ``label``, ``mean``, ``low``, ``high``, ``verdict`` and optionally
+      ``tolerance`` (a dotted tick at the tolerance of a "costs nothing" condition).
+    title: the figure title.
+
+  Returns:
+    The Figure.
+  """
+  fig, (ax,) = new_figure(figsize=(7.2, 0.32 * len(rows) + 1.2))
+  y = np.arange(len(rows))[::-1]
+  for yi, (_, r) in zip(y, rows.iterrows()):
+    color = VERDICT_COLORS.get(r["verdict"], "k")
+    ax.plot([r["low"], r["high"]], [yi, yi], color=color, lw=2.5, solid_capstyle="butt")
+    ax.plot([r["mean"]], [yi], "o", color=color, ms=4)
+    tol = r.get("tolerance")
+    if tol is not None and np.isfinite(tol):
+      ax.plot([tol], [yi], "|", color="k", ms=10)
+  ax.axvline(0.0, color="k", lw=0.8)
+  ax.set_yticks(y, rows["label"].tolist(), fontsize=8)
+  ax.set_xlabel("paired difference, % of the reference loss (95% interval)")
+  for verdict, color in VERDICT_COLORS.items():
+    ax.plot([], [], color=color, lw=2.5, label=verdict)
+  ax.plot([], [], "|", color="k", ms=10, label="tolerance")
+  ax.legend(fontsize=8, loc="lower right")
+  if title:
+    ax.set_title(title)
+  return done(fig)

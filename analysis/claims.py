@@ -1,0 +1,349 @@
+"""The papers' findings as tests: paired differences over seeds, 95% intervals, computed verdicts.
+
+Each :class:`Claim` is one published finding (the paper, its setting, its number) and a test
+on the stored ``claims`` experiment (:func:`analysis.experiments.claims_arms`): every arm is
+trained with the same seeds, so each comparison is a **paired** difference (arm b minus arm a,
+seed by seed, in percent of arm a's loss), summarised by its mean and a 95% Student-t
+interval (:func:`paired`). A verdict is computed from the intervals, never typed in:
+
+* a "costs nothing" finding (*b is no worse than a, within the paper's tolerance*)
+  **agrees** when the whole interval lies below the tolerance, **disagrees** when the whole
+  interval lies above it, and is **not resolved** otherwise;
+* a "b is worse" (or better) finding agrees when the interval excludes zero on the paper's
+  side and disagrees when it excludes zero on the other side.
+
+A claim with several conditions agrees when all agree, disagrees when any disagrees, and is
+not resolved otherwise; :func:`evaluate_all` returns one row per claim.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats as _stats
+
+AGREES, DISAGREES, NOT_RESOLVED = "agrees", "disagrees", "not resolved"
+#: The confidence level of every interval on the claims page.
+LEVEL = 0.95
+
+
+@dataclasses.dataclass(frozen=True)
+class Paired:
+  """A paired difference over seeds, in percent (see :func:`paired`)."""
+
+  label: str
+  mean: float
+  low: float
+  high: float
+  sd: float
+  n: int
+
+  def text(self) -> str:
+    """``+0.12% [−0.05, +0.29]`` (mean and 95% interval)."""
+    return f"{self.mean:+.2f}% [{self.low:+.2f}, {self.high:+.2f}]"
+
+
+def interval(values: Sequence[float], level: float = LEVEL) -> tuple[float, float, float, float]:
+  """Mean, lower and upper bound of the Student-t interval, and standard deviation.
+
+  Examples:
+    >>> [round(v, 4) for v in interval([1.0, 2.0, 3.0])]  # t(0.975, 2) = 4.3027
+    [2.0, -0.4841, 4.4841, 1.0]
+  """
+  x = np.asarray(values, dtype=float)
+  if x.size < 2:
+    raise ValueError(f"a paired interval needs at least 2 seeds, got {x.size}.")
+  mean, sd = float(x.mean()), float(x.std(ddof=1))
+  half = float(_stats.t.ppf(0.5 + level / 2, x.size - 1)) * sd / np.sqrt(x.size)
+  return mean, float(mean - half), float(mean + half), sd
+
+
+def per_seed(df: pd.DataFrame, arm: str, metric: str = "final_eval_loss") -> pd.Series:
+  """The metric of one arm, indexed by seed."""
+  sel = df[df["arm"] == arm]
+  if sel.empty:
+    raise ValueError(f"no run of arm {arm!r}; arms: {sorted(df['arm'].unique())}.")
+  return sel.set_index("seed")[metric].sort_index()
+
+
+def paired(df: pd.DataFrame, weights: Mapping[str, float], base: str, label: str,
+           metric: str = "final_eval_loss") -> Paired:
+  """A paired linear combination of arms, per seed, in percent of arm ``base``.
+
+  ``weights = {"b": 1, "a": -1}`` is the difference b − a; any combination whose weights sum
+  to zero compares losses (e.g. claim 7's "eager recovers more than half the delay's cost").
+  Only seeds present in every arm are used.
+
+  Examples:
+    >>> df = pd.DataFrame({"arm": ["a"] * 3 + ["b"] * 3, "seed": [0, 1, 2] * 2,
+    ...                    "final_eval_loss": [2.0, 2.0, 2.0, 2.02, 2.04, 2.0]})
+    >>> p = paired(df, {"b": 1, "a": -1}, base="a", label="b - a")
+    >>> round(p.mean, 3), p.n
+    (1.0, 3)
+  """
+  series = {arm: per_seed(df, arm, metric) for arm in set(weights) | {base}}
+  seeds = sorted(set.intersection(*(set(s.index) for s in series.values())))
+  combo = sum(w * series[arm].loc[seeds].to_numpy() for arm, w in weights.items())
+  values = 100.0 * combo / series[base].loc[seeds].to_numpy()
+  mean, low, high, sd = interval(values)
+  return Paired(label, mean, low, high, sd, len(seeds))
+
+
+def no_worse(p: Paired, tolerance: float) -> str:
+  """Verdict of "b costs at most ``tolerance`` %": the whole interval below, above, or neither.
+
+  Examples:
+    >>> no_worse(Paired("x", 0.1, -0.2, 0.4, 0.3, 5), 0.5), no_worse(Paired("x", 1, 0.6, 1.4, 1, 5), 0.5)
+    ('agrees', 'disagrees')
+  """
+  if p.high <= tolerance:
+    return AGREES
+  if p.low > tolerance:
+    return DISAGREES
+  return NOT_RESOLVED
+
+
+def positive(p: Paired) -> str:
+  """Verdict of "the combination is > 0" (b worse than a): agrees when the interval is above 0.
+
+  Examples:
+    >>> positive(Paired("x", 1, 0.2, 1.8, 1, 5)), positive(Paired("x", -1, -1.8, -0.2, 1, 5))
+    ('agrees', 'disagrees')
+  """
+  if p.low > 0:
+    return AGREES
+  if p.high < 0:
+    return DISAGREES
+  return NOT_RESOLVED
+
+
+def combine(verdicts: Sequence[str]) -> str:
+  """All agree: agrees; any disagrees: disagrees; else not resolved.
+
+  Examples:
+    >>> combine([AGREES, AGREES]), combine([AGREES, NOT_RESOLVED]), combine([DISAGREES, NOT_RESOLVED])
+    ('agrees', 'not resolved', 'disagrees')
+  """
+  if any(v == DISAGREES for v in verdicts):
+    return DISAGREES
+  if all(v == AGREES for v in verdicts):
+    return AGREES
+  return NOT_RESOLVED
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+  """What a claim's test found: its verdict and each condition with its interval."""
+
+  verdict: str
+  conditions: tuple  # of (description, Paired, verdict)
+  resolve: str  # what would resolve it (shown when not resolved)
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+  """One published finding and the test of it on the ``claims`` experiment."""
+
+  number: int
+  finding: str
+  paper: str
+  setting: str
+  paper_result: str
+  test: str
+  check: Callable[[pd.DataFrame], Outcome]
+
+
+def _outcome(conditions, resolve: str) -> Outcome:
+  return Outcome(combine([v for _, _, v in conditions]), tuple(conditions), resolve)
+
+
+#: Tolerance (percent of the loss) of the "costs nothing" findings 1-3 and of DiLoCo M = 1 vs DP.
+TOLERANCE = 0.5
+#: Findings 4: what "grows slowly" allows for four times fewer syncs (percent; this project's
+#: reading of the papers' curves, where 4x larger H costs a few tenths of a percent to ~2%).
+SLOW_GROWTH = 2.0
+
+
+def _c1(df):
+  p = paired(df, {"streaming": 1, "diloco": -1}, "diloco", "Streaming − DiLoCo")
+  return _outcome([(f"Streaming (P fragments) costs ≤ {TOLERANCE}%", p, no_worse(p, TOLERANCE))],
+                  "more seeds (the interval shrinks as 1/√n)")
+
+
+def _c2(df):
+  conds = []
+  for arm in ("tau1", "tau5"):
+    p = paired(df, {arm: 1, "streaming": -1}, "streaming", f"{arm.replace('tau', 'τ = ')} − τ = 0")
+    conds.append((f"overlap {arm.replace('tau', 'τ = ')} costs ≤ {TOLERANCE}%", p, no_worse(p, TOLERANCE)))
+  return _outcome(conds, "more seeds")
+
+
+def _c3(df):
+  p = paired(df, {"e3m0": 1, "diloco": -1}, "diloco", "E3M0 − float32")
+  return _outcome([(f"4-bit E3M0 costs ≤ {TOLERANCE}%", p, no_worse(p, TOLERANCE))], "more seeds")
+
+
+def _c4(df):
+  p = paired(df, {"h48": 1, "h12": -1}, "h12", "H = 48 − H = 12")
+  q = paired(df, {"diloco": 1, "h6": -1}, "h6", "H = 24 − H = 6")
+  return _outcome([(f"4× larger H (12 → 48, 4× fewer bytes) costs < {SLOW_GROWTH}%", p, no_worse(p, SLOW_GROWTH)),
+                   (f"4× more syncs (24 → 6, 4× the bytes) gains < {SLOW_GROWTH}%", q, no_worse(q, SLOW_GROWTH))],
+                  "more seeds, or a longer run")
+
+
+def _c5(df):
+  m1 = paired(df, {"m1": 1, "dp": -1}, "dp", "M = 1 − DP")
+  g21 = paired(df, {"m2": 1, "m1": -1}, "dp", "M = 2 − M = 1")
+  g42 = paired(df, {"diloco": 1, "m2": -1}, "dp", "M = 4 − M = 2")
+  return _outcome([
+      (f"DiLoCo M = 1 is at most {TOLERANCE}% above DP", m1, no_worse(m1, TOLERANCE)),
+      ("the penalty grows from M = 1 to M = 2", g21, positive(g21)),
+      ("the penalty grows from M = 2 to M = 4", g42, positive(g42))], "more seeds")
+
+
+def _c6(df):
+  r = per_seed(df, "diloco", "final_replica_eval_loss")
+  g = per_seed(df, "diloco", "final_eval_loss")
+  mean, low, high, sd = interval(100.0 * (r.to_numpy() - g.to_numpy()) / g.to_numpy())
+  p = Paired("one replica − global params", mean, low, high, sd, len(g))
+  return _outcome([("the global params beat one replica", p, positive(p))], "more seeds")
+
+
+def _c7(df):
+  d = paired(df, {"delayed": 1, "diloco": -1}, "diloco", "delayed − none")
+  rec = paired(df, {"delayed": 0.5, "eager": -1, "diloco": 0.5}, "diloco",
+               "(delayed − eager) − ½(delayed − none)")
+  return _outcome([("the naive delayed outer gradient hurts", d, positive(d)),
+                   ("eager recovers more than half of it", rec, positive(rec))], "more seeds")
+
+
+def eta_arms(df: pd.DataFrame, h: int) -> dict[float, str]:
+  """The arms of the outer-LR grid at sync interval ``h``: η -> arm name."""
+  sel = df[df["arm"].str.startswith(f"eta_h{h}_")]
+  return {float(a.split("_")[-1]): a for a in sorted(sel["arm"].unique())}
+
+
+def best_eta(df: pd.DataFrame, h: int) -> float:
+  """The grid η with the lowest mean final loss at sync interval ``h``."""
+  arms = eta_arms(df, h)
+  means = {eta: per_seed(df, arm).mean() for eta, arm in arms.items()}
+  return min(means, key=means.get)
+
+
+def _c8(df):
+  conds = []
+  best = {}
+  hs = sorted({int(a.split("_")[1][1:]) for a in df["arm"].unique() if a.startswith("eta_h")})
+  for h in hs:
+    arms = eta_arms(df, h)
+    b = best[h] = best_eta(df, h)
+    if 0.3 <= b <= 0.9:
+      for eta in (min(arms), max(arms)):
+        if eta < 0.3 or eta > 0.9:
+          p = paired(df, {arms[eta]: 1, arms[b]: -1}, arms[b], f"H = {h}: η = {eta:g} − η = {b:g}")
+          conds.append((f"at H = {h}, η = {b:g} (best) beats η = {eta:g} (outside 0.3–0.9)", p, positive(p)))
+    else:
+      inside = min((e for e in arms if 0.3 <= e <= 0.9), key=lambda e: per_seed(df, arms[e]).mean())
+      p = paired(df, {arms[inside]: 1, arms[b]: -1}, arms[b], f"H = {h}: η = {inside:g} − η = {b:g}")
+      conds.append((f"at H = {h}, the best η ({b:g}) is outside 0.3–0.9; the best inside ({inside:g}) "
+                    "is worse", p, {AGREES: DISAGREES, DISAGREES: AGREES}.get(positive(p), NOT_RESOLVED)))
+  lo, hi = hs[0], hs[-1]
+  a_lo, a_hi = eta_arms(df, lo), eta_arms(df, hi)
+  p = paired(df, {a_hi[best[lo]]: 1, a_hi[best[hi]]: -1}, a_hi[best[hi]],
+             f"H = {hi}: η = {best[lo]:g} − η = {best[hi]:g}")
+  if best[hi] > best[lo]:
+    grows = positive(p)
+  elif best[hi] < best[lo]:
+    grows = {AGREES: DISAGREES}.get(positive(p), NOT_RESOLVED)
+  else:
+    grows = NOT_RESOLVED
+  conds.append((f"the best η grows with H (H = {lo}: {best[lo]:g}, H = {hi}: {best[hi]:g}); at "
+                f"H = {hi} the larger is better", p, grows))
+  return _outcome(conds, "a finer η grid and more seeds (the best grid point is uncertain "
+                         "when neighbouring η differ by less than the noise)")
+
+
+CLAIMS: tuple[Claim, ...] = (
+    Claim(1, "Streaming DiLoCo (P fragments, same H) reaches about vanilla DiLoCo's loss, with the "
+             "peak bytes per sync divided by about P.",
+          "Streaming DiLoCo, arXiv 2501.18512", "up to 4B params, M = 2, H = 100, P up to 10",
+          "evaluation losses within ~0.5% of DiLoCo's", "Streaming (P = 3, τ = 0) − DiLoCo, same H",
+          _c1),
+    Claim(2, "Overlapping the communication of a fragment with a few inner steps (τ ≤ 5, α = 0.5) "
+             "costs almost nothing.",
+          "Streaming DiLoCo, arXiv 2501.18512", "τ ∈ {1, 2, 5} inner steps of overlap, α = 0.5",
+          "< 0.5% loss", "Streaming τ = 1 and τ = 5 (α = 0.5) − τ = 0", _c2),
+    Claim(3, "Pseudo-gradients sent in 4 bits (E3M0) lose nothing against float32.",
+          "Streaming DiLoCo, arXiv 2501.18512", "E3M0 (1 sign, 3 exponent bits), no error feedback",
+          "no loss increase", "DiLoCo with E3M0 − float32 pseudo-gradients", _c3),
+    Claim(4, "The loss grows only slowly with H; very frequent syncs buy little.",
+          "DiLoCo, arXiv 2311.08105; scaling laws, arXiv 2503.09799", "H from 50 to 1000 (DiLoCo)",
+          "a few tenths of a percent to ~2% for several times larger H",
+          "DiLoCo H = 48 − H = 12, and H = 6 − H = 24", _c4),
+    Claim(5, "At a fixed global batch the penalty grows with M; DiLoCo with M = 1 is at least as "
+             "good as DP.",
+          "scaling laws, arXiv 2503.09799 (Table 4)", "35M–2.4B params, H = 30, fixed global batch",
+          "M = 1 slightly below DP at every size; M = 2 / 4 / 8: +0.7 / +2.0 / +3.9% at 35M",
+          "DiLoCo M = 1, 2, 4 (global batch fixed) − DP", _c5),
+    Claim(6, "Evaluating the outer (global) parameters beats evaluating one replica.",
+          "DiLoCo, arXiv 2311.08105", "the averaged outer model vs the inner models",
+          "the outer model has the lower loss", "replica 0 before the last merge − global params",
+          _c6),
+    Claim(7, "The naive delayed outer gradient (the whole outer step overlapped) hurts clearly; "
+             "eager updates recover most of it.",
+          "eager updates, arXiv 2502.12996 (Table 2)", "500M params, H = 30",
+          "loss 2.67 (no overlap), 3.01 (delayed), 2.69 (eager)",
+          "DiLoCo delayed and eager − no overlap", _c7),
+    Claim(8, "The best outer learning rate lies in 0.3–0.9 and grows with H.",
+          "MaxText's DiLoCo guide; scaling laws, arXiv 2503.09799", "Nesterov μ = 0.9",
+          "η ∈ [0.3, 0.9], larger for larger H", "grid of η at H = 12 and H = 48", _c8),
+)
+
+
+def arm_frame(stored, arms: Mapping[str, object]) -> pd.DataFrame:
+  """The stored claims runs with an ``arm`` column, one row per (arm, seed).
+
+  Args:
+    stored: a :class:`~analysis.stored.StoredExperiment` (or anything with ``runs``: dicts
+      holding ``config`` and ``row``).
+    arms: arm name -> TrainConfig (seed 0), e.g. :func:`analysis.experiments.claims_arms`.
+      Arms with the same config share its runs.
+
+  Returns:
+    The rows of :func:`analysis.sweeps.run_sweep`, plus ``arm``.
+  """
+  import dataclasses
+  import json
+  from analysis.stored import plain_config
+
+  def marker(cfg_dict):
+    d = dict(cfg_dict)
+    d.pop("seed", None)
+    return json.dumps(d, sort_keys=True, default=str)
+
+  by_marker: dict[str, list[str]] = {}
+  for name, cfg in arms.items():
+    plain = plain_config(dataclasses.replace(cfg, seed=0))
+    by_marker.setdefault(marker(plain), []).append(name)
+  rows = []
+  for run in stored.runs:
+    for name in by_marker.get(marker(run["config"]), []):
+      rows.append({**run["row"], "arm": name})
+  missing = set(arms) - {r["arm"] for r in rows}
+  if missing:
+    raise ValueError(f"no stored run of arm(s) {sorted(missing)}.")
+  return pd.DataFrame(rows)
+
+
+def evaluate_all(df: pd.DataFrame) -> pd.DataFrame:
+  """One row per claim: number, finding, verdict, the conditions' text, what would resolve it."""
+  rows = []
+  for c in CLAIMS:
+    o = c.check(df)
+    rows.append({"claim": c.number, "finding": c.finding, "verdict": o.verdict,
+                 "measured": "; ".join(f"{d}: {p.text()} ({v})" for d, p, v in o.conditions),
+                 "outcome": o, "resolve": o.resolve})
+  return pd.DataFrame(rows)

@@ -1,0 +1,385 @@
+"""Stored experiments: heavy results trained once, kept in the repository, re-checked by every build.
+
+A named experiment (:data:`analysis.experiments.SWEEPS`) is trained by
+``python -m analysis experiments run NAME`` (:func:`run_experiment`, the project's own runner
+:func:`analysis.sweeps.run_sweep`) and written to ``analysis/results/NAME.json``: one entry per
+run (its full config, its row of :func:`~analysis.sweeps.run_sweep`, its logged metrics) and a
+provenance block (the trainer's code hash, JAX / jaxlib / NumPy / Python versions, platform
+and device, date, wall time, the command). The file ends with ``sha256``, the hash of
+everything else in it (:func:`content_hash`), so a hand-edited number is caught: :func:`load`
+refuses a file whose hash does not match, and a test checks every stored file.
+
+Pages and notebooks read the stored results (:func:`load`, :func:`frame`) instead of
+training; the docs build re-trains a deterministic sample of every experiment's runs
+(:func:`sample_indices`, :func:`verify`) and fails when any checked number differs from the
+stored one by more than :data:`RTOL` (relative). :func:`load` also refuses a file whose configs
+are not the ones the registry gives now (the experiment was changed but not re-run), naming
+the command that brings it up to date.
+
+File format (``format`` 1), every float as Python writes it (exact round trip)::
+
+  {"name", "scale", "format", "provenance": {...},
+   "runs": [{"key", "config", "row": {...}, "metrics": {column: [values]}}, ...],
+   "sha256": "<hex>"}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import math
+import os
+import pathlib
+import platform
+import sys
+import time
+from typing import Any, Sequence
+
+import pandas as pd
+
+from analysis import experiments
+from analysis.sweep_cache import code_version
+from analysis.sweep_cache import config_dict
+from analysis.sweep_cache import config_key
+from analysis.sweeps import SUMMARY_COLUMNS
+from analysis.sweeps import flat_config
+from analysis.sweeps import run_one
+from analysis.sweeps import run_sweep
+from analysis.sweeps import sweep_curves
+from diloco_core.validity import check_choice
+from diloco_core.validity import check_int
+
+#: Where stored experiments live (package data, so an installed copy has them too).
+RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
+#: The format of the stored files; :func:`load` refuses any other.
+FORMAT = 1
+#: Largest relative difference allowed between a stored number and the same run trained again
+#: (CPU runs are deterministic: a re-run gives the same bits, so any drift is a change of the
+#: trainer's numerics, which must be re-run and stored again).
+RTOL = 1e-6
+#: Runs of each experiment the docs build trains again (:func:`sample_indices`).
+SAMPLE = 2
+#: Experiments whose runs are expensive re-check fewer (``methods``: the main job's three
+#: `small` runs of about two minutes each; the first, DP, is trained again).
+SAMPLE_SIZES = {"methods": 1}
+#: The numbers of a run compared by :func:`verify` (wall times are not reproducible).
+CHECKED = ("final_eval_loss", "gap_to_floor", "total_bytes_per_replica", "peak_bytes_per_step",
+           "tokens", "params")
+#: The logged metrics kept per run (wall time stays out: it is the machine's, not the run's).
+METRIC_COLUMNS = ("step", "train_loss", "eval_loss", "tokens", "bytes_sent", "total_bytes_sent")
+
+
+class StoredResultError(ValueError):
+  """A stored experiment is missing, edited by hand, stale, or no longer reproduced."""
+
+
+def path_of(name: str) -> pathlib.Path:
+  """The stored file of experiment ``name``: ``analysis/results/NAME.json``."""
+  check_choice("experiment", name, sorted(experiments.SWEEPS))
+  return RESULTS_DIR / f"{name}.json"
+
+
+def _plain(value: Any) -> Any:
+  """JSON-safe Python: NaN becomes None, numpy scalars become Python numbers."""
+  if isinstance(value, dict):
+    return {str(k): _plain(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [_plain(v) for v in value]
+  if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+    value = value.item()
+  if isinstance(value, float) and not math.isfinite(value):
+    return None
+  return value
+
+
+def plain_config(cfg) -> dict:
+  """A config as it is stored: :func:`~analysis.sweep_cache.config_dict` in plain JSON values."""
+  return json.loads(json.dumps(_plain(config_dict(cfg)), allow_nan=False))
+
+
+def content_hash(doc: dict) -> str:
+  """SHA-256 of a stored document without its ``sha256`` entry (sorted keys, compact JSON).
+
+  Examples:
+    >>> content_hash({"a": 1, "sha256": "x"}) == content_hash({"a": 1})
+    True
+    >>> content_hash({"a": 1}) == content_hash({"a": 1.0000001})
+    False
+  """
+  body = {k: v for k, v in doc.items() if k != "sha256"}
+  text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+  return hashlib.sha256(text.encode()).hexdigest()
+
+
+def provenance(wall_time_s: float, runs: int, scale: str) -> dict:
+  """Where and how a stored experiment was computed (versions, platform, date, code hash)."""
+  import jax
+  import jaxlib
+  import numpy as np
+  device = jax.devices()[0]
+  return {
+      "code": code_version(),
+      "jax": jax.__version__,
+      "jaxlib": jaxlib.__version__,
+      "numpy": np.__version__,
+      "python": platform.python_version(),
+      "platform": device.platform,
+      "device_kind": device.device_kind,
+      "devices": jax.device_count(),
+      "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs",
+      "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+      "wall_time_s": round(wall_time_s, 1),
+      "runs": runs,
+      "scale": scale,
+      "command": f"python -m analysis experiments run {{name}} --scale {scale}",
+  }
+
+
+def _metrics_columns(metrics: pd.DataFrame) -> dict[str, list]:
+  return {c: _plain(metrics[c].tolist()) for c in METRIC_COLUMNS if c in metrics.columns}
+
+
+def run_experiment(name: str, *, scale: str = "cpu", cache: str | os.PathLike | None = None,
+                   progress: bool = True, out_dir: str | os.PathLike | None = None) -> pathlib.Path:
+  """Trains every run of experiment ``name`` and writes its stored file; returns the path.
+
+  Finished runs are read from the sweep cache (:mod:`analysis.sweep_cache`, keyed by config
+  and code), so an interrupted experiment picks up where it stopped. The file is written to a
+  temporary name and renamed into place: a stored file is never half written.
+
+  Args:
+    name: one of :data:`analysis.experiments.SWEEPS`.
+    scale: one of :data:`analysis.experiments.SCALES`.
+    cache: the sweep cache folder (default: :func:`~analysis.sweep_cache.cache_dir`).
+    progress: show a progress bar over the runs.
+    out_dir: where to write (default :data:`RESULTS_DIR`).
+
+  Returns:
+    The path of the stored file.
+  """
+  configs = experiments.named_sweep(name, scale)
+  start = time.perf_counter()
+  df = run_sweep(configs, cache=cache, progress=progress, desc=name)
+  curves = sweep_curves(df, cache=cache)
+  runs = []
+  for cfg, (_, row) in zip(configs, df.iterrows()):
+    key = config_key(cfg)
+    metrics = curves[curves["key"] == key] if "key" in curves.columns else curves.iloc[0:0]
+    runs.append({"key": key, "config": plain_config(cfg),
+                 "row": _plain({k: v for k, v in row.items() if k not in ("cached", "run_s")}),
+                 "metrics": _metrics_columns(metrics)})
+  prov = provenance(time.perf_counter() - start, len(runs), scale)
+  prov["command"] = prov["command"].format(name=name)
+  doc = {"name": name, "scale": scale, "format": FORMAT, "provenance": prov, "runs": runs}
+  doc["sha256"] = content_hash(doc)
+  folder = pathlib.Path(out_dir) if out_dir is not None else RESULTS_DIR
+  folder.mkdir(parents=True, exist_ok=True)
+  path = folder / f"{name}.json"
+  tmp = path.with_suffix(".json.tmp")
+  tmp.write_text(json.dumps(doc, indent=None, sort_keys=True, allow_nan=False) + "\n")
+  os.replace(tmp, path)
+  return path
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredExperiment:
+  """One stored experiment as read back (see :func:`load`)."""
+
+  name: str
+  scale: str
+  provenance: dict
+  runs: list
+  path: pathlib.Path
+
+  @property
+  def frame(self) -> pd.DataFrame:
+    """One row per run, the columns of :func:`analysis.sweeps.run_sweep` (``cached`` True)."""
+    df = pd.DataFrame([r["row"] for r in self.runs])
+    df["cached"] = True
+    return df
+
+  @property
+  def curves(self) -> pd.DataFrame:
+    """The logged metrics of every run, long format, as :func:`analysis.sweeps.sweep_curves`."""
+    parts = []
+    for r in self.runs:
+      m = pd.DataFrame(r["metrics"])
+      for col, value in r["row"].items():
+        if col not in m.columns and col not in SUMMARY_COLUMNS:
+          m[col] = [value] * len(m)
+      parts.append(m)
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+  def provenance_line(self) -> str:
+    """One sentence: how many runs, when, on what, with which code (for the pages)."""
+    p = self.provenance
+    return (f"`{self.name}`: {p['runs']} runs trained {p['date']} on {p['device_kind']} "
+            f"({p['platform']}, {p['machine']}) in {p['wall_time_s'] / 60:.1f} min with JAX "
+            f"{p['jax']}, trainer code {p['code']}; stored in `analysis/results/{self.name}.json`, "
+            f"regenerate with `{p['command']}`.")
+
+
+def _refuse(name: str, why: str) -> StoredResultError:
+  return StoredResultError(
+      f"stored experiment {name!r} ({path_of(name)}): {why}; run"
+      f" `python -m analysis experiments run {name}` to train and store it again.")
+
+
+def load(name: str, *, scale: str = "cpu", check_configs: bool = True,
+         path: str | os.PathLike | None = None) -> StoredExperiment:
+  """Reads a stored experiment, checking its hash and (by default) that it is up to date.
+
+  Args:
+    name: one of :data:`analysis.experiments.SWEEPS`.
+    scale: the scale it must have been run at.
+    check_configs: refuse a file whose configs differ from ``named_sweep(name, scale)``.
+    path: read this file instead of :func:`path_of` (tests).
+
+  Returns:
+    A :class:`StoredExperiment`.
+
+  Raises:
+    StoredResultError: the file is missing, edited (hash), of another format or scale, or
+      stale (its configs are not the registry's).
+  """
+  p = pathlib.Path(path) if path is not None else path_of(name)
+  if not p.exists():
+    raise _refuse(name, "no stored file")
+  try:
+    doc = json.loads(p.read_text())
+  except ValueError as e:
+    raise _refuse(name, f"not valid JSON ({e})") from None
+  if doc.get("format") != FORMAT:
+    raise _refuse(name, f"format {doc.get('format')!r}, this code reads format {FORMAT}")
+  if doc.get("sha256") != content_hash(doc):
+    raise StoredResultError(
+        f"stored experiment {name!r} ({p}): its contents do not match its sha256 (edited by"
+        f" hand?); stored results are written only by `python -m analysis experiments run {name}`.")
+  if doc.get("scale") != scale:
+    raise _refuse(name, f"stored at scale {doc.get('scale')!r}, asked for {scale!r}")
+  if check_configs:
+    want = [plain_config(c) for c in experiments.named_sweep(name, scale)]
+    have = [r["config"] for r in doc["runs"]]
+    if want != have:
+      differ = sum(a != b for a, b in zip(want, have)) + abs(len(want) - len(have))
+      raise _refuse(name, f"stale: {differ} of its {len(want)} configs differ from"
+                          f" analysis.experiments.named_sweep({name!r})")
+  return StoredExperiment(name=name, scale=scale, provenance=doc["provenance"], runs=doc["runs"], path=p)
+
+
+def frame(name: str, scale: str = "cpu") -> pd.DataFrame:
+  """The rows of a stored experiment (shorthand for ``load(name, scale=scale).frame``)."""
+  return load(name, scale=scale).frame
+
+
+def results(name: str, scale: str = "cpu", *, live: bool | None = None, curves: bool = False):
+  """The rows of experiment ``name``: stored on CPU, trained live at other scales or on request.
+
+  Args:
+    name: one of :data:`analysis.experiments.SWEEPS`.
+    scale: the scale (``"accelerator"`` has no stored results unless one was run and stored).
+    live: train now (each run cached on disk by :func:`~analysis.sweeps.run_sweep`); default:
+      live when no stored file exists for the scale.
+    curves: also return the logged metrics of the runs (long format).
+
+  Returns:
+    One row per run, as :func:`analysis.sweeps.run_sweep`; with ``curves``, ``(rows, curves)``.
+  """
+  if live is None:
+    p = path_of(name)
+    live = not (p.exists() and json.loads(p.read_text()).get("scale") == scale)
+  if live:
+    df = run_sweep(experiments.named_sweep(name, scale), desc=name)
+    return (df, sweep_curves(df)) if curves else df
+  e = load(name, scale=scale)
+  return (e.frame, e.curves) if curves else e.frame
+
+
+def sample_indices(n: int, k: int = SAMPLE) -> list[int]:
+  """``k`` run indices out of ``n``, spread evenly and fixed (first and last included).
+
+  Examples:
+    >>> sample_indices(10, 2), sample_indices(10, 3), sample_indices(1, 2)
+    ([0, 9], [0, 4, 9], [0])
+  """
+  check_int("sample size", k, low=1)
+  if n <= k:
+    return list(range(n))
+  if k == 1:
+    return [0]
+  return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
+
+
+def _rel(a, b) -> float:
+  if a is None or b is None:
+    return 0.0 if a is None and b is None else math.inf
+  a, b = float(a), float(b)
+  if a == b:
+    return 0.0
+  return abs(a - b) / max(abs(a), abs(b), 1e-300)
+
+
+def verify(name: str, *, k: int = SAMPLE, scale: str = "cpu", rtol: float = RTOL,
+           path: str | os.PathLike | None = None, raise_on_error: bool = True) -> pd.DataFrame:
+  """Trains ``k`` runs of a stored experiment again and compares them with the stored numbers.
+
+  The runs are :func:`sample_indices` of the stored list, trained from scratch (no sweep
+  cache). Compared: the :data:`CHECKED` summary numbers and the logged eval losses.
+
+  Args:
+    name: the experiment.
+    k: how many runs to re-train.
+    scale: its scale.
+    rtol: the largest relative difference accepted.
+    path: read this file instead of :func:`path_of` (tests).
+    raise_on_error: raise :class:`StoredResultError` on a difference (else only report it).
+
+  Returns:
+    One row per re-trained run: ``experiment``, ``index``, ``key``, ``max_rel_diff``,
+    ``worst`` (the field with the largest difference), ``ok``.
+  """
+  stored = load(name, scale=scale, path=path)
+  configs = experiments.named_sweep(name, scale)
+  out = []
+  for i in sample_indices(len(stored.runs), k):
+    run = stored.runs[i]
+    summary, metrics, _ = run_one(configs[i], cache=False)
+    diffs = {c: _rel(run["row"].get(c), _plain(summary.get(c))) for c in CHECKED}
+    was = run["metrics"].get("eval_loss", [])
+    now = _plain(metrics["eval_loss"].tolist())
+    diffs["eval_loss curve"] = (math.inf if len(was) != len(now)
+                                else max((_rel(a, b) for a, b in zip(was, now)), default=0.0))
+    worst = max(diffs, key=diffs.get)
+    out.append({"experiment": name, "index": i, "key": run["key"],
+                "max_rel_diff": diffs[worst], "worst": worst, "ok": diffs[worst] <= rtol})
+  report = pd.DataFrame(out)
+  bad = report[~report["ok"]]
+  if raise_on_error and len(bad):
+    r = bad.iloc[0]
+    raise StoredResultError(
+        f"stored experiment {name!r}: run {r['index']} ({r['key']}) trained again differs in"
+        f" {r['worst']} by {r['max_rel_diff']:.3g} (relative; allowed {rtol:g}); the trainer's"
+        f" numbers changed: run `python -m analysis experiments run {name}` and commit the result.")
+  return report
+
+
+def stored_names() -> list[str]:
+  """The experiments that have a stored file."""
+  return sorted(n for n in experiments.SWEEPS if path_of(n).exists())
+
+
+def sample_size(name: str) -> int:
+  """How many runs of ``name`` the docs build trains again (:data:`SAMPLE_SIZES`, else :data:`SAMPLE`)."""
+  return SAMPLE_SIZES.get(name, SAMPLE)
+
+
+def verify_all(names: Sequence[str] | None = None) -> pd.DataFrame:
+  """:func:`verify` for every stored experiment (or ``names``), :func:`sample_size` runs each."""
+  names = stored_names() if names is None else list(names)
+  return pd.concat([verify(n, k=sample_size(n)) for n in names], ignore_index=True)
+
+
+if __name__ == "__main__":  # pragma: no cover
+  sys.exit("use: python -m analysis experiments run NAME")
