@@ -58,6 +58,11 @@ def _fake_claims(changes=None, seeds=6, noise=1e-4):
     for s in range(seeds):
       row = {"arm": arm, "seed": s, "final_eval_loss": value + noise * rng.standard_normal()}
       row["final_replica_eval_loss"] = row["final_eval_loss"] * 1.01
+      h = {"h6": 6, "h12": 12, "h48": 48}.get(arm, 24)
+      row["total_bytes_per_replica"] = 1000.0 * 1200 / h
+      steps = np.arange(0, 1201, 100)
+      row["metrics"] = {"eval_loss": (value + 0.5 * (1 - steps / 1200)).tolist(),  # still falling
+                        "total_bytes_sent": (1000.0 * steps / h).tolist()}
       rows.append(row)
   return pd.DataFrame(rows)
 

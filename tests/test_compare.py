@@ -1,0 +1,31 @@
+"""The main job (`python -m diloco_core.compare`): its defaults and its table."""
+
+import pandas as pd
+import pytest
+
+from analysis import experiments
+from diloco_core import compare
+from diloco_core.cli import compare_main
+
+
+def test_defaults_are_the_papers_regime_and_the_stored_methods_runs():
+  runs = compare.default_configs(steps=1500, out=None)
+  dl = runs["diloco"]
+  assert dl.steps // dl.algo.sync_every >= 50 and dl.algo.sync_every >= 25  # >= 25x fewer bytes
+  stored_runs = experiments.methods_configs()
+  assert [c.algo for c in stored_runs] == [c.algo for c in runs.values()]
+  assert all(c.data == compare.DATA and c.seq_len == dl.seq_len for c in stored_runs)
+
+
+def test_table_has_loss_and_bytes_relative_to_dp(tmp_path, capsys):
+  out = tmp_path / "cmp"
+  assert compare_main(["--model", "tiny", "--steps", "6", "--sync-every", "6", "--fragments", "3",
+                       "--overlap", "1", "--batch-size", "2", "--seq-len", "8", "--out", str(out),
+                       "--no-progress"]) == 0
+  table = pd.read_csv(out / "comparison.csv").set_index("algorithm")
+  assert table.loc["dp", "loss vs DP (%)"] == 0.0
+  # DP all-reduces the float32 gradient every step, DiLoCo the params once per H = 6 steps,
+  # Streaming its 3 fragments once each: the same total.
+  assert table.loc["diloco", "bytes: DP / this"] == pytest.approx(6.0, rel=1e-12)
+  assert table.loc["streaming", "bytes: DP / this"] == pytest.approx(6.0, rel=1e-12)
+  assert "loss vs DP (%)" in capsys.readouterr().out
