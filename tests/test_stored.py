@@ -15,12 +15,28 @@ _TINY = TrainConfig(model="tiny", steps=8, batch_size=2, seq_len=8, eval_every=4
                     warmup_steps=1, data=DataConfig(vocab_size=16), progress=False)
 
 
+@pytest.fixture(scope="module")
+def toy_trained(tmp_path_factory):
+  """The two-run experiment 'toy' trained and stored once for the module (shared runs)."""
+  root = tmp_path_factory.mktemp("toy")
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setitem(experiments.SWEEPS, "toy", _toy)
+    path = stored.run_experiment("toy", cache=root / "cache", progress=False, out_dir=root / "stored")
+  return path
+
+
+def _toy(scale):
+  return grid(_TINY, sync_every=[2, 4])
+
+
 @pytest.fixture
-def toy(monkeypatch, tmp_path):
-  """A registered two-run experiment 'toy', stored under tmp_path (trained once per test)."""
-  monkeypatch.setitem(experiments.SWEEPS, "toy", lambda scale: grid(_TINY, sync_every=[2, 4]))
+def toy(toy_trained, monkeypatch, tmp_path):
+  """A registered experiment 'toy' with a fresh copy of its stored file (each test may edit it)."""
+  monkeypatch.setitem(experiments.SWEEPS, "toy", _toy)
   monkeypatch.setattr(stored, "RESULTS_DIR", tmp_path / "results")
-  path = stored.run_experiment("toy", cache=tmp_path / "cache", progress=False)
+  (tmp_path / "results").mkdir()
+  path = tmp_path / "results" / "toy.json"
+  path.write_text(toy_trained.read_text())
   return path
 
 
@@ -49,7 +65,7 @@ def test_an_edited_number_is_refused(toy):
 
 
 def test_a_changed_experiment_is_stale(toy, monkeypatch):
-  monkeypatch.setitem(experiments.SWEEPS, "toy", lambda scale: grid(_TINY, sync_every=[2, 8]))
+  monkeypatch.setitem(experiments.SWEEPS, "toy", lambda scale: grid(_TINY, sync_every=[2, 8]))  # changed
   with pytest.raises(stored.StoredResultError, match=r"stale: 1 of its 2 configs differ.*experiments run toy"):
     stored.load("toy")
 
