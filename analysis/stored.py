@@ -115,14 +115,15 @@ def content_hash(doc: dict) -> str:
 
 def provenance(wall_time_s: float, runs: int, scale: str, elapsed_s: float | None = None) -> dict:
   """Where and how a stored experiment was computed (versions, platform, date, code hash)."""
+  import importlib.metadata
+
   import jax
-  import jaxlib
   import numpy as np
   device = jax.devices()[0]
   return {
       "code": code_version(),
       "jax": jax.__version__,
-      "jaxlib": jaxlib.__version__,
+      "jaxlib": importlib.metadata.version("jaxlib"),
       "numpy": np.__version__,
       "python": platform.python_version(),
       "platform": device.platform,

@@ -19,7 +19,7 @@ FLAG = "--xla_gpu_deterministic_ops=true"
 def test_defaults_by_platform(monkeypatch):
   monkeypatch.delenv(backend.COMPUTE_DTYPE_ENV)  # the suite pins float32 (conftest.py)
   assert [backend.default_compute_dtype(p) for p in ("cpu", "gpu", "tpu")] == ["float32", "bfloat16", "bfloat16"]
-  assert [backend.default_demo_steps(p) for p in ("cpu", "gpu", "tpu")] == [600, 3000, 3000]
+  assert [backend.default_demo_steps(p) for p in ("cpu", "gpu", "tpu")] == [1500, 3000, 3000]
   resolved = backend.resolve_model_config(get_preset("small"), "cpu")
   assert (resolved.compute_dtype, resolved.attention) == ("float32", "xla")
   assert dataclasses.replace(resolved, compute_dtype=None, attention="auto") == get_preset("small")
