@@ -19,6 +19,7 @@ not resolved otherwise; :func:`evaluate_all` returns one row per claim.
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -275,7 +276,7 @@ def _c8(df):
       conds.append((f"at H = {h}, the best η ({b:g}) is outside 0.3–0.9; the best inside ({inside:g}) "
                     "is worse", p, {AGREES: DISAGREES, DISAGREES: AGREES}.get(positive(p), NOT_RESOLVED)))
   lo, hi = hs[0], hs[-1]
-  a_lo, a_hi = eta_arms(df, lo), eta_arms(df, hi)
+  a_hi = eta_arms(df, hi)
   p = paired(df, {a_hi[best[lo]]: 1, a_hi[best[hi]]: -1}, a_hi[best[hi]],
              f"H = {hi}: η = {best[lo]:g} − η = {best[hi]:g}")
   if best[hi] > best[lo]:
@@ -340,9 +341,7 @@ def arm_frame(stored, arms: Mapping[str, object]) -> pd.DataFrame:
     The rows of :func:`analysis.sweeps.run_sweep`, plus ``arm`` and ``metrics`` (the run's
     logged metrics, column -> values).
   """
-  import dataclasses
-  import json
-  from analysis.stored import plain_config
+  from analysis.stored import plain_config  # here: analysis.stored imports the trainer's config
 
   def marker(cfg_dict):
     d = dict(cfg_dict)

@@ -33,7 +33,6 @@ import math
 import os
 import pathlib
 import platform
-import sys
 import time
 from typing import Any, Sequence
 
@@ -44,7 +43,6 @@ from analysis.sweep_cache import code_version
 from analysis.sweep_cache import config_dict
 from analysis.sweep_cache import config_key
 from analysis.sweeps import SUMMARY_COLUMNS
-from analysis.sweeps import flat_config
 from analysis.sweeps import run_one
 from analysis.sweeps import run_sweep
 from analysis.sweeps import sweep_curves
@@ -382,7 +380,3 @@ def verify_all(names: Sequence[str] | None = None) -> pd.DataFrame:
   """:func:`verify` for every stored experiment (or ``names``), :func:`sample_size` runs each."""
   names = stored_names() if names is None else list(names)
   return pd.concat([verify(n, k=sample_size(n)) for n in names], ignore_index=True)
-
-
-if __name__ == "__main__":  # pragma: no cover
-  sys.exit("use: python -m analysis experiments run NAME")
