@@ -43,7 +43,7 @@ class _Parser(argparse.ArgumentParser):
   """argparse with one-line errors (exit code 2, as argparse)."""
 
   def error(self, message):
-    self.exit(2, f"{self.prog}: error: {message}\n")
+    self.exit(2, f"error: {message} (see {self.prog} --help).\n")
 
 
 def _fmt(x, unit=""):
@@ -85,10 +85,11 @@ def _roofline_table(a, hw, cfg, stats, step) -> pd.DataFrame:
 
 def _roofline(a) -> None:
   hw, cfg = get_hardware(a.hardware), get_model(a.model)
-  for name in ("slices", "chips_per_slice", "global_batch_tokens"):
+  for name in ("slices", "chips_per_slice"):
     check_int(name, getattr(a, name))
   check_real("mfu", a.mfu, low=0.0, high=1.0, low_open=True, high_open=False)
   stats = model_stats(cfg, a.seq_len)
+  plan_lib.check_global_batch(a.global_batch_tokens, stats.seq_len)
   seq, m, n = stats.seq_len, a.slices, a.chips_per_slice
   tokens_slice = a.global_batch_tokens / m
   tokens_chip = tokens_slice / n
@@ -373,7 +374,7 @@ def main(argv=None) -> int:
   try:
     args.func(args)
   except ValueError as e:
-    print(f"{parser.prog}: error: {e}", file=sys.stderr)
+    print(f"error: {e}", file=sys.stderr)
     return 2
   return 0
 

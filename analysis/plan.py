@@ -177,6 +177,22 @@ def _ints(name, values, *, low) -> tuple[int, ...]:
   return tuple(sorted({check_int(name, v, low=low) for v in values}))
 
 
+def check_global_batch(global_batch_tokens, seq_len) -> int:
+  """The global batch in tokens as an int if it holds at least one sequence; else one line.
+
+  Examples:
+    >>> check_global_batch(1, 4096)
+    Traceback (most recent call last):
+    ...
+    ValueError: global_batch_tokens (1) must be at least seq_len (4096): a step trains on whole sequences.
+  """
+  gbt = check_int("global_batch_tokens", global_batch_tokens)
+  if gbt < seq_len:
+    raise ValueError(f"global_batch_tokens ({gbt}) must be at least seq_len ({seq_len}): a step trains"
+                     " on whole sequences.")
+  return gbt
+
+
 def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_tokens,
              link_gbps, mfu=0.5, target=0.95, bits=16, sync_every=None,
              overlaps=OVERLAPS, eager: bool = False) -> Plan:
@@ -251,7 +267,7 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
   m = check_int("slices", slices)
   n = check_int("chips_per_slice", chips_per_slice)
   seq = check_int("seq_len", seq_len)
-  gbt = check_int("global_batch_tokens", global_batch_tokens)
+  gbt = check_global_batch(global_batch_tokens, seq)
   link = check_real("link_gbps", link_gbps, low=0.0, low_open=True)
   mfu_f = check_real("mfu", mfu, low=0.0, high=1.0, low_open=True, high_open=False)
   u = check_real("target", target, low=0.0, high=1.0, low_open=True)

@@ -233,13 +233,14 @@ class AlgorithmBase(MeshPlacement):
     """One step (jitted); see the subclass for ``participation``."""
     if self._step is None:
       raise RuntimeError("call init(params) before step().")
-    self.check_step_inputs(batch, participation)
+    self.check_step_inputs(batch, participation, state)
     with jax.set_mesh(self.mesh):
       return self._step(*self.step_args(state, batch, participation))
 
-  def check_step_inputs(self, batch, participation=None) -> None:
-    """Raises a one-line ``ValueError`` unless every leaf of ``batch`` has leading axis M and
-    ``participation`` is None or of shape (M,).
+  def check_step_inputs(self, batch, participation=None, state=None) -> None:
+    """Raises a one-line ``ValueError`` unless every leaf of ``batch`` has leading axis M,
+    ``participation`` is None or M values each 1 (present) or 0 (dropped), and ``state`` (when
+    given) was not donated to an earlier step (its buffers are then deleted).
 
     Examples:
       >>> import optax
@@ -253,6 +254,10 @@ class AlgorithmBase(MeshPlacement):
       Traceback (most recent call last):
       ...
       ValueError: DiLoCo.step: participation must have shape (replicas,) = (2,) (1 present, 0 dropped), got shape (3,).
+      >>> algo.check_step_inputs(jnp.zeros((2, 4)), participation=np.array([np.nan, 1.0]))
+      Traceback (most recent call last):
+      ...
+      ValueError: DiLoCo.step: participation must hold 1 (present) or 0 (dropped) for each replica, got [nan, 1.0].
     """
     M, who = self.config.replicas, f"{type(self).__name__}.step"
     for leaf in jax.tree.leaves(batch):
@@ -263,6 +268,15 @@ class AlgorithmBase(MeshPlacement):
     if participation is not None and tuple(np.shape(participation)) != (M,):
       raise ValueError(f"{who}: participation must have shape (replicas,) = ({M},) (1 present, 0"
                        f" dropped), got shape {tuple(np.shape(participation))}.")
+    if participation is not None and not isinstance(participation, jax.core.Tracer):
+      values = np.asarray(participation, dtype=np.float64)
+      if not np.all((values == 0) | (values == 1)):
+        raise ValueError(f"{who}: participation must hold 1 (present) or 0 (dropped) for each replica,"
+                         f" got {values.tolist()}.")
+    first = next(iter(jax.tree.leaves(state)), None) if state is not None else None
+    if isinstance(first, jax.Array) and first.is_deleted():  # donation deletes every buffer at once
+      raise ValueError(f"{who}: this state was donated to an earlier step (its buffers are deleted);"
+                       " pass the state that step returned.")
 
   def lower(self, state, batch, participation=None) -> jax.stages.Lowered:
     """The step for these arguments as a :class:`jax.stages.Lowered` (nothing runs).

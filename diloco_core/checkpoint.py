@@ -107,11 +107,14 @@ def check_no_foreign_steps(out: str) -> None:
 
 def remove_run_files(out: str) -> list[str]:
   """Removes what runs write under ``out`` (checkpoints, set-aside and unfinished ones,
-  ``final_params``, ``summary.json``) and nothing else; returns the paths left (foreign files).
+  ``summary.json``; ``final_params`` by its manifest,
+  :func:`diloco_core.params_io.remove_exported`) and nothing else; returns the paths left
+  (foreign files).
 
   An entry of ``checkpoints/`` is the run's when it carries the checkpoint marker
   (:func:`is_run_checkpoint`), or is an interrupted save (``*.orbax-checkpoint-tmp*``).
   """
+  from diloco_core.params_io import remove_exported  # params_io imports this module
   foreign = []
   d = checkpoints_dir(out)
   for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
@@ -121,11 +124,7 @@ def remove_run_files(out: str) -> list[str]:
       shutil.rmtree(path, ignore_errors=True)
     else:
       foreign.append(path)
-  final = os.path.join(os.path.abspath(out), FINAL_PARAMS)
-  if os.path.isfile(os.path.join(final, "_METADATA")):
-    shutil.rmtree(final, ignore_errors=True)
-  elif os.path.exists(final):
-    foreign.append(final)
+  foreign += remove_exported(os.path.join(os.path.abspath(out), FINAL_PARAMS))
   if os.path.isfile(os.path.join(out, "summary.json")):
     os.remove(os.path.join(out, "summary.json"))
   return foreign
@@ -194,12 +193,22 @@ class CheckpointWriter:
   def __init__(self, out: str, keep: int):
     self.out = out
     self._mgr = _manager(out, keep, create=True)
+    self._last: str | None = None  # the newest checkpoint this writer saved
+    self._failures = 0  # saves that failed (and were reported)
 
   def save(self, step: int, state, meta: dict) -> str:
-    """Writes ``state`` and ``meta`` (JSON-able) as checkpoint ``step``; returns its path."""
+    """Writes ``state`` and ``meta`` (JSON-able) as checkpoint ``step``; returns its path.
+
+    Raises:
+      OSError: one line, when the checkpoint directory (or the previous checkpoint) was
+        removed during the run, or the save failed; it names the command that goes on.
+    """
     meta = dict(meta, format=FORMAT_VERSION, step=int(step), leaves=leaf_table(state),
                 checksums=fingerprint(state))
     path = os.path.join(checkpoints_dir(self.out), str(step))
+    if not os.path.isdir(checkpoints_dir(self.out)) or (self._last and not os.path.isdir(self._last)):
+      gone = checkpoints_dir(self.out) if not os.path.isdir(checkpoints_dir(self.out)) else self._last
+      raise OSError(self._failed(path, f"{gone} was removed during the run"))
     errors: list[BaseException] = []
     previous = threading.excepthook  # Orbax's writer threads: their errors are reported below
     threading.excepthook = lambda info: errors.append(info.exc_value)
@@ -208,20 +217,31 @@ class CheckpointWriter:
           state=ocp.args.StandardSave(_items(state)), meta=ocp.args.JsonSave(_jsonable(meta))))
       self._mgr.wait_until_finished()
     except Exception as e:  # noqa: BLE001 - Orbax / TensorStore: one line at the boundary
-      raise OSError(f"checkpoint {path} could not be written ({_reason(e)}); check that"
-                    f" {checkpoints_dir(self.out)} still exists and is writable, then continue with"
-                    " `resume` from the newest checkpoint left.") from None
+      raise OSError(self._failed(path, _reason(e))) from None
     finally:
       threading.excepthook = previous
     if errors or not os.path.isdir(path):
-      why = _reason(errors[0]) if errors else "it is missing after the save"
-      raise OSError(f"checkpoint {path} could not be written ({why}); check that"
-                    f" {checkpoints_dir(self.out)} still exists and is writable, then continue with"
-                    " `resume` from the newest checkpoint left.")
+      raise OSError(self._failed(path, _reason(errors[0]) if errors else "it is missing after the save"))
+    self._last = path
     return path
 
+  def _failed(self, path: str, why: str) -> str:
+    """Why a save failed, and the command that goes on from what is left."""
+    self._failures += 1
+    d = checkpoints_dir(self.out)
+    left = finalized_steps(self.out) if os.path.isdir(d) else []
+    then = (f"continue with `resume` (from {os.path.join(d, str(left[-1]))})" if left else
+            "start over with `overwrite` (no checkpoint is left)")
+    return (f"checkpoint {path} could not be written ({why}); check that {d} exists and is a"
+            f" writable directory, then {then}.")
+
   def close(self) -> None:
-    self._mgr.close()
+    """Closes the manager; after a failed save (already reported) its error is dropped."""
+    try:
+      self._mgr.close()
+    except Exception as e:  # noqa: BLE001 - e.g. "cannot schedule new futures after shutdown"
+      if not self._failures:
+        raise OSError(f"closing the checkpoints in {checkpoints_dir(self.out)} failed ({_reason(e)}).") from None
 
 
 @dataclasses.dataclass
@@ -289,7 +309,24 @@ def _remove_leftovers(out: str) -> None:
       shutil.rmtree(os.path.join(d, name), ignore_errors=True)
 
 
-def restore_latest(out: str, target, config: dict, must_match: Sequence[str]) -> Restored:
+def newest_meta(out: str) -> tuple[str, dict] | None:
+  """(path, meta) of the newest finalized checkpoint whose meta item is readable JSON of this
+  format, read straight from its file (no Orbax, no JAX): what a resumed run checks before it
+  builds anything. None when there is none (:func:`restore_latest` then says why)."""
+  d = checkpoints_dir(out)
+  for step in reversed(finalized_steps(out)):
+    try:
+      with open(os.path.join(d, str(step), "meta", "metadata")) as f:
+        meta = json.load(f)
+    except (OSError, ValueError):
+      continue
+    if isinstance(meta, dict) and meta.get("format") == FORMAT_VERSION and meta.get("step") == step:
+      return os.path.join(d, str(step)), meta
+  return None
+
+
+def restore_latest(out: str, target, config: dict, must_match: Sequence[str],
+                   normalize=lambda config: config) -> Restored:
   """Restores the newest valid checkpoint of ``<out>`` into the structure of ``target``.
 
   Damaged checkpoints (unreadable, truncated, checksum mismatch) are skipped with a
@@ -301,6 +338,8 @@ def restore_latest(out: str, target, config: dict, must_match: Sequence[str]) ->
     config: this run's config as a dict (``dataclasses.asdict``), checked with
       :func:`check_compatible`.
     must_match: the dotted paths of ``config`` that must equal the checkpoint's.
+    normalize: applied to the checkpoint's config before the comparison (e.g.
+      :func:`diloco_core.run_config.effective_config`, as ``config`` is).
 
   Returns:
     A :class:`Restored`.
@@ -328,7 +367,7 @@ def restore_latest(out: str, target, config: dict, must_match: Sequence[str]) ->
       except Exception as e:  # noqa: BLE001 - any unreadable checkpoint is skipped
         failures.append((step, _reason(e)))
         continue
-      check_compatible(meta.get("config", {}), config, path, must_match)
+      check_compatible(normalize(meta.get("config", {})), config, path, must_match)
       _check_leaves(meta.get("leaves", []), expected, path)
       try:
         items = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]

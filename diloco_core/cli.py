@@ -16,12 +16,11 @@ import argparse
 import dataclasses
 import os
 import re
-import signal
 import sys
-import threading
 import warnings
 
 from diloco_core import compare as compare_lib
+from diloco_core import interrupts
 from diloco_core.fields import spec, walk
 from diloco_core.backend import configure_determinism, default_demo_steps
 from diloco_core.mesh import initialize_distributed
@@ -64,9 +63,13 @@ def to_flags(message: str, cls=TrainConfig) -> str:
     'written with n_layers=None but this run has n_layers=4 (--layers); lower --inner-lr'
     >>> to_flags("`data.seed` and `progress` and `unknown`")
     '--data-seed and --no-progress and unknown'
+    >>> to_flags("DataConfig.workers must be an integer >= 0; DataConfig.order too")
+    '--data-workers must be an integer >= 0; --data-order too'
   """
   table = FLAGS if cls is TrainConfig else flags(cls)
-  return re.sub(r"`([A-Za-z_][\w.]*)`", lambda m: table.get(m.group(1), m.group(1)), message)
+  message = re.sub(r"`([A-Za-z_][\w.]*)`", lambda m: table.get(m.group(1), m.group(1)), message)
+  # DataConfig's own checks name its fields as DataConfig.<name> (it is also used on its own).
+  return re.sub(r"\bDataConfig\.(\w+)", lambda m: table.get("data." + m.group(1), m.group(0)), message)
 
 
 def _get(config, path: str):
@@ -147,26 +150,36 @@ def _error(e: Exception) -> int:
   return 2
 
 
-def _terminate(signum, frame):
-  raise KeyboardInterrupt
-
-
 def _show_warning(message, category, *args, **kwargs) -> None:
   print(f"warning: {to_flags(' '.join(str(message).split()))}", file=sys.stderr)
 
 
+def _one_line_errors(parser: argparse.ArgumentParser, note: str = "") -> argparse.ArgumentParser:
+  """Makes ``parser`` report a malformed command line in one ``error:`` line, exit 2."""
+  parser.error = lambda message: parser.exit(2, f"error: {message}{note} (see --help).\n")
+  return parser
+
+
 def main(argv: list[str] | None = None) -> int:
-  """``python -m diloco_core.train``: one-line errors on stderr and exit code 2 for bad input."""
+  """``python -m diloco_core.train``: one-line errors on stderr and exit code 2 for bad input;
+  SIGINT / SIGTERM stop at the next safe point (:mod:`diloco_core.interrupts`), exit 130."""
+  with interrupts.deferred():
+    try:
+      return _main(argv)
+    except KeyboardInterrupt:  # before the loop started (imports, set-up), or a second signal
+      print("interrupted before the first step; nothing to resume.", file=sys.stderr)
+      return 130
+
+
+def _main(argv: list[str] | None) -> int:
   from diloco_core.loop import Interrupted, RunWarning, train
-  parser = build_parser()
-  parser.error = lambda message: parser.exit(2, f"error: {message} (see --help).\n")
+  parser = _one_line_errors(build_parser())
   try:
     args = parser.parse_args(argv)
   except SystemExit as e:  # --help (0) or a malformed flag (2, one line above)
     return int(e.code or 0)
+  interrupts.check()
   configure_determinism(False if args.nondeterministic else None)  # before JAX starts
-  main_thread = threading.current_thread() is threading.main_thread()
-  previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None  # like Ctrl-C
   try:
     initialize_distributed(args.coordinator, args.num_processes, args.process_id)
     with warnings.catch_warnings():
@@ -178,12 +191,6 @@ def main(argv: list[str] | None = None) -> int:
   except Interrupted as e:
     print(to_flags(str(e)), file=sys.stderr)
     return 130
-  except KeyboardInterrupt:
-    print("interrupted before the first step; nothing to resume.", file=sys.stderr)
-    return 130
-  finally:
-    if main_thread:
-      signal.signal(signal.SIGTERM, previous)
   s = result.summary
   floor = "n/a" if s["loss_floor"] is None else f"{s['loss_floor']:.4f}"
   aux = "" if s["final_aux_loss"] is None else f" (+ aux {s['final_aux_loss']:.4f} in training)"
@@ -207,9 +214,31 @@ def build_compare_parser() -> argparse.ArgumentParser:
 
 
 def compare_main(argv: list[str] | None = None) -> int:
-  """``python -m diloco_core.compare``: trains the three runs, prints and writes the table and plot."""
+  """``python -m diloco_core.compare``: trains the three runs, prints and writes the table and plot.
+
+  Bad input: one ``error:`` line, exit 2. SIGINT / SIGTERM: one line naming the run and step
+  it stopped at, exit 130 (the comparison has no resume: it is run again with ``--overwrite``).
+  """
+  with interrupts.deferred():
+    try:
+      return _compare_main(argv)
+    except KeyboardInterrupt as e:
+      where = (f" during the {e.run} run at step {e.step}" if getattr(e, "run", None) else
+               " before the first step")
+      print(f"interrupted{where}; the comparison has no resume: run it again with --overwrite.",
+            file=sys.stderr)
+      return 130
+
+
+def _compare_main(argv: list[str] | None) -> int:
   import pandas as pd
-  args = build_compare_parser().parse_args(argv)
+  parser = _one_line_errors(build_compare_parser(),
+                            "; the comparison trains dp, diloco and streaming with the options it lists")
+  try:
+    args = parser.parse_args(argv)
+  except SystemExit as e:
+    return int(e.code or 0)
+  interrupts.check()
   configure_determinism(False if args.nondeterministic else None)  # before JAX starts
   args.steps = default_demo_steps() if args.steps is None else args.steps
   outer = {k: getattr(args, "algo." + k) for k in ("replicas", "sync_every", "fragments", "overlap")}
@@ -218,9 +247,8 @@ def compare_main(argv: list[str] | None = None) -> int:
         model=args.model, steps=args.steps, nondeterministic=args.nondeterministic,
         batch_size=args.batch_size, seq_len=args.seq_len, out=args.out, overwrite=args.overwrite,
         progress=args.progress, **outer))
-  except (ValueError, FileNotFoundError, FloatingPointError) as e:
-    print(f"error: {to_flags(str(e))}", file=sys.stderr)
-    return 2
+  except (ValueError, OSError, FloatingPointError) as e:
+    return _error(e)
   table = pd.DataFrame(compare_lib.summary_rows(results)).set_index("algorithm")
   floor = results["dp"].summary["loss_floor"]
   os.makedirs(args.out, exist_ok=True)

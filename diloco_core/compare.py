@@ -20,8 +20,8 @@ import sys
 from diloco_core.backend import default_demo_steps
 from diloco_core.config import DiLoCoConfig
 from diloco_core.data import DataConfig
-from diloco_core.loop import TrainResult, train
-from diloco_core.run_config import TrainConfig
+from diloco_core.loop import Interrupted, TrainResult, train
+from diloco_core.run_config import TrainConfig, check_out_dir
 
 #: The comparison's own defaults, by field path (every other option: TrainConfig's default).
 #: steps None: :func:`diloco_core.backend.default_demo_steps` (3000 on GPU/TPU, 1500 on CPU).
@@ -77,10 +77,24 @@ def comparison_configs(base: TrainConfig, *, replicas: int, sync_every: int, fra
 
 
 def compare(configs: dict[str, TrainConfig]) -> dict[str, TrainResult]:
-  """Trains every run of ``configs`` (each is validated before the first one trains)."""
+  """Trains every run of ``configs`` (each is validated before the first one trains).
+
+  A comparison has no resume: an output directory holding a run is refused unless
+  ``overwrite`` is set (the message says so), and an interrupted run (Ctrl-C) raises
+  :class:`~diloco_core.loop.Interrupted` with the name of the run in its ``run`` attribute.
+  """
   for cfg in configs.values():
+    if cfg.out is not None and not cfg.resume:
+      check_out_dir(cfg.out, cfg.overwrite, resumable=False)
     cfg.validate()
-  return {name: train(cfg) for name, cfg in configs.items()}
+  results = {}
+  for name, cfg in configs.items():
+    try:
+      results[name] = train(cfg)
+    except Interrupted as e:
+      e.run = name
+      raise
+  return results
 
 
 def summary_rows(results: dict[str, TrainResult]) -> list[dict]:

@@ -105,5 +105,32 @@ class DiLoCoConfig:
         not v.is_int(self.compression_block) or self.compression_block < 1):
       raise ValueError(f"compression_block must be None (per tensor) or an integer >= 1,"
                        f" got {self.compression_block!r}.")
+    self._check_no_dead_options()
     if num_layers is not None:
       v.check_fragments_divide_layers(self.fragments, num_layers)
+
+  def _check_no_dead_options(self) -> None:
+    """Refuses options that would change nothing, instead of ignoring them silently: the
+    outer-loop options with DP (no outer step), error feedback and a block size with no
+    compression (no residual, no scale)."""
+    if self.algorithm == "dp":
+      dead = [name for name, off in _OFF_UNDER_DP.items() if getattr(self, name) != off]
+      if dead:
+        values = ", ".join(f"`{name}` {getattr(self, name)!r}" for name in dead)
+        raise ValueError(f"{values} has no effect with algorithm 'dp' (no outer step, nothing"
+                         f" compressed): drop {' and '.join(f'`{name}`' for name in dead)} or use"
+                         " `algorithm` diloco or streaming.")
+      return
+    if self.compression == "none" and self.error_feedback:
+      raise ValueError("`error_feedback` resends the compression residual, and compression='none' leaves"
+                       " none: pass `compression` (one of"
+                       f" {[c for c in COMPRESSIONS if c != 'none']}) or drop `error_feedback`.")
+    if self.compression == "none" and self.compression_block is not None:
+      raise ValueError(f"`compression_block` {self.compression_block!r} sets the quantization scale's"
+                       " block, and compression='none' quantizes nothing: pass `compression` or drop"
+                       " `compression_block`.")
+
+
+#: The outer-loop options that DP has no use for, with their "off" values (anything else is refused).
+_OFF_UNDER_DP = {"overlap": 0, "alpha": 0.0, "outer_overlap": "none", "compression": "none",
+                 "error_feedback": False, "compression_block": None}

@@ -46,10 +46,17 @@ def max_abs(tree) -> jax.Array:
 
 
 def _advice(option: str, last_checkpoint: str | None) -> str:
-  where = (f"the newest finite checkpoint is {last_checkpoint}" if last_checkpoint
-           else "no checkpoint was written")
-  return (f"lower `{option}` and start over with `overwrite` ({where}; `resume` continues with the"
-          f" same `{option}`).")
+  """What to do after a divergence: `resume` is offered only when a checkpoint exists (and it
+  continues with the same `option`, which resume requires to match).
+
+  Examples:
+    >>> _advice("outer_lr", None)
+    'lower `outer_lr` and start over with `overwrite` (no checkpoint was written).'
+  """
+  if not last_checkpoint:
+    return f"lower `{option}` and start over with `overwrite` (no checkpoint was written)."
+  return (f"lower `{option}` and start over with `overwrite` (the newest finite checkpoint is"
+          f" {last_checkpoint}; `resume` continues from it with the same `{option}`).")
 
 
 def check_finite(algo, step_losses: np.ndarray, t: int, state, last_checkpoint: str | None,
@@ -62,7 +69,7 @@ def check_finite(algo, step_losses: np.ndarray, t: int, state, last_checkpoint: 
     >>> check_finite(None, np.array([[2.0, np.inf]]), 3, None, None)
     Traceback (most recent call last):
     ...
-    FloatingPointError: training loss at step 3 is inf on replica(s) [1]; lower `inner_lr` and start over with `overwrite` (no checkpoint was written; `resume` continues with the same `inner_lr`).
+    FloatingPointError: training loss at step 3 is inf on replica(s) [1]; lower `inner_lr` and start over with `overwrite` (no checkpoint was written).
   """
   bad_steps = np.flatnonzero(~np.all(np.isfinite(step_losses) & (step_losses <= loss_limit), axis=1))
   if bad_steps.size:

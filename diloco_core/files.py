@@ -1,12 +1,15 @@
-"""Local token files, memory-mapped: one text or ``.npy`` file, or a directory of shards.
+"""Local token files, read on demand: one text or ``.npy`` file, or a directory of shards.
 
-Nothing is ever downloaded, and no file is loaded whole: :func:`open_tokens` maps the
+Nothing is ever downloaded, and no file is loaded whole: :func:`open_tokens` opens the
 file(s) and returns a :class:`TokenStore`, one flat stream of token ids that reads any
-``[start, stop)`` range on demand. Four layouts (``DataConfig.source``):
+``[start, stop)`` range on demand. Text and ``.npy`` files are read with ``os.pread``
+(:class:`FileSegment`), not memory-mapped: a file that shrinks while a run reads it is a
+one-line :class:`DataChangedError`, where a memory map would kill the process with SIGBUS.
+Four layouts (``DataConfig.source``):
 
 * **a UTF-8 text file** (any name not ending in ``.npy``): its bytes are the tokens
-  (vocabulary 256), mapped with ``np.memmap``;
-* **a 1-D integer ``.npy`` array** of token ids, mapped with ``np.load(mmap_mode="r")``;
+  (vocabulary 256);
+* **a 1-D integer ``.npy`` array** of token ids (its header parsed by ``np.load``);
 * **a directory of ``.npy`` shards**: every ``*.npy`` in it, in name order, concatenated
   (all of one integer dtype);
 * **a directory of ArrayRecord shards**: every ``*.array_record`` in it, in name order,
@@ -20,11 +23,17 @@ A directory holds shards of one kind and one dtype only (hidden files are ignore
 ids are checked once when opening (a streaming pass, chunk by chunk): none negative,
 none at or above the model's vocabulary, text valid UTF-8; ArrayRecord records are read
 once then to learn their lengths (kept as an offset table, one integer per record).
+
+:func:`identity` fingerprints a source (every file's name, size and SHA-256, of the whole
+files when the source holds up to :data:`FULL_HASH_BYTES`, else of :data:`SAMPLE_BLOCKS`
+blocks at fixed offsets):
+checkpoints record it, and ``resume`` refuses a source that changed since.
 """
 
 from __future__ import annotations
 
 import codecs
+import hashlib
 import os
 import pathlib
 from typing import Callable, Sequence
@@ -41,13 +50,62 @@ def _name(path) -> str:
   return repr(str(path))
 
 
+class DataChangedError(OSError):
+  """A data file changed (shrank, vanished, was replaced) while a run read it."""
+
+
+class FileSegment:
+  """``size`` items of ``dtype`` at byte ``offset`` of a file, read with ``os.pread`` on slicing.
+
+  A read past the end of the file (it shrank after it was opened) raises
+  :class:`DataChangedError`; a memory map would raise SIGBUS instead.
+
+  Examples:
+    >>> import tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "t.bin")
+    >>> _ = open(path, "wb").write(np.arange(6, dtype="<i4").tobytes())
+    >>> seg = FileSegment(path, "<i4", 4, 5)  # skip the first id
+    >>> seg[1:3].tolist(), seg.size, len(seg)
+    ([2, 3], 5, 5)
+    >>> os.truncate(path, 12)
+    >>> seg[0:5]
+    Traceback (most recent call last):
+    ...
+    diloco_core.files.DataChangedError: DataConfig.source: ... shrank to 12 bytes while the run read it (it had 24); restore it.
+  """
+
+  def __init__(self, path, dtype, offset: int, size: int):
+    self.path, self.dtype = str(path), np.dtype(dtype)
+    self.offset, self.size = int(offset), int(size)
+    self.file_bytes = self.offset + self.size * self.dtype.itemsize  # what the file held when opened
+    self._fd = os.open(self.path, os.O_RDONLY)
+
+  def __len__(self) -> int:
+    return self.size
+
+  def __getitem__(self, key: slice) -> np.ndarray:
+    start, stop, _ = key.indices(self.size)
+    want = max(stop - start, 0) * self.dtype.itemsize
+    buf = os.pread(self._fd, want, self.offset + start * self.dtype.itemsize) if want else b""
+    if len(buf) < want:
+      raise DataChangedError(
+          f"DataConfig.source: {_name(self.path)} shrank to {os.fstat(self._fd).st_size} bytes while"
+          f" the run read it (it had {self.file_bytes}); restore it.")
+    return np.frombuffer(buf, self.dtype)
+
+  def __del__(self):
+    fd = getattr(self, "_fd", None)
+    if fd is not None:
+      os.close(fd)
+
+
 class TokenStore:
   """One stream of token ids over several segments (files or records), read on demand.
 
   Attributes:
     kind: ``"text"``, ``"npy"``, ``"npy-shards"``, ``"array_record"`` or ``"bytes-records"``.
     paths: the files, in stream order.
-    segments: the memory-mapped arrays (text and ``.npy``); empty for ArrayRecord.
+    segments: the :class:`FileSegment` of each text or ``.npy`` file; empty for ArrayRecord.
     vocab_size: token ids are in ``[0, vocab_size)``.
   """
 
@@ -61,6 +119,19 @@ class TokenStore:
 
   def __len__(self) -> int:
     return int(self._offsets[-1])
+
+  def check_unchanged(self) -> None:
+    """Raises :class:`DataChangedError` when a file of the store vanished or changed size
+    since it was opened (one ``stat`` per file; the run checks at every log row)."""
+    for seg in self.segments:
+      try:
+        size = os.stat(seg.path).st_size
+      except FileNotFoundError:
+        raise DataChangedError(f"DataConfig.source: {_name(seg.path)} vanished while the run read it;"
+                               " restore it.") from None
+      if size != seg.file_bytes:
+        raise DataChangedError(f"DataConfig.source: {_name(seg.path)} changed size while the run read"
+                               f" it ({seg.file_bytes} -> {size} bytes); restore it.")
 
   def read(self, start: int, stop: int) -> np.ndarray:
     """Tokens ``[start, stop)`` of the stream as a new int32 array (only those are read).
@@ -105,11 +176,9 @@ def open_tokens(source, model_vocab_size: int | None = None) -> TokenStore:
     >>> np.save(path, np.arange(10, dtype=np.int16))
     >>> store = open_tokens(path)
     >>> store.kind, len(store), store.vocab_size, type(store.segments[0]).__name__
-    ('npy', 10, 10, 'memmap')
+    ('npy', 10, 10, 'FileSegment')
   """
-  path = pathlib.Path(source)
-  if not path.exists():
-    raise FileNotFoundError(f"DataConfig.source: no such file {_name(path)} ({_HINT}).")
+  path = _existing(source)
   if path.is_dir():
     return _open_directory(path, model_vocab_size)
   if not path.is_file():
@@ -121,14 +190,21 @@ def open_tokens(source, model_vocab_size: int | None = None) -> TokenStore:
   return _store("text", [path], [data], 256)
 
 
+def _existing(source) -> pathlib.Path:
+  path = pathlib.Path(source)
+  if not path.exists():
+    raise FileNotFoundError(f"DataConfig.source: no such file {_name(path)} ({_HINT}).")
+  return path
+
+
 def _store(kind, paths, arrays, vocab) -> TokenStore:
   return TokenStore(kind, paths, [a.size for a in arrays], arrays.__getitem__, vocab, arrays)
 
 
-def _map_npy(path: pathlib.Path) -> np.ndarray:
-  """A 1-D integer ``.npy``, memory-mapped (not read)."""
+def _map_npy(path: pathlib.Path) -> FileSegment:
+  """A 1-D integer ``.npy`` as a :class:`FileSegment` (its header parsed, no id read)."""
   try:
-    ids = np.load(path, mmap_mode="r", allow_pickle=False)
+    ids = np.load(path, mmap_mode="r", allow_pickle=False)  # parses the header; the map is never read
   except Exception as e:  # noqa: BLE001 - any failure to parse is one clear error
     raise ValueError(
         f"DataConfig.source: cannot read {_name(path)} as .npy ({type(e).__name__}:"
@@ -139,7 +215,9 @@ def _map_npy(path: pathlib.Path) -> np.ndarray:
         f" shape {ids.shape} dtype {ids.dtype}.")
   if ids.size == 0:
     raise ValueError(f"DataConfig.source: {_name(path)} is empty (no tokens).")
-  return ids
+  segment = FileSegment(path, ids.dtype, ids.offset, ids.size)
+  ids._mmap.close()
+  return segment
 
 
 def _chunks(n: int):
@@ -174,11 +252,11 @@ def _check_ids(pieces, model_vocab_size: int | None, *, byte: bool = False) -> i
   return 256 if byte else limit if model_vocab_size is not None else high + 1
 
 
-def _map_text(path: pathlib.Path, model_vocab_size: int | None) -> np.ndarray:
-  """The bytes of a UTF-8 text file, memory-mapped, as token ids (vocabulary 256)."""
+def _map_text(path: pathlib.Path, model_vocab_size: int | None) -> FileSegment:
+  """The bytes of a UTF-8 text file as token ids (vocabulary 256), a :class:`FileSegment`."""
   try:
     size = path.stat().st_size
-    data = np.memmap(path, dtype=np.uint8, mode="r") if size else None
+    data = FileSegment(path, np.uint8, 0, size) if size else None
   except OSError as e:
     raise ValueError(f"DataConfig.source: cannot read {_name(path)} ({e.strerror}).") from None
   if data is None:
@@ -209,7 +287,7 @@ def _shard_kind(name: str) -> str | None:
 
 def _open_directory(path: pathlib.Path, model_vocab_size: int | None) -> TokenStore:
   """A directory of ``.npy`` or ArrayRecord shards of one kind and dtype."""
-  files = sorted(p for p in path.iterdir() if not p.name.startswith("."))
+  files = _listing(path)
   if not files:
     raise ValueError(f"DataConfig.source: directory {_name(path)} is empty ({_HINT}).")
   kinds = {p.name: _shard_kind(p.name) if p.is_file() else None for p in files}
@@ -228,7 +306,7 @@ def _open_directory(path: pathlib.Path, model_vocab_size: int | None) -> TokenSt
         f"DataConfig.source: directory {_name(path)} mixes dtypes: int32 records (*.array_record)"
         " and byte records (*.bytes.array_record); use one of them.")
   if found == ["npy-shards"]:
-    arrays = [_map_npy(p) for p in files]
+    arrays = [_map_npy(p) for p in files]  # FileSegments
     dtypes = sorted({str(a.dtype) for a in arrays})
     if len(dtypes) > 1:
       raise ValueError(
@@ -268,3 +346,90 @@ def _open_records(path, files, kind: str, model_vocab_size: int | None) -> Token
   if sum(lengths) == 0:
     raise ValueError(f"DataConfig.source: directory {_name(path)} is empty (no tokens).")
   return TokenStore(kind, files, lengths, record, vocab)
+
+
+def _listing(path: pathlib.Path) -> list[pathlib.Path]:
+  """The files of a shard directory, in stream order (hidden files are ignored)."""
+  return sorted(p for p in path.iterdir() if not p.name.startswith("."))
+
+
+#: A source (all its files) up to this size is hashed whole by :func:`identity`.
+FULL_HASH_BYTES = 64 << 20
+#: A larger one: this many blocks of :data:`SAMPLE_BLOCK_BYTES` in all, shared by its files
+#: (at least 2 each, evenly spaced, first and last included), and every file's size.
+SAMPLE_BLOCKS = 64
+SAMPLE_BLOCK_BYTES = 1 << 16
+
+
+def _digest(path: pathlib.Path, size: int, blocks: int | None) -> tuple[str, str]:
+  """(sha256 hex, "whole" or "sampled") of a file's contents: all of it (``blocks`` None), or
+  ``blocks`` blocks of :data:`SAMPLE_BLOCK_BYTES` evenly spaced, first and last included."""
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    if blocks is None or size <= blocks * SAMPLE_BLOCK_BYTES:
+      for block in iter(lambda: f.read(1 << 20), b""):
+        h.update(block)
+      return h.hexdigest(), "whole"
+    last = size - SAMPLE_BLOCK_BYTES
+    for i in range(blocks):
+      f.seek(last * i // (blocks - 1))
+      h.update(f.read(SAMPLE_BLOCK_BYTES))
+  return h.hexdigest(), "sampled"
+
+
+def identity(source) -> dict | None:
+  """The fingerprint of a data source: None for ``"synthetic"`` (its config defines it), else
+  every file's name, size and content hash (see the module docstring).
+
+  Examples:
+    >>> import tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "a.txt")
+    >>> _ = open(path, "w").write("abc")
+    >>> identity(path)["files"]
+    [{'name': 'a.txt', 'size': 3, 'sha256': 'ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad', 'hashed': 'whole'}]
+    >>> identity("synthetic") is None
+    True
+  """
+  if str(source) == "synthetic":
+    return None
+  path = _existing(source)
+  files = _listing(path) if path.is_dir() else [path]
+  out = []
+  try:
+    sizes = [p.stat().st_size for p in files]
+    # Whole files while the source is small; else a budget of SAMPLE_BLOCKS blocks shared by the
+    # files (at least the first and last block of each).
+    blocks = None if sum(sizes) <= FULL_HASH_BYTES else max(2, SAMPLE_BLOCKS // len(files))
+    for p, size in zip(files, sizes):
+      digest, how = _digest(p, size, blocks) if p.is_file() else ("", "not a file")
+      out.append({"name": p.name, "size": size, "sha256": digest, "hashed": how})
+  except OSError as e:
+    raise ValueError(f"DataConfig.source: cannot read {_name(source)} ({e.strerror or e}).") from None
+  return {"source": str(source), "files": out}
+
+
+def identity_change(saved: dict | None, current: dict | None) -> str | None:
+  """How ``current`` differs from ``saved`` (:func:`identity`), in words; None if it does not.
+
+  Examples:
+    >>> a = {"source": "d", "files": [{"name": "x.npy", "size": 8, "sha256": "1", "hashed": "whole"}]}
+    >>> identity_change(a, a) is None
+    True
+    >>> identity_change(a, {"source": "d", "files": [dict(a["files"][0], size=4, sha256="2")]})
+    'x.npy is 4 bytes, was 8'
+  """
+  if saved is None or current is None:
+    return None if saved == current else "the source changed between synthetic and a file"
+  old = {f["name"]: f for f in saved["files"]}
+  new = {f["name"]: f for f in current["files"]}
+  if list(old) != list(new):
+    gone, added = sorted(set(old) - set(new)), sorted(set(new) - set(old))
+    return "; ".join([f"{', '.join(gone)} gone"] * bool(gone) + [f"{', '.join(added)} added"] * bool(added)
+                     ) or "the shard order changed"
+  for name, f in old.items():
+    g = new[name]
+    if g["size"] != f["size"]:
+      return f"{name} is {g['size']} bytes, was {f['size']}"
+    if g["sha256"] != f["sha256"]:
+      return f"{name} has other contents (SHA-256 of {f['hashed']} file)"
+  return None

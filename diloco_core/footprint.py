@@ -48,12 +48,13 @@ def device_bytes(devices: int) -> float:
 
 
 def check_fits(n_params: int, *, replicas: int, outer: bool, tokens: int, vocab: int,
-               devices: int = 1, available: float | None = None) -> None:
+               devices: int = 1, available: float | None = None, experts: int = 1) -> None:
   """Raises a one-line ``ValueError`` when the state and logits cannot fit in memory.
 
   The estimate is a lower bound: every replica's :func:`replica_state_bytes` (the global
   copy and momentum counted once), plus the float32 logits of one step (``tokens`` = M·b·T
-  tokens × V).
+  tokens × V). ``experts`` (E of a mixture of experts) only adds `num_experts` to the options
+  the message tells to lower when E > 1.
 
   Examples:
     >>> check_fits(10**6, replicas=10**12, outer=True, tokens=10**12 * 32, vocab=32, available=64e9)
@@ -70,4 +71,5 @@ def check_fits(n_params: int, *, replicas: int, outer: bool, tokens: int, vocab:
     raise ValueError(
         f"the run needs at least {gb(state + logits)} (training state {gb(state)} for `replicas`={replicas}"
         f" copies of {n_params} params; logits {gb(logits)} for M·b·T={tokens} tokens) but the"
-        f" device(s) have {gb(available)}; lower `replicas`, `batch_size`, `seq_len` or `n_layers`.")
+        f" device(s) have {gb(available)}; lower `replicas`, `batch_size`, `seq_len`"
+        f"{', `n_layers` or `num_experts`' if experts > 1 else ' or `n_layers`'}.")

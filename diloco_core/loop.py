@@ -22,6 +22,8 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from diloco_core import checkpoint as ckpt
+from diloco_core import files
+from diloco_core import interrupts
 from diloco_core import params_io
 from diloco_core.data import make_dataset
 from diloco_core.divergence import Watch, check_finite  # noqa: F401 (check_finite: re-exported)
@@ -32,7 +34,7 @@ from diloco_core.backend import resolve_model_config
 from diloco_core.model import init_model, train_loss
 from diloco_core.model_config import param_count
 from diloco_core.programs import PROGRAMS
-from diloco_core.run_config import TrainConfig
+from diloco_core.run_config import TrainConfig, effective_config
 from diloco_core.schedule import sent_fragment
 
 
@@ -166,11 +168,12 @@ def _row(t, losses, eval_loss, tokens, step_bytes, total_bytes, wall) -> dict:
   }
 
 
-def _checkpoint_meta(cfg: TrainConfig, t: int, log: MetricsLog) -> dict:
+def _checkpoint_meta(cfg: TrainConfig, t: int, log: MetricsLog, data_identity: dict | None = None) -> dict:
   """Everything but the arrays that a resumed run needs to continue exactly."""
   return {
       "algorithm": cfg.algo.algorithm,
       "config": dataclasses.asdict(cfg),
+      "data_identity": data_identity,  # files.identity of the data source (None: synthetic)
       "data_position": [t] * cfg.algo.replicas,  # batches are a pure function of (seed, replica, step)
       "seeds": {"model_init": cfg.seed, "data": cfg.data.seed, "drops": cfg.seed},  # no other RNG state
       "metrics": log.checkpoint_item(),
@@ -188,6 +191,26 @@ def _prepare_out(cfg: TrainConfig) -> str | None:
       warnings.warn(f"`overwrite` kept {len(foreign)} file(s) no run wrote: {', '.join(foreign)}.",
                     RunWarning, stacklevel=3)
   return os.path.join(cfg.out, "metrics.jsonl")
+
+
+def _check_resumable(cfg: TrainConfig, data_identity: dict | None) -> None:
+  """Refuses, before anything is built, a resume whose checkpoint was written with other
+  must-match options (compared on their effective values) or on other data (unless
+  ``allow_data_change``). Reads the newest checkpoint's meta file only; damaged or missing
+  checkpoints are left to :func:`~diloco_core.checkpoint.restore_latest`, which says why."""
+  found = ckpt.newest_meta(cfg.out)
+  if found is None:
+    return
+  path, meta = found
+  ckpt.check_compatible(effective_config(meta.get("config", {})), effective_config(dataclasses.asdict(cfg)),
+                        path, must_match_fields(type(cfg)))
+  if "data_identity" not in meta or cfg.allow_data_change:  # older checkpoints did not record it
+    return
+  change = files.identity_change(meta["data_identity"], data_identity)
+  if change is not None:
+    raise ValueError(f"`resume`: the data changed since checkpoint {path} was written"
+                     f" ({cfg.data.source}: {change}); restore it, or pass `allow_data_change` to"
+                     " continue on the new data.")
 
 
 def _init_params(cfg: TrainConfig, model_cfg):
@@ -213,21 +236,28 @@ def train(cfg: TrainConfig) -> TrainResult:
   """
   # ---- set-up: data, model, the (possibly cached) program, the state ----
   cfg.validate()
+  data_identity = files.identity(cfg.data.source)
+  if cfg.resume:
+    _check_resumable(cfg, data_identity)
   for message in cfg.schedule_warnings():  # H > steps: run, but loudly (header and summary.json)
     warnings.warn(message, RunWarning, stacklevel=2)
+  interrupts.check()
   M, b, T = cfg.algo.replicas, cfg.batch_size, cfg.seq_len
   # The data defines the vocabulary: synthetic -> DataConfig.vocab_size, text -> 256 bytes,
   # .npy -> cfg.vocab_size (ids must be below it) or the largest id + 1.
   data = make_dataset(cfg.data, replicas=M, batch_size=b, seq_len=T, model_vocab_size=cfg.vocab_size,
                       local_replicas=local_replicas(make_mesh(parse_mesh(cfg.mesh)), M))  # its shards only
   model_cfg = resolve_model_config(cfg.model_config(vocab_size=data.vocab_size))  # dtype, kernel
+  interrupts.check()
   apply_fn, params = _init_params(cfg, model_cfg)
   loss_fn = lambda p, tokens: train_loss(apply_fn, p, tokens)  # + the MoE aux losses
   algo, eval_fn = PROGRAMS.get(cfg, loss_fn, params, model_cfg)  # reuses an earlier run's program
   state = algo.init(params)
+  interrupts.check()
   resumed = None
   if cfg.resume:
-    resumed = ckpt.restore_latest(cfg.out, state, dataclasses.asdict(cfg), must_match_fields(type(cfg)))
+    resumed = ckpt.restore_latest(cfg.out, state, effective_config(dataclasses.asdict(cfg)),
+                                  must_match_fields(type(cfg)), normalize=effective_config)
   if resumed is not None:
     if cfg.steps < resumed.step:
       raise ValueError(f"steps ({cfg.steps}) is below the checkpoint's step {resumed.step} in"
@@ -254,8 +284,10 @@ def train(cfg: TrainConfig) -> TrainResult:
     log.start(evaluate(state))
   watch = Watch(algo, state, log.rows[0]["eval_loss"], last_checkpoint)
   done = first - 1
+  store = getattr(data, "store", None)  # file data: checked for changes at every log row
   try:
     for t in range(first, cfg.steps + 1):
+      interrupts.check()  # a stop request (SIGINT / SIGTERM under the CLI) ends the run here
       batch = algo.place_batch(data.train_batch(t - 1))
       present = participation(cfg, t)
       stepper = last_step_algo if t == cfg.steps and cfg.eval_replicas else algo
@@ -268,6 +300,8 @@ def train(cfg: TrainConfig) -> TrainResult:
       watch.after_step(t, state, *(sent_fragment(u, cfg.algo.sync_every, cfg.algo.fragments)[0] for u in (t, t + 1)))
       do_eval = t % cfg.eval_every == 0 or t == cfg.steps
       if t % cfg.log_every == 0 or do_eval:
+        if store is not None:
+          store.check_unchanged()
         step_losses = log.fetch_losses()
         watch.check_row(t, step_losses, state)
         losses = step_losses.mean(axis=0)
@@ -278,13 +312,18 @@ def train(cfg: TrainConfig) -> TrainResult:
         wall = time.perf_counter() - start
         log.row(t, losses, eval_loss if do_eval else None, wall, log.fetch_aux())
         if save:
-          watch.saved(checkpoints.save(t, state, _checkpoint_meta(cfg, t, log)))
+          watch.saved(checkpoints.save(t, state, _checkpoint_meta(cfg, t, log, data_identity)))
         bar.update(t - bar.n)
         tok_s = (t - 1) * log.tokens_per_step / max(wall - compile_time, 1e-9) if t > 1 else 0.0
         bar.set_postfix(loss=f"{losses.mean():.3f}", tok_s=f"{tok_s:,.0f}")
       done = t
   except KeyboardInterrupt:  # Ctrl-C, or SIGTERM under the command line: one line, what to do next
     raise Interrupted(done, cfg.out, watch.last_checkpoint) from None
+  except files.DataChangedError as e:  # the run stops; its checkpoints are those of the old data
+    where = (f"continue with `resume` (from {watch.last_checkpoint})" if watch.last_checkpoint
+             else "start over with `overwrite`")
+    what = str(e).removesuffix("; restore it.")
+    raise files.DataChangedError(f"{what}; the run stopped after step {done}: restore it and {where}.") from None
   finally:
     bar.close()
     log.close()

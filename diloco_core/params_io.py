@@ -2,25 +2,87 @@
 
 ``<out>/final_params`` is one (written at the end of every run with ``out``); ``init_from``
 starts a run from one. :func:`check_params_dir` looks at the files only, so a bad path is
-refused before the model is built; :func:`load_params` then checks shapes and dtypes.
+refused before the model is built; :func:`load_params` then checks shapes and dtypes, and
+the contents: :func:`export_params` writes beside the Orbax files a manifest
+(``params_manifest.json``: every file it wrote, every leaf's path, shape, dtype and checksum,
+:func:`~diloco_core.checkpoint.fingerprint`), and a loaded leaf whose checksum differs is a
+one-line error. The manifest also tells which files of the directory an export wrote:
+:func:`remove_exported` removes those and nothing else.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import warnings
 
 import jax
 import jax.numpy as jnp  # noqa: F401 (doctests)
 import orbax.checkpoint as ocp
 
-from diloco_core.checkpoint import CHECKPOINTS, _quiet_orbax_failed_reads, _reason, leaf_table
+from diloco_core.checkpoint import CHECKPOINTS, _quiet_orbax_failed_reads, _reason, fingerprint, leaf_table
+
+#: The manifest an export writes last (its presence marks a complete export).
+MANIFEST = "params_manifest.json"
+MANIFEST_FORMAT = 1
+
+
+def _files_under(path: str) -> list[str]:
+  return sorted(os.path.relpath(os.path.join(root, name), path)
+                for root, _, names in os.walk(path) for name in names)
+
+
+def remove_exported(path: str) -> list[str]:
+  """Removes what :func:`export_params` wrote at ``path`` (the files its manifest lists, then
+  the directories left empty) and returns what is left: files no export wrote. A directory
+  without a manifest but with Orbax's ``_METADATA`` (an export of an older version) is removed
+  whole; anything else is left alone and returned.
+
+  Examples:
+    >>> import tempfile
+    >>> path = export_params({"w": jnp.arange(3.0)}, tempfile.mkdtemp() + "/final_params")
+    >>> _ = open(os.path.join(path, "mine.txt"), "w").write("notes")
+    >>> remove_exported(path) == [os.path.join(path, "mine.txt")], sorted(os.listdir(path))
+    (True, ['mine.txt'])
+  """
+  if not os.path.isdir(path):
+    return [path] if os.path.exists(path) else []
+  manifest = _read_manifest(path)
+  if manifest is None:
+    if os.path.isfile(os.path.join(path, "_METADATA")):
+      shutil.rmtree(path, ignore_errors=True)
+      return []
+    return [os.path.join(path, f) for f in _files_under(path)]
+  for rel in manifest.get("files", []) + [MANIFEST]:
+    target = os.path.normpath(os.path.join(path, rel))
+    if target.startswith(path + os.sep) and os.path.isfile(target):
+      os.remove(target)
+  for root, dirs, names in sorted(os.walk(path, topdown=False), key=lambda w: -len(w[0])):
+    if root != path and not os.listdir(root):
+      os.rmdir(root)
+  left = [os.path.join(path, f) for f in _files_under(path)]
+  if not left and not os.listdir(path):
+    os.rmdir(path)
+  return left
+
+
+def _read_manifest(path: str) -> dict | None:
+  try:
+    with open(os.path.join(path, MANIFEST)) as f:
+      manifest = json.load(f)
+  except (OSError, ValueError):
+    return None
+  return manifest if isinstance(manifest, dict) and manifest.get("format") == MANIFEST_FORMAT else None
 
 
 def export_params(params, path: str) -> str:
   """Writes ``params`` (any pytree of arrays) as a plain Orbax checkpoint at ``path``.
 
-  The directory is replaced atomically if it exists. Load it back with
-  :func:`load_params` (or ``orbax.checkpoint.StandardCheckpointer().restore(path)``).
+  The checkpoint is written to a temporary sibling and then renamed to ``path`` (atomic);
+  when ``path`` exists, what an earlier export wrote there is replaced and any other file in
+  it is kept (moved in beside the new files). Load it back with :func:`load_params` (or
+  ``orbax.checkpoint.StandardCheckpointer().restore(path)``).
 
   Args:
     params: the params pytree (e.g. ``TrainResult.params``, the global params).
@@ -36,8 +98,22 @@ def export_params(params, path: str) -> str:
     [0.0, 1.0, 2.0]
   """
   path = os.path.abspath(path)
+  tmp = path + ".export-tmp"
   with ocp.StandardCheckpointer() as ckptr:
-    ckptr.save(path, params, force=True)
+    ckptr.save(tmp, params, force=True)
+  files = _files_under(tmp)
+  manifest = {"format": MANIFEST_FORMAT, "files": files, "leaves": leaf_table(params),
+              "checksums": fingerprint(params)}
+  with open(os.path.join(tmp, MANIFEST), "w") as f:
+    json.dump(manifest, f, indent=1)
+  if os.path.isdir(path):
+    remove_exported(path)
+  if not os.path.exists(path):
+    os.rename(tmp, path)
+    return path
+  for name in os.listdir(tmp):  # `path` holds files no export wrote: keep them beside the new ones
+    os.replace(os.path.join(tmp, name), os.path.join(path, name))
+  os.rmdir(tmp)
   return path
 
 
@@ -85,13 +161,18 @@ def load_params(path: str, like=None):
   _quiet_orbax_failed_reads()
   damaged = lambda e: ValueError(f"params checkpoint {path!r} cannot be read ({_reason(e)}); it is"
                                  " damaged or incomplete.")
+  manifest = _read_manifest(path)
+  if manifest is None:
+    warnings.warn(f"params checkpoint {path!r} has no {MANIFEST} (not written by export_params of this"
+                  " version): its contents cannot be checked.", stacklevel=2)
   with ocp.StandardCheckpointer() as ckptr:
     try:
       meta = ckptr.metadata(path).item_metadata
-      if like is None:
-        return ckptr.restore(path)
+      whole = ckptr.restore(path) if like is None else None
     except Exception as e:  # noqa: BLE001 - damaged files: one clear line
       raise damaged(e) from None
+    if like is None:
+      return _verified(whole, manifest, path)
     saved = jax.tree_util.tree_flatten_with_path(meta.tree if hasattr(meta, "tree") else meta)[0]
     saved = {jax.tree_util.keystr(p): (list(m.shape), str(m.dtype)) for p, m in saved}
     if not saved:
@@ -111,6 +192,19 @@ def load_params(path: str, like=None):
     abstract = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), like)
     try:
-      return ckptr.restore(path, abstract)
+      restored = ckptr.restore(path, abstract)
     except Exception as e:  # noqa: BLE001
       raise damaged(e) from None
+  return _verified(restored, manifest, path)
+
+
+def _verified(params, manifest: dict | None, path: str):
+  """``params`` if every leaf's checksum is the manifest's; else a one-line ``ValueError``."""
+  if manifest is None:
+    return params
+  saved = dict(zip((row["path"] for row in manifest.get("leaves", [])), manifest.get("checksums", [])))
+  for row, got in zip(leaf_table(params), fingerprint(params)):
+    if saved.get(row["path"]) != got:
+      raise ValueError(f"params checkpoint {path!r} is damaged: {row['path']} does not match its"
+                       f" checksum in {MANIFEST}; export the params again (or use another copy).")
+  return params

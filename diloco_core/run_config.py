@@ -149,6 +149,10 @@ class TrainConfig:
   keep_checkpoints: int = field(3, flag="keep-checkpoints", group=_C, help="keep the newest k checkpoints")
   resume: bool = field(False, flag="resume", group=_C,
                        help="continue the run in the output directory from its newest valid checkpoint")
+  allow_data_change: bool = field(
+      False, flag="allow-data-change", group=_C, result=False,
+      help="with --resume: continue although the data file(s) changed since the checkpoint was"
+           " written (the run then no longer continues the checkpointed trajectory)")
   init_from: str | None = field(
       None, flag="init-from", group=_C,
       help="start from a plain params checkpoint (e.g. a DP run's <out>/final_params):"
@@ -193,9 +197,10 @@ class TrainConfig:
       devices = math.prod(mesh.values()) if isinstance(mesh, dict) else devices
     vocab = self.vocab_size or self.data.vocab_size  # the data's vocabulary is only known later
     M = self.algo.replicas
-    check_fits(param_count(self.model_config(vocab_size=vocab)), replicas=M,
-               outer=self.algo.algorithm != "dp", tokens=M * self.batch_size * self.seq_len,
-               vocab=vocab, devices=devices)
+    model = self.model_config(vocab_size=vocab)
+    check_fits(param_count(model), replicas=M, outer=self.algo.algorithm != "dp",
+               tokens=M * self.batch_size * self.seq_len, vocab=vocab, devices=devices,
+               experts=model.num_experts)
     self._validate_checkpointing()
     self._validate_drops()
     self._validate_eval_replicas()
@@ -243,6 +248,10 @@ class TrainConfig:
     v.check_bool("resume", self.resume)
     if self.resume and self.out is None:
       raise ValueError("resume needs `out`: the directory of the run to continue.")
+    v.check_bool("allow_data_change", self.allow_data_change)
+    if self.allow_data_change and not self.resume:
+      raise ValueError("allow_data_change only applies to `resume` (a new run reads the data as it is):"
+                       " drop `allow_data_change`.")
     if self.init_from is not None and (not isinstance(self.init_from, str) or not self.init_from):
       raise ValueError(f"init_from must be a path to a params checkpoint directory, got {self.init_from!r}.")
     if self.init_from is not None and not self.resume:
@@ -317,13 +326,38 @@ class TrainConfig:
     return dataclasses.replace(base, **changes)
 
 
-def check_out_dir(out: str, overwrite: bool, resume: bool = False) -> None:
+#: Model fields whose None means "the preset's value": a resumed run is compared with its
+#: checkpoint on their effective values (``--experts 8`` on a preset with E = 8 is the same run).
+PRESET_OVERRIDES = ("n_layers", "positions", "num_experts", "experts_per_token")
+
+
+def effective_config(config: dict) -> dict:
+  """A run's config as a dict (``dataclasses.asdict``) with every None override of
+  :data:`PRESET_OVERRIDES` replaced by its preset's value (unknown presets are left as they are).
+
+  Examples:
+    >>> effective_config({"model": "moe-small", "num_experts": None})["num_experts"]
+    8
+  """
+  out = dict(config)
+  if out.get("model") not in PRESETS:
+    return out
+  preset = get_preset(out["model"])
+  for name in PRESET_OVERRIDES:
+    if out.get(name) is None:
+      out[name] = getattr(preset, name)
+  return out
+
+
+def check_out_dir(out: str, overwrite: bool, resume: bool = False, *, resumable: bool = True) -> None:
   """Refuses an output directory that is a file, not writable, or holds another run.
 
   Args:
     out: the run directory (created later if it does not exist).
     overwrite: the run may replace a run in ``out``.
     resume: the run continues the run in ``out``.
+    resumable: whether the caller offers `resume` (the comparison does not: its messages
+      then name `overwrite` only).
   """
   if not isinstance(out, str) or not out.strip():
     raise ValueError(f"`out` must be a directory path, got {out!r}.")
@@ -336,12 +370,16 @@ def check_out_dir(out: str, overwrite: bool, resume: bool = False) -> None:
     return
   if not os.access(out, os.W_OK) or not _can_write_in(out):
     if not os.path.isdir(out):  # removed meanwhile by another process's probe (multi-process run)
-      return check_out_dir(out, overwrite, resume)
+      return check_out_dir(out, overwrite, resume, resumable=resumable)
     raise ValueError(f"out={out!r} is not writable; choose another directory.")
   if resume and not finalized_steps(out):
     raise ValueError(no_checkpoint_message(out))
   if overwrite or resume:
     return
+  if not resumable and (os.path.exists(os.path.join(out, "summary.json")) or finalized_steps(out)
+                        or os.path.exists(os.path.join(out, "metrics.jsonl"))):
+    raise ValueError(f"out={out!r} already holds a run; pass `overwrite` to replace it, or choose"
+                     " another directory.")
   if os.path.exists(os.path.join(out, "summary.json")):
     raise ValueError(f"out={out!r} already holds a finished run; pass `overwrite`, `resume` (with more"
                      " `steps`), or choose another directory.")

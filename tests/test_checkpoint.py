@@ -231,10 +231,9 @@ def test_non_finite_params_name_the_step_and_replica():
 
   assert message(ok, 4, bad, "ck/2") == (
       "non-finite params after step 4 on replica(s) [1]; lower --inner-lr and start over with --overwrite"
-      " (the newest finite checkpoint is ck/2; --resume continues with the same --inner-lr).")
+      " (the newest finite checkpoint is ck/2; --resume continues from it with the same --inner-lr).")
   assert str(pytest.raises(FloatingPointError, check_finite, algo, ok, 4, bad, None).value).endswith(
-      "lower `inner_lr` and start over with `overwrite` (no checkpoint was written; `resume` continues"
-      " with the same `inner_lr`).")
+      "lower `inner_lr` and start over with `overwrite` (no checkpoint was written).")  # no resume offered
   assert message(ok, 6, state.replace(global_params=jnp.array([0.0, jnp.nan])), None).startswith(
       "non-finite global params after step 6; lower --outer-lr and start over")
   assert message(np.array([[0, 0, np.nan], [0, 0, 0]]), 4, state, None).startswith(
@@ -244,7 +243,7 @@ def test_non_finite_params_name_the_step_and_replica():
   check_finite(dp, ok, 4, dp_state, None)
   assert message(ok, 4, dp_state.replace(params=jnp.array([jnp.nan, 0.0])), None, algorithm=dp) == (
       "non-finite params after step 4; lower --inner-lr and start over with --overwrite (no checkpoint"
-      " was written; --resume continues with the same --inner-lr).")
+      " was written).")
 
 
 # ---- replica drops -------------------------------------------------------------------------------

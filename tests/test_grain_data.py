@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -59,14 +60,31 @@ def test_windows_are_the_hand_computed_token_ranges(tmp_path):
   np.testing.assert_array_equal(e, e[:, :1] + np.arange(5))
 
 
-def test_files_are_memory_mapped_not_loaded(tmp_path):
+def test_files_are_read_on_demand_not_loaded_or_mapped(tmp_path):
+  from diloco_core.files import FileSegment
   ids = npy(tmp_path / "ids.npy", np.arange(1000, dtype=np.int32))
   text = tmp_path / "t.txt"
   text.write_bytes(b"hello world " * 50)
   for source in (ids, text):
     store = dataset(source).store
-    assert len(store.segments) == 1 and isinstance(store.segments[0], np.memmap)
-    assert str(store.segments[0].filename) == str(source)
+    assert len(store.segments) == 1 and isinstance(store.segments[0], FileSegment)
+    assert store.segments[0].path == str(source) and store.segments[0].file_bytes == os.path.getsize(source)
+  assert store.read(6, 11).tolist() == list(b"world")
+
+
+@pytest.mark.parametrize("how", ["shrink", "vanish"])
+def test_a_file_that_shrinks_or_vanishes_while_read_is_one_error_not_sigbus(tmp_path, how):
+  from diloco_core.files import DataChangedError
+  path = npy(tmp_path / "ids.npy", np.arange(4000, dtype=np.int32))
+  ds = dataset(path, workers=2)
+  ds.train_batch(0)
+  os.truncate(path, 1000) if how == "shrink" else os.remove(path)
+  with pytest.raises(DataChangedError, match="shrank|changed size|vanished"):
+    ds.store.check_unchanged()
+  if how == "shrink":  # a read past the new end: the same error, never a signal
+    with pytest.raises(DataChangedError, match=r"shrank to 1000 bytes while the run read it"):
+      for step in range(200):
+        ds.train_batch(step)
 
 
 def test_text_is_bytes(tmp_path):
@@ -246,7 +264,7 @@ def test_cli_error_line_and_exit_2(tmp_path, capsys):
   write(tmp_path, "d/b.npy", np.arange(100, dtype=np.int16))
   assert main(["--model", "tiny", "--no-progress", "--data", str(tmp_path / "d")]) == 2
   err = capsys.readouterr().err
-  assert err.startswith("error: DataConfig.source: directory ") and "mixes dtypes" in err
+  assert err.startswith("error: --data: directory ") and "mixes dtypes" in err
   assert err.count("\n") == 1
 
 
