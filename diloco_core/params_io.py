@@ -12,7 +12,9 @@ one-line error. The manifest also tells which files of the directory an export w
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import shutil
 import warnings
@@ -144,6 +146,19 @@ def check_params_dir(path: str) -> str:
   return path
 
 
+@contextlib.contextmanager
+def _quiet_absl():
+  """Orbax logs ``WARNING:absl`` lines while it fails to read a damaged checkpoint; the caller
+  reports the failure in one line, so those warnings are muted for the read."""
+  log = logging.getLogger("absl")
+  level = log.level
+  log.setLevel(logging.ERROR)
+  try:
+    yield
+  finally:
+    log.setLevel(level)
+
+
 def load_params(path: str, like=None):
   """Loads a params checkpoint written by :func:`export_params` (e.g. ``<out>/final_params``).
 
@@ -165,7 +180,7 @@ def load_params(path: str, like=None):
   if manifest is None:
     warnings.warn(f"params checkpoint {path!r} has no {MANIFEST} (not written by export_params of this"
                   " version): its contents cannot be checked.", stacklevel=2)
-  with ocp.StandardCheckpointer() as ckptr:
+  with ocp.StandardCheckpointer() as ckptr, _quiet_absl():
     try:
       meta = ckptr.metadata(path).item_metadata
       whole = ckptr.restore(path) if like is None else None

@@ -250,7 +250,7 @@ class TrainConfig:
       raise ValueError("resume needs `out`: the directory of the run to continue.")
     v.check_bool("allow_data_change", self.allow_data_change)
     if self.allow_data_change and not self.resume:
-      raise ValueError("allow_data_change only applies to `resume` (a new run reads the data as it is):"
+      raise ValueError("`allow_data_change` only applies to `resume` (a new run reads the data as it is):"
                        " drop `allow_data_change`.")
     if self.init_from is not None and (not isinstance(self.init_from, str) or not self.init_from):
       raise ValueError(f"init_from must be a path to a params checkpoint directory, got {self.init_from!r}.")

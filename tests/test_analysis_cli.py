@@ -92,12 +92,16 @@ def test_simulate_table_command():
       "--sync-every", "0"), "sync_every must be an integer >= 1, got 0."),
     (("plan", "--model", "qwen3-8b", "--hardware", "v5p", "--slices", "2.5"),
      "argument --slices: invalid int value: '2.5'"),
+    (("plan", "--model", "qwen3-8b", "--hardware", "v5p", "--slices", "2", "--chips-per-slice",
+      "64", "--seq-len", "4096", "--global-batch-tokens", "1", "--link-gbps", "100"),
+     "global_batch_tokens (1) must be at least seq_len (4096): a step trains on whole sequences."),
 ])
 def test_errors_are_one_line_exit_2(args, message):
   r = _run(*args)
   assert r.returncode == 2
   assert r.stdout == ""
   assert len(r.stderr.strip().splitlines()) == 1 and message in r.stderr
+  assert r.stderr.startswith("error: "), r.stderr  # as the trainer's errors
   assert "Traceback" not in r.stderr
 
 
@@ -142,6 +146,6 @@ def test_plan_refuses_overlaps_no_streaming_candidate_can_use(capsys):
                    "64", "--seq-len", "4096", "--global-batch-tokens", "2097152", "--link-gbps", "100",
                    "--overlaps", "100000"]) == 2
   err = capsys.readouterr().err
-  assert err.count("\n") == 1 and err.split(": ", 1)[1].startswith("error: overlaps (100000,) leave no Streaming candidate: τ must"
+  assert err.count("\n") == 1 and err.startswith("error: overlaps (100000,) leave no Streaming candidate: τ must"
                                                  " be below H, and the largest H considered for Streaming is 1000;"
                                                  " give overlaps in [0, 999]."), err

@@ -17,7 +17,7 @@ import numpy as np
 import optax
 import pytest
 
-from diloco_core import DiLoCo, DiLoCoConfig, export_params, init_model
+from diloco_core import DiLoCo, DiLoCoConfig, export_params, init_model, load_params
 from diloco_core import checkpoint as ckpt
 from diloco_core.divergence import Watch
 from diloco_core.model_config import get_preset
@@ -104,6 +104,21 @@ def other_model_params(tmp, finished):
   return export_params(params, str(tmp / "other"))
 
 
+def changed_params(tmp, finished):
+  """The finished run's final_params whose array files were replaced by those of other params
+  of the same model (what a flipped byte Orbax cannot see does): only the checksums can tell."""
+  import dataclasses
+  shutil.copytree(finished / "final_params", tmp / "params")
+  _, other = init_model(dataclasses.replace(get_preset("tiny"), vocab_size=16), 1)
+  export_params(other, str(tmp / "other"))
+  for entry in (tmp / "other").iterdir():
+    if entry.name != "params_manifest.json":
+      target = tmp / "params" / entry.name
+      shutil.rmtree(target) if target.is_dir() else target.unlink()
+      shutil.move(str(entry), str(target))
+  return str(tmp / "params")
+
+
 # (id, argv builder (tmp_path, finished run) -> extra argv, expected part of the message)
 CASES = [
     # ---- options ----
@@ -184,6 +199,19 @@ CASES = [
      "is a training checkpoint (or run) directory"),
     ("init-from-another-model", lambda t, f: ["--init-from", other_model_params(t, f)], "but this model needs"),
     ("init-from-damaged", lambda t, f: ["--init-from", damaged_params(t, f)], "cannot be read"),
+    ("init-from-changed-contents", lambda t, f: ["--init-from", changed_params(t, f)],
+     "is damaged: ['blocks']['attn_norm'] does not match its checksum in params_manifest.json"),
+    # ---- options that would change nothing are refused, not ignored ----
+    ("dp-with-outer-overlap", lambda t, f: ["--algorithm", "dp", "--outer-overlap", "eager"],
+     "--outer-overlap 'eager' has no effect with algorithm 'dp' (no outer step"),
+    ("error-feedback-without-compression", lambda t, f: ["--error-feedback"],
+     "--error-feedback resends the compression residual, and compression='none' leaves none"),
+    ("compression-block-without-compression", lambda t, f: ["--compression", "none", "--compression-block", "8"],
+     "--compression-block 8 sets the quantization scale's block, and compression='none' quantizes nothing"),
+    ("allow-data-change-without-resume", lambda t, f: ["--allow-data-change"],
+     "--allow-data-change only applies to --resume (a new run reads the data as it is): drop --allow-data-change."),
+    ("data-workers-negative", lambda t, f: ["--data-workers", "-1"], "--data-workers must be an integer >= 0"),
+    ("experts-beyond-memory", lambda t, f: ["--experts", "1000000000"], "--seq-len, --layers or --experts."),
     # ---- replica drops ----
     ("drop-schedule-malformed", lambda t, f: ["--drop-schedule", "2-1"], "must look like step:replica"),
     ("drop-schedule-bad-replica", lambda t, f: ["--drop-schedule", "2:5"], "replica 5 (at step 2) is not in [0, replicas=2)"),
@@ -303,6 +331,7 @@ def test_overwrite_keeps_foreign_files_and_h_over_steps_warns(tmp_path, finished
   (run / "checkpoints" / "README").write_text("notes")
   (run / "checkpoints" / "999").mkdir()
   (run / "checkpoints" / "999" / "x").write_text("mine")
+  (run / "final_params" / "mine.txt").write_text("mine")  # beside the export's files: kept, named
   argv = BASE + ["--out", str(run), "--overwrite", "--sync-every", "8"]
   # Checkpoints cannot go next to a step-named directory Orbax would take for the newest one.
   assert main(argv + ["--checkpoint-every", "2"]) == 2
@@ -313,7 +342,10 @@ def test_overwrite_keeps_foreign_files_and_h_over_steps_warns(tmp_path, finished
   assert (run / "checkpoints" / "README").read_text() == "notes" and (run / "checkpoints" / "999" / "x").exists()
   assert ckpt.finalized_steps(str(run)) == [] and not (run / "checkpoints" / "2").exists()
   warned = [line for line in err.splitlines() if line.startswith("warning: ")]
-  assert any("--overwrite kept 2 file(s) no run wrote" in w and "README" in w and "999" in w for w in warned), err
+  assert any("--overwrite kept 3 file(s) no run wrote" in w and "README" in w and "999" in w
+             and "final_params/mine.txt" in w for w in warned), err
+  assert (run / "final_params" / "mine.txt").read_text() == "mine"
+  assert set(load_params(str(run / "final_params"))) == set(load_params(str(finished / "final_params")))
   h = "sync_every (H=8) > steps (4): the global params are never updated (fragment(s) [0] never sent)"
   assert any(w.startswith(f"warning: {h}") and "lower --sync-every to at most 4" in w for w in warned), err
   summary = json.loads((run / "summary.json").read_text())
@@ -334,10 +366,10 @@ def test_damaged_evidence_is_kept_and_the_warning_is_clean(tmp_path, finished, c
   assert (run / "checkpoints" / "4.damaged").is_dir() and ckpt.finalized_steps(str(run)) == [2, 4]
 
 
-@pytest.mark.parametrize("how", ["sigint", "sigterm"])
+@pytest.mark.parametrize("how", ["sigint", "sigterm", "sigterm-during-save"])
 def test_interrupt_one_line_and_resume_works(how, tmp_path, monkeypatch, capsys):
   import diloco_core.loop as loop
-  real = loop.participation
+  real, real_save = loop.participation, ckpt.CheckpointWriter.save
 
   def interrupt_at_3(cfg, t):
     if t == 3:
@@ -346,26 +378,38 @@ def test_interrupt_one_line_and_resume_works(how, tmp_path, monkeypatch, capsys)
       os.kill(os.getpid(), signal.SIGTERM)
     return real(cfg, t)
 
-  monkeypatch.setattr(loop, "participation", interrupt_at_3)
+  def save_interrupted(self, step, *args):
+    os.kill(os.getpid(), signal.SIGTERM)  # mid-save: the save is finished, then the run stops
+    return real_save(self, step, *args)
+
+  if how == "sigterm-during-save":
+    monkeypatch.setattr(ckpt.CheckpointWriter, "save", save_interrupted)
+  else:
+    monkeypatch.setattr(loop, "participation", interrupt_at_3)
   run = tmp_path / "run"
   assert main(BASE + ["--out", str(run), "--checkpoint-every", "2"]) == 130
   err = capsys.readouterr().err
-  # SIGTERM under the CLI is a stop request: step 3 finishes, the loop stops before step 4.
-  done = 2 if how == "sigint" else 3
+  # SIGTERM under the CLI is a stop request: step 3 finishes, the loop stops before step 4; one
+  # during the save of step 2 lets the save finish and stops before step 3.
+  done = {"sigint": 2, "sigterm": 3, "sigterm-during-save": 2}[how]
+  assert ckpt.finalized_steps(str(run)) == [2]
   assert err.strip().splitlines()[-1] == f"interrupted at step {done}; resume with --resume (from {run}/checkpoints/2).", err
   assert "Traceback" not in err
   monkeypatch.setattr(loop, "participation", real)
+  monkeypatch.setattr(ckpt.CheckpointWriter, "save", real_save)
   assert main(BASE + ["--out", str(run), "--resume", "--checkpoint-every", "2"]) == 0
 
 
-def test_checkpoints_removed_during_a_save_one_line(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("how", ["file-in-place", "removed"])
+def test_checkpoints_removed_during_a_run_one_line(how, tmp_path, monkeypatch, capsys):
   import diloco_core.loop as loop
   real = loop._checkpoint_meta
 
-  def remove_then_meta(cfg, t, log, *args):  # `rm -rf OUT/checkpoints` and a file in its place, mid-run
+  def remove_then_meta(cfg, t, log, *args):  # `rm -rf OUT/checkpoints` (and a file in its place) mid-run
     if t == 4:
       shutil.rmtree(run / "checkpoints")
-      write(run / "checkpoints", b"not a directory")
+      if how == "file-in-place":
+        write(run / "checkpoints", b"not a directory")
     return real(cfg, t, log, *args)
 
   monkeypatch.setattr(loop, "_checkpoint_meta", remove_then_meta)
@@ -374,7 +418,12 @@ def test_checkpoints_removed_during_a_save_one_line(tmp_path, monkeypatch, capsy
   err = capsys.readouterr().err
   lines = [line for line in err.splitlines() if line.startswith("error: ")]
   assert len(lines) == 1 and lines[0].startswith(f"error: checkpoint {run}/checkpoints/4 could not be written ("), err
-  assert " at 0x" not in err and "Traceback" not in err
+  assert " at 0x" not in err and "Traceback" not in err and "WARNING" not in err
+  assert lines[0].endswith("then start over with --overwrite (no checkpoint is left)."), lines[0]
+  if how == "removed":  # the advice works
+    assert f"({run}/checkpoints was removed during the run)" in lines[0]
+    monkeypatch.setattr(loop, "_checkpoint_meta", real)
+    assert main(BASE + ["--out", str(run), "--checkpoint-every", "2", "--overwrite"]) == 0
 
 
 @pytest.mark.parametrize("make", ["metrics-only", "all-damaged"])
@@ -404,7 +453,15 @@ def test_api_step_inputs_are_checked_at_the_boundary():
     algo.step(state, jnp.zeros((2, 2)), jnp.ones((2, 1)))
   with pytest.raises(ValueError, match=r"^layer_mask leaves must be Python bools .*got a ndarray.$"):
     DiLoCo(quad, optax.sgd(0.5), DiLoCoConfig(replicas=2), layer_mask=np.array([True, False])).init(jnp.zeros(2))
-  state, _ = algo.step(state, jnp.zeros((2, 2)), jnp.ones(2))  # the right shapes still run
+  for bad in ([np.nan, 1.0], [2.0, 1.0], [-1.0, 1.0]):  # values, not only the shape
+    with pytest.raises(ValueError, match=r"^DiLoCo.step: participation must hold 1 \(present\) or 0"
+                       r" \(dropped\) for each replica, got \["):
+      algo.step(state, jnp.zeros((2, 2)), jnp.array(bad))
+  new, _ = algo.step(state, jnp.zeros((2, 2)), jnp.ones(2))  # the right inputs still run
+  with pytest.raises(ValueError, match=r"^DiLoCo.step: this state was donated to an earlier step \(its"
+                     r" buffers are deleted\); pass the state that step returned.$"):
+    algo.step(state, jnp.zeros((2, 2)))
+  algo.step(new, jnp.zeros((2, 2)))
 
 
 def test_out_dir_removed_by_another_processs_probe_during_the_check_is_not_an_error(tmp_path, monkeypatch):
@@ -421,3 +478,92 @@ def test_out_dir_removed_by_another_processs_probe_during_the_check_is_not_an_er
   monkeypatch.setattr(rc, "_can_write_in", vanish)
   rc.check_out_dir(str(out), overwrite=False)
   assert not out.exists()  # checked again as a new directory: probed, nothing left behind
+
+
+# ---- data files that change, under a run and between a run and its resume --------------------
+def test_data_changed_during_the_run_and_before_resume(tmp_path, monkeypatch, capsys):
+  import diloco_core.loop as loop
+  ids = np.random.default_rng(0).integers(0, 16, 4000)
+  data = npy(tmp_path / "ids.npy", ids)
+  run = tmp_path / "run"
+  argv = BASE + ["--data", data, "--vocab-size", "16", "--out", str(run), "--checkpoint-every", "2"]
+  real = loop.participation
+
+  def shrink_at_3(cfg, t):
+    if t == 3:
+      os.truncate(data, 1000)  # a memory map would die of SIGBUS on the next read
+    return real(cfg, t)
+
+  monkeypatch.setattr(loop, "participation", shrink_at_3)
+  assert main(argv) == 2
+  err = capsys.readouterr().err
+  lines = [line for line in err.splitlines() if line.startswith("error: ")]
+  assert len(lines) == 1 and "Traceback" not in err, err
+  assert "ids.npy' shrank to 1000 bytes while the run read it" in lines[0] or "changed size" in lines[0], lines[0]
+  assert lines[0].endswith(f"restore it and continue with --resume (from {run}/checkpoints/2)."), lines[0]
+  assert ckpt.finalized_steps(str(run)) == [2]  # the last checkpoint is intact
+  monkeypatch.setattr(loop, "participation", real)
+  np.save(data, (ids + 1) % 16)  # back at full size, with other contents
+  before = snapshot(run)
+  assert main(argv + ["--resume"]) == 2
+  err = capsys.readouterr().err
+  assert err == (f"error: --resume: the data changed since checkpoint {run}/checkpoints/2 was written ({data}:"
+                 " ids.npy has other contents (SHA-256 of whole file)); restore it, or pass"
+                 " --allow-data-change to continue on the new data.\n"), err
+  assert snapshot(run) == before
+  # The override works; --layers 2 and --experts 1 are the tiny preset's own values (the
+  # checkpoint holds None for both): the same run, compared on effective values.
+  assert main(argv + ["--resume", "--allow-data-change", "--layers", "2", "--experts", "1"]) == 0
+
+
+def test_params_without_a_manifest_load_with_a_warning(tmp_path, finished):
+  shutil.copytree(finished / "final_params", tmp_path / "old")
+  os.remove(tmp_path / "old" / "params_manifest.json")  # an export of an earlier version
+  with pytest.warns(UserWarning, match="has no params_manifest.json .* its contents cannot be checked"):
+    params = load_params(str(tmp_path / "old"))
+  assert set(params) == set(load_params(str(finished / "final_params")))
+
+
+# ---- the comparison (make demo) --------------------------------------------------------------
+COMPARE = ["--model", "tiny", "--batch-size", "2", "--seq-len", "8", "--steps", "4", "--sync-every", "2",
+           "--fragments", "2", "--overlap", "0", "--no-progress"]
+
+
+def test_compare_errors_and_interrupt_are_one_line(tmp_path, monkeypatch, capsys):
+  import diloco_core.loop as loop
+  from diloco_core.cli import compare_main
+  assert compare_main(["--algorithm", "dp"]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and err.startswith("error: unrecognized arguments: --algorithm dp; the"
+                                                 " comparison trains dp, diloco and streaming"), err
+  (tmp_path / "cmp" / "dp").mkdir(parents=True)
+  write(tmp_path / "cmp" / "dp" / "summary.json", b"{}")
+  assert compare_main(COMPARE + ["--out", str(tmp_path / "cmp")]) == 2
+  err = capsys.readouterr().err
+  assert err == (f"error: out={str(tmp_path / 'cmp' / 'dp')!r} already holds a run; pass --overwrite to"
+                 " replace it, or choose another directory.\n"), err
+  real = loop.participation
+
+  def ctrl_c_at_2(cfg, t):
+    if t == 2:
+      raise KeyboardInterrupt
+    return real(cfg, t)
+
+  monkeypatch.setattr(loop, "participation", ctrl_c_at_2)
+  assert compare_main(COMPARE + ["--out", str(tmp_path / "c2")]) == 130
+  err = capsys.readouterr().err
+  assert err == ("interrupted during the dp run at step 1; the comparison has no resume: run it again"
+                 " with --overwrite.\n"), err
+
+
+@pytest.mark.parametrize("signum,delay", [(signal.SIGINT, 1.3), (signal.SIGTERM, 4.5)])
+def test_a_signal_at_any_phase_is_one_line_exit_130(signum, delay, tmp_path):
+  """SIGINT during the imports, SIGTERM around the compilation: one line, exit 130, no signal death."""
+  import time
+  p = subprocess.Popen([sys.executable, "-m", "diloco_core.train", *BASE, "--steps", "100000",
+                        "--out", str(tmp_path / "run")], stderr=subprocess.PIPE, text=True)
+  time.sleep(delay)
+  p.send_signal(signum)
+  _, err = p.communicate(timeout=300)
+  assert p.returncode == 130, (p.returncode, err)
+  assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted "), err
