@@ -10,7 +10,7 @@ Two kinds of data, both sharded over the :math:`M` DiLoCo replicas and both pure
   are exact numbers, not estimates.
 * **Local files** (``DataConfig.source="path/to/file"``): UTF-8 text read as bytes
   (vocabulary 256), a 1-D integer ``.npy`` array of token ids, or a directory of
-  ``.npy`` or ArrayRecord shards, memory-mapped (:mod:`diloco_core.files`) and served
+  ``.npy`` or ArrayRecord shards, read on demand (:mod:`diloco_core.files`) and served
   in windows by a Grain pipeline (:mod:`diloco_core.grain_data`). Nothing is ever
   downloaded. The last 10% of the tokens are held out for evaluation.
 
@@ -37,8 +37,8 @@ Sharding over replicas (``DataConfig.distribution``):
 
 This module holds the config (:class:`DataConfig`), the synthetic dataset with its replica
 sharding (:class:`SyntheticDataset`) and :func:`make_dataset`; the Markov source lives in
-:mod:`diloco_core.markov`, file data in :mod:`diloco_core.files` (memory-mapped token
-files) and :mod:`diloco_core.grain_data` (the Grain pipeline), and the batch interface in
+:mod:`diloco_core.markov`, file data in :mod:`diloco_core.files` (token files read on
+demand) and :mod:`diloco_core.grain_data` (the Grain pipeline), and the batch interface in
 :mod:`diloco_core.dataset`. Their public names are re-exported here.
 """
 

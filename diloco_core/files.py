@@ -358,6 +358,7 @@ FULL_HASH_BYTES = 64 << 20
 #: A larger one: this many blocks of :data:`SAMPLE_BLOCK_BYTES` in all, shared by its files
 #: (at least 2 each, evenly spaced, first and last included), and every file's size.
 SAMPLE_BLOCKS = 64
+#: Bytes of one sampled block.
 SAMPLE_BLOCK_BYTES = 1 << 16
 
 

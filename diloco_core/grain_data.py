@@ -1,4 +1,4 @@
-"""File data through a Grain pipeline: memory-mapped windows, replica shards, seeded shuffle.
+"""File data through a Grain pipeline: windows read on demand, replica shards, seeded shuffle.
 
 A local file or shard directory (:func:`~diloco_core.files.open_tokens`) is one stream
 of :math:`N` token ids. The last :math:`N_e = \\max(\\lceil 0.1 N \\rceil, T + 1)` are
@@ -13,7 +13,7 @@ so consecutive windows share one token (the last target of one is the first inpu
 next) and every training token after the first is a target exactly once per epoch.
 
 Each replica reads a Grain ``MapDataset``: ``range(lo, hi).shuffle(seed).repeat()``,
-then ``map`` (read the window from the memory map) and ``batch(batch_size)``. Epoch
+then ``map`` (read the window from the file) and ``batch(batch_size)``. Epoch
 :math:`e` of the shuffle is a fresh permutation (Grain seeds it with ``seed + e``), and a
 batch may span two epochs. Sharding over the :math:`M` replicas (``DataConfig.distribution``):
 
@@ -57,12 +57,12 @@ def _shuffle_seed(seed: int, replica: int) -> int:
 
 
 class FileDataset(Dataset):
-  """Windows of a memory-mapped local token file, shuffled and batched by Grain.
+  """Windows of a local token file (read on demand), shuffled and batched by Grain.
 
   See the module docstring for the windows, the eval split and the replica shards.
 
   Attributes:
-    store: the memory-mapped :class:`~diloco_core.files.TokenStore`.
+    store: the :class:`~diloco_core.files.TokenStore` (files read with ``os.pread``).
     kind: the store's kind (``"text"``, ``"npy"``, ``"npy-shards"``, ...).
     train_tokens: :math:`N_t`, tokens before the held-out tail.
     eval_tokens: :math:`N_e`.

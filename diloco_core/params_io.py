@@ -101,11 +101,14 @@ def export_params(params, path: str) -> str:
   """
   path = os.path.abspath(path)
   tmp = path + ".export-tmp"
-  with ocp.StandardCheckpointer() as ckptr:
+  with ocp.StandardCheckpointer() as ckptr:  # every process takes part; process 0 writes
     ckptr.save(tmp, params, force=True)
+  checksums = fingerprint(params)  # a computation on every process's arrays
+  if jax.process_index() != 0:
+    return path
   files = _files_under(tmp)
   manifest = {"format": MANIFEST_FORMAT, "files": files, "leaves": leaf_table(params),
-              "checksums": fingerprint(params)}
+              "checksums": checksums}
   with open(os.path.join(tmp, MANIFEST), "w") as f:
     json.dump(manifest, f, indent=1)
   if os.path.isdir(path):
