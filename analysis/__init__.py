@@ -4,7 +4,8 @@ numpy / pandas code (no JAX calls): hardware and model catalogs (:mod:`analysis.
 :mod:`analysis.models`), closed forms for intensity and critical batches
 (:mod:`analysis.roofline`), bytes and bandwidth (:mod:`analysis.bandwidth`) and memory
 (:mod:`analysis.memory`), a discrete-event simulator of datacenters joined by a WAN link
-(:mod:`analysis.simulate`), and a planner that picks H, P and τ for a link
+(:mod:`analysis.simulate`) with the papers' own tables beside it (:mod:`analysis.paper_tables`),
+and a planner that picks H, P and τ for a link
 (:mod:`analysis.plan`). Catalog names are resolved once, by the entry points
 (:func:`plan_run`, the command line, :func:`get_hardware` / :func:`get_model` in your code);
 the closed forms take resolved objects. Training sweeps: :mod:`analysis.sweeps` (the
@@ -38,6 +39,8 @@ from analysis.models import fragment_sizes
 from analysis.models import get_model
 from analysis.models import model_stats
 from analysis.models import model_table
+from analysis.paper_tables import reference as paper_reference
+from analysis.paper_tables import simulated as paper_simulated
 from analysis.plan import Plan
 from analysis.plan import plan_run
 from analysis.roofline import arithmetic_intensity

@@ -363,8 +363,9 @@ def _add_simulate(sub) -> None:
                  help="also print the utilization at these bandwidths (Gbit/s)")
   s.add_argument("--table", action="store_true",
                  help="print the Streaming DiLoCo paper's table (3 models x 5 methods)")
-  s.add_argument("--rounding", default="grid", choices=("grid", "exact"),
-                 help="table values: the paper's grid or exact bisection (grid)")
+  s.add_argument("--rounding", default="grid", choices=sim.ROUNDINGS,
+                 help="table values: grid (first grid point reaching the target), paper (the grid"
+                      " point below it, the paper's reading) or exact (bisection) (grid)")
   s.set_defaults(func=_simulate)
 
 

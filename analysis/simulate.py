@@ -69,6 +69,8 @@ from diloco_core.validity import check_int
 # The Streaming DiLoCo paper's simulation grid: 50 log-spaced points, 0.1 .. 1000 Gbit/s.
 PAPER_GRID_GBPS = np.logspace(-1, 3, 50)
 PAPER_TARGETS = (0.5, 0.8, 0.9, 0.95, 0.99)
+#: How :func:`bandwidth_for_utilization` reads the needed bandwidth (see there).
+ROUNDINGS = ("exact", "grid", "paper")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,20 +303,29 @@ def bandwidth_for_utilization(target, model, method, *, rounding="exact", grid=N
   .. math::
      W^*(u) = \\min\\{W : u_\\text{sim}(W) \\ge u\\}
 
-  ``rounding="exact"`` bisects :math:`\\log W` to a relative precision ``rtol`` (every
-  target at once); ``rounding="grid"`` returns the lowest point of ``grid`` (default:
-  the paper's 50 log-spaced points from 0.1 to 1000 Gbit/s) that reaches the target.
-  The paper's text on how a Table 4 cell is read off its grid was not available to us;
-  the first grid point that reaches the target is our reading. Unreachable targets give
-  ``inf`` (``"grid"``: not reached within the grid; ``"exact"``: not even at 1e9 Gbit/s,
-  e.g. when the latency alone costs more than the allowed idle time).
+  Three readings (``rounding``):
+
+  * ``"exact"`` bisects :math:`\\log W` to a relative precision ``rtol`` (every target at
+    once): the bandwidth needed.
+  * ``"grid"``: the lowest point of ``grid`` (default: the paper's 50 log-spaced points
+    from 0.1 to 1000 Gbit/s) that reaches the target, i.e. :math:`W^*` rounded *up* to the
+    grid: a bandwidth that is enough (at most one grid step, ×1.21, above :math:`W^*`).
+  * ``"paper"``: the grid point just *below* that one, the largest one that does not yet
+    reach the target (:math:`W^*` rounded *down*; the lowest grid point when the first
+    already reaches it): a lower bound, at most one step below :math:`W^*`. The paper does
+    not say how it reads its grid; this is the reading that reproduces its Table 4 (see
+    :mod:`analysis.paper_tables` and the roofline page, which count the equal cells).
+
+  Unreachable targets give ``inf`` (``"grid"`` / ``"paper"``: not reached within the grid;
+  ``"exact"``: not even at 1e9 Gbit/s, e.g. when the latency alone costs more than the
+  allowed idle time).
 
   Args:
     target: u in (0, 1), or a sequence of them.
     model: a SIM_MODELS name or a SimModel.
     method: "dp", "diloco" or "streaming".
-    rounding: "exact" or "grid".
-    grid: increasing bandwidths (Gbit/s) for ``rounding="grid"``.
+    rounding: one of :data:`ROUNDINGS`: "exact", "grid" or "paper".
+    grid: increasing bandwidths (Gbit/s) for ``rounding="grid"`` / ``"paper"``.
     rtol: relative precision of the exact value.
     **kwargs: the other arguments of :func:`run_simulation` (replicas, sync_every, ...).
 
@@ -327,17 +338,22 @@ def bandwidth_for_utilization(target, model, method, *, rounding="exact", grid=N
     27.109
     >>> round(bandwidth_for_utilization(0.95, "1B", "diloco", rounding="grid"), 3)
     28.118
+    >>> round(bandwidth_for_utilization(0.95, "1B", "diloco", rounding="paper"), 3)  # the paper: 23.3
+    23.3
   """
-  check_choice("rounding", rounding, ("exact", "grid"))
+  check_choice("rounding", rounding, ROUNDINGS)
   targets = _checks.fraction("target", target)
   flat = targets.ravel()
   util = lambda w: _utilizations(model, method, w, **kwargs)  # noqa: E731
-  if rounding == "grid":
+  if rounding in ("grid", "paper"):
     g = PAPER_GRID_GBPS if grid is None else _checks.positive("grid", grid).ravel()
     if np.any(np.diff(g) <= 0):
       raise ValueError("grid must be strictly increasing.")
     reached = util(g)[None, :] >= flat[:, None]
-    res = np.where(reached.any(axis=1), g[np.argmax(reached, axis=1)], np.inf)
+    first = np.argmax(reached, axis=1)
+    if rounding == "paper":
+      first = np.maximum(first - 1, 0)
+    res = np.where(reached.any(axis=1), g[first], np.inf)
   else:
     _checks.positive("rtol", rtol)
     res = _bisect(util, flat, rtol)
@@ -368,7 +384,9 @@ def paper_table(*, rounding="grid", models=("1B", "10B", "100B"), targets=PAPER_
   sending step's backward pass.
 
   Args:
-    rounding: "grid" (the paper's 50-point log grid) or "exact".
+    rounding: "grid" (the first point of the paper's 50-point log grid that reaches the
+      target), "paper" (the point below it: the reading that reproduces the paper's table)
+      or "exact" (see :func:`bandwidth_for_utilization`).
     models: names of ``SIM_MODELS`` (or SimModels).
     targets: utilization targets (columns).
     replicas, sync_every, fragment_layers, latency: simulation settings.

@@ -456,3 +456,66 @@ def test_paper_table_eager_rows_keep_the_five_rows():
 def test_eager_bad_options(kw, match):
   with pytest.raises(ValueError, match=match):
     sim.run_simulation("1B", bandwidth_gbps=10.0, **kw)
+
+
+# ---- the papers' own tables beside ours (analysis.paper_tables) ---------------------------------
+def test_paper_tables_hold_the_published_cells_and_their_identities():
+  from analysis import paper_tables as pt
+  t4, t5 = pt.reference(4), pt.reference(5)
+  assert t4.shape == (15, 5) and t5.shape == (18, 5) and t4.notna().all().all() and t5.notna().all().all()
+  assert t4.loc[("1B", "DP")].tolist() == [86.8, 152.6, 184.2, 222.3, 569.0]  # as printed
+  assert t4.loc[("100B", "Streaming + overlap + 4-bit")].tolist() == [0.5, 0.9, 1.1, 1.1, 1.4]
+  # Table 5 repeats Table 4's DP and Streaming rows, and its 1-inner-step H = 100 row is Table 4's FP4 row.
+  for model in ("1B", "10B", "100B"):
+    for ours in ("DP", "Streaming"):
+      assert t5.loc[(model, ours)].tolist() == t4.loc[(model, ours)].tolist()
+    assert (t5.loc[(model, "Streaming + overlap + 4-bit, H = 100")].tolist()
+            == t4.loc[(model, "Streaming + overlap + 4-bit")].tolist())
+  # Every printed value is a grid point printed with one decimal (to within 0.055 of it, well
+  # inside half a grid step: the nearest point is unambiguous).
+  for t in (t4, t5):
+    v = t.to_numpy()
+    g = sim.PAPER_GRID_GBPS[pt.grid_index(v)]
+    assert np.all(np.abs(g - v) <= 0.055) and np.all(np.abs(np.log(g / v)) < 0.5 * np.log(1.207))
+  with pytest.raises(ValueError, match=r"^table must be one of \[4, 5\], got 6.$"):
+    pt.reference(6)
+
+
+def test_the_papers_reading_of_its_grid_reproduces_table_4():
+  from analysis import paper_tables as pt
+  ref = pt.reference(4)
+  paper, grid = pt.simulated(4, "paper"), pt.simulated(4, "grid")
+  s = pt.summary(pt.grid_steps(paper, ref))
+  assert s["cells"] == 75 and s["equal"] >= 60 and s["within_one"] == 75, s
+  assert pt.summary(pt.grid_steps(grid, ref))["equal"] < 20  # today's reading: one step above
+  # "paper" is exactly one grid point below "grid" (or the lowest point), and brackets the exact value.
+  gi, pi = pt.grid_index(grid.to_numpy()), pt.grid_index(paper.to_numpy())
+  assert np.all(pi == np.maximum(gi - 1, 0))
+  exact = pt.simulated(4, "exact").to_numpy()
+  assert np.all(paper.to_numpy() <= exact) and np.all(exact <= grid.to_numpy())
+
+
+def test_table_5_rows_and_the_throughput_floor_by_hand():
+  from analysis import paper_tables as pt
+  skip = pt.unexpressible(5)
+  assert sorted(skip) == [("100B", "Streaming + eager + 4-bit, H = 30"), ("100B", "Streaming + overlap + 4-bit, H = 30")]
+  ours = pt.simulated(5, "paper")
+  assert ours.loc[list(skip)].isna().all().all() and ours.drop(list(skip)).notna().all().all()
+  s = pt.summary(pt.grid_steps(ours, pt.reference(5)))
+  assert s["cells"] + s["unexpressible"] == 90 and s["unexpressible"] == 10
+  floor = pt.throughput_floor(5)
+  # 1B, 4-bit, M = 2 (factor 1), H = 100, T = 0.1 s: 4e9 bits per 10 s of compute, at u = 0.99.
+  assert floor.loc[("1B", "Streaming + eager + 4-bit, H = 100"), "99%"] == pytest.approx(4e9 * 0.99 / 10 / 1e9)
+  assert floor.loc[("1B", "DP")].isna().all()
+
+
+def test_side_by_side_colors_cells_by_their_grid_steps():
+  import pandas as pd
+  from analysis.plots import STEP_COLORS, side_by_side
+  idx = pd.MultiIndex.from_tuples([("1B", "DP")], names=["model", "method"])
+  frame = lambda v: pd.DataFrame([v], index=idx, columns=["50%", "80%", "90%", "95%"])
+  html = side_by_side(frame([1.4, 1.4, 1.4, 1.4]), frame([1.4, 1.7, 3.0, np.nan]),
+                      frame([0, 1, 4, np.nan]), "c").to_html()
+  for key, text in (("equal", "1.4 / 1.4 (0)"), ("one", "1.4 / 1.7 (+1)"), ("worse", "1.4 / 3 (+4)"),
+                    ("none", "1.4 / n/a")):
+    assert text in html and STEP_COLORS[key] in html

@@ -1,10 +1,12 @@
-"""Figures for the docs and notebooks: each function takes data and returns a Figure.
+"""Figures for the docs and notebooks: each function takes data and returns a Figure (or a
+colored table).
 
 Nothing here computes a result. Figures are closed in pyplot before they are returned, so a
 notebook shows them only where they are displayed or glued. By figure family:
 :mod:`analysis.plots.results` (sweep results and calculator tables),
-:mod:`analysis.plots.compare` (the main job's loss curves) and
-:mod:`analysis.plots.timelines` (communication schedules and simulated runs).
+:mod:`analysis.plots.compare` (the main job's loss curves),
+:mod:`analysis.plots.timelines` (communication schedules and simulated runs) and
+:mod:`analysis.plots.tables` (a paper's table beside ours, colored).
 """
 
 from analysis.plots._style import LABELS
@@ -19,6 +21,8 @@ from analysis.plots.results import plot_intervals
 from analysis.plots.results import plot_lines
 from analysis.plots.results import plot_metric
 from analysis.plots.results import plot_tradeoff
+from analysis.plots.tables import STEP_COLORS
+from analysis.plots.tables import side_by_side
 from analysis.plots.timelines import plot_hiding
 from analysis.plots.timelines import plot_schedule
 from analysis.plots.timelines import plot_timeline
