@@ -88,7 +88,7 @@ ROWS = {
         ("Streaming + eager + 4-bit, H = 100", Setting("streaming", 0, 4, "eager", 100)),
 }
 
-# ---- the papers' numbers (Gbit/s), as printed: (model, the paper's row label, 50/80/90/95/99%) ----
+#: Table 4 of arXiv 2501.18512 as printed (Gbit/s): (model, the paper's row label, 50/80/90/95/99%).
 TABLE4 = (
     ("1B", "Data-Parallel", (86.8, 152.6, 184.2, 222.3, 569.0)),
     ("1B", "Vanilla DiLoCo", (1.4, 6.2, 13.3, 23.3, 86.8)),
@@ -105,6 +105,7 @@ TABLE4 = (
     ("100B", "Streaming DiLoCo", (2.4, 6.2, 9.1, 11.0, 19.3)),
     ("100B", "Streaming DiLoCo w/ overlapped com.", (1.7, 3.6, 4.3, 5.2, 5.2)),
     ("100B", "Streaming DiLoCo w/ overlapped FP4 com.", (0.5, 0.9, 1.1, 1.1, 1.4)),)
+#: Table 5 of arXiv 2502.12996 as printed (Gbit/s), same layout.
 TABLE5 = (
     ("1B", "Data-Parallel", (86.8, 152.6, 184.2, 222.3, 569.0)),
     ("1B", "Streaming DiLoCo", (1.4, 5.2, 9.1, 16.0, 28.1)),

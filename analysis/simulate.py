@@ -66,7 +66,7 @@ from diloco_core.model_config import param_count
 from diloco_core.validity import check_choice
 from diloco_core.validity import check_int
 
-# The Streaming DiLoCo paper's simulation grid: 50 log-spaced points, 0.1 .. 1000 Gbit/s.
+#: The Streaming DiLoCo paper's simulation grid: 50 log-spaced points, 0.1 .. 1000 Gbit/s.
 PAPER_GRID_GBPS = np.logspace(-1, 3, 50)
 PAPER_TARGETS = (0.5, 0.8, 0.9, 0.95, 0.99)
 #: How :func:`bandwidth_for_utilization` reads the needed bandwidth (see there).
@@ -101,7 +101,7 @@ SIM_MODELS: dict[str, SimModel] = {
     "100B": SimModel(params=100e9, layers=108, step_time=4.9),
 }
 
-# Rows of the paper's table: (label, method, overlap, bits).
+#: Rows of the paper's table: (label, method, overlap, bits).
 PAPER_ROWS = (
     ("DP", "dp", 0, 16),
     ("DiLoCo", "diloco", 0, 16),
