@@ -1,28 +1,26 @@
-"""The command line: ``python -m diloco_core.train`` and ``python -m diloco_core.compare``.
+"""The command line of ``python -m diloco_core.train``, and the pieces every command line shares.
 
-Both parsers are built from the config fields' metadata (:mod:`diloco_core.fields`: flag,
+The parser is built from the config fields' metadata (:mod:`diloco_core.fields`: flag,
 help, symbol, group, default), so every option of :class:`~diloco_core.TrainConfig`,
 :class:`~diloco_core.DiLoCoConfig` and :class:`~diloco_core.DataConfig` that has a flag is
 offered, with its default, and parsed back into the same field.
 
-This is the only module that speaks in flags. Library errors name options by their field in
-backticks (`` `out` ``, `` `inner_lr` ``, `` `data.seed` ``); :func:`to_flags` rewrites those
-to the flags (``--out``, ``--inner-lr``, ``--data-seed``) before an error is printed.
+This module and :mod:`diloco_core.compare_cli` are the only ones that speak in flags. Library
+errors name options by their field in backticks (`` `out` ``, `` `inner_lr` ``, `` `data.seed` ``);
+:func:`to_flags` rewrites those to the flags (``--out``, ``--inner-lr``, ``--data-seed``) before an error is printed.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import re
 import sys
 import warnings
 
-from diloco_core import compare as compare_lib
 from diloco_core import interrupts
 from diloco_core.fields import spec, walk
-from diloco_core.backend import configure_determinism, default_demo_steps
+from diloco_core.backend import configure_determinism
 from diloco_core.mesh import initialize_distributed
 from diloco_core.run_config import TrainConfig
 
@@ -197,73 +195,3 @@ def _main(argv: list[str] | None) -> int:
   print(f"{s['algorithm']} ({s['compute_dtype']}): final eval loss {s['final_eval_loss']:.4f}{aux} (floor {floor}), "
         f"{s['total_bytes_per_replica'] / 1e6:.2f} MB sent per replica, {s['wall_time_s']:.1f} s")
   return 0
-
-
-# ---- python -m diloco_core.compare ---------------------------------------------------------------
-def build_compare_parser() -> argparse.ArgumentParser:
-  """The parser of ``python -m diloco_core.compare`` (defaults: :data:`diloco_core.compare.DEFAULTS`)."""
-  p = argparse.ArgumentParser(prog="python -m diloco_core.compare",
-                              description=compare_lib.__doc__.splitlines()[0],
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-  defaults = {**_defaults(TrainConfig()), **compare_lib.DEFAULTS}
-  _add_options(p, TrainConfig, defaults, only=set(compare_lib.DEFAULTS))
-  steps = next(a for a in p._actions if a.dest == "steps")
-  steps.help = (f"inner steps (default: {default_demo_steps('gpu')} on a GPU/TPU, so that the outer"
-                f" loop matters; {default_demo_steps('cpu')} on CPU)")
-  return p
-
-
-def compare_main(argv: list[str] | None = None) -> int:
-  """``python -m diloco_core.compare``: trains the three runs, prints and writes the table and plot.
-
-  Bad input: one ``error:`` line, exit 2. SIGINT / SIGTERM: one line naming the run and step
-  it stopped at, exit 130 (the comparison has no resume: it is run again with ``--overwrite``).
-  """
-  with interrupts.deferred():
-    try:
-      return _compare_main(argv)
-    except KeyboardInterrupt as e:
-      where = (f" during the {e.run} run at step {e.step}" if getattr(e, "run", None) else
-               " before the first step")
-      print(f"interrupted{where}; the comparison has no resume: run it again with --overwrite.",
-            file=sys.stderr)
-      return 130
-
-
-def _compare_main(argv: list[str] | None) -> int:
-  import pandas as pd
-  parser = _one_line_errors(build_compare_parser(),
-                            "; the comparison trains dp, diloco and streaming with the options it lists")
-  try:
-    args = parser.parse_args(argv)
-  except SystemExit as e:
-    return int(e.code or 0)
-  interrupts.check()
-  configure_determinism(False if args.nondeterministic else None)  # before JAX starts
-  args.steps = default_demo_steps() if args.steps is None else args.steps
-  outer = {k: getattr(args, "algo." + k) for k in ("replicas", "sync_every", "fragments", "overlap")}
-  try:
-    results = compare_lib.compare(compare_lib.default_configs(
-        model=args.model, steps=args.steps, nondeterministic=args.nondeterministic,
-        batch_size=args.batch_size, seq_len=args.seq_len, out=args.out, overwrite=args.overwrite,
-        progress=args.progress, **outer))
-  except (ValueError, OSError, FloatingPointError) as e:
-    return _error(e)
-  table = pd.DataFrame(compare_lib.summary_rows(results)).set_index("algorithm")
-  floor = results["dp"].summary["loss_floor"]
-  os.makedirs(args.out, exist_ok=True)
-  table.to_csv(os.path.join(args.out, "comparison.csv"))
-  import matplotlib
-  matplotlib.use("Agg")  # files only, no window
-  from analysis.plots import loss_figure  # matplotlib: only at the edge, only here
-  loss_figure(results, floor).savefig(os.path.join(args.out, "loss.png"), dpi=120)
-  with pd.option_context("display.float_format", "{:.4f}".format, "display.width", 120):
-    print()
-    print(f"M={outer['replicas']} replicas x {args.batch_size} seqs x {args.seq_len} tokens, "
-          f"{args.steps} steps ({args.steps // outer['sync_every']} outer steps), H={outer['sync_every']},"
-          f" streaming P={outer['fragments']}"
-          f" τ={outer['overlap']}; entropy floor {floor:.4f} nats/token")
-    print(table.to_string())
-  print(f"\nwrote {os.path.join(args.out, 'loss.png')} and {os.path.join(args.out, 'comparison.csv')}")
-  return 0
-

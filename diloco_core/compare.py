@@ -7,8 +7,7 @@ entropy floor, bytes each replica sent in total and at peak, wall time) and writ
 ``loss.png``, ``comparison.csv`` and every run's ``metrics.jsonl`` / ``summary.json``.
 
 This module is the library part (the runs and the table's rows); the command line, the
-table and the figure are built at the edge (:func:`diloco_core.cli.compare_main`,
-``analysis.plots.loss_figure``).
+table and the figure are built at the edge (:mod:`diloco_core.compare_cli`).
 """
 
 from __future__ import annotations
@@ -124,5 +123,5 @@ def summary_rows(results: dict[str, TrainResult]) -> list[dict]:
 
 
 if __name__ == "__main__":
-  from diloco_core.cli import compare_main
+  from diloco_core.compare_cli import compare_main
   sys.exit(compare_main())

@@ -5,7 +5,7 @@ import pytest
 
 from analysis import experiments
 from diloco_core import compare
-from diloco_core.cli import compare_main
+from diloco_core.compare_cli import compare_main
 
 
 def test_defaults_are_the_papers_regime_and_the_stored_methods_runs():

@@ -121,3 +121,28 @@ def test_lower_bounds_are_the_tested_pins(name):
   assert name in pins, f"{requirement} has no tested pin in requirements.txt"
   assert requirement == f"{requirement.split('>=')[0]}>={pins[name]}", (
       f"pyproject.toml has {requirement!r}; requirements.txt pins {name}=={pins[name]}")
+
+
+def _imports(path):
+  import ast
+  tree = ast.parse(open(path).read())
+  names = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      names |= {a.name for a in node.names}
+    elif isinstance(node, ast.ImportFrom) and node.module:
+      names.add(node.module)
+      names |= {f"{node.module}.{a.name}" for a in node.names}
+  return names
+
+
+def test_the_trainer_imports_nothing_from_analysis_and_its_command_lines_stay_apart():
+  import glob
+  import os
+  root = os.path.join(os.path.dirname(__file__), "..", "diloco_core")
+  for path in glob.glob(os.path.join(root, "*.py")):
+    bad = [n for n in _imports(path) if n == "analysis" or n.startswith("analysis.")]
+    assert not bad, f"{os.path.basename(path)} imports {bad}"
+  cli, compare = _imports(os.path.join(root, "cli.py")), _imports(os.path.join(root, "compare.py"))
+  assert not {n for n in cli if n.startswith(("diloco_core.compare", "diloco_core.compare_cli"))}, cli
+  assert not {n for n in compare if n.startswith("diloco_core.cli")}, compare

@@ -4,7 +4,7 @@ colored table).
 Nothing here computes a result. Figures are closed in pyplot before they are returned, so a
 notebook shows them only where they are displayed or glued. By figure family:
 :mod:`analysis.plots.results` (sweep results and calculator tables),
-:mod:`analysis.plots.compare` (the main job's loss curves),
+``loss_figure`` (the main job's loss curves, from :mod:`diloco_core.compare_cli`),
 :mod:`analysis.plots.timelines` (communication schedules and simulated runs) and
 :mod:`analysis.plots.tables` (a paper's table beside ours, colored).
 """
@@ -13,7 +13,7 @@ from analysis.plots._style import LABELS
 from analysis.plots._style import SYMBOLS
 from analysis.plots._style import label
 from analysis.plots._style import short
-from analysis.plots.compare import loss_figure
+from diloco_core.compare_cli import loss_figure  # the main job's figure, drawn where it is written
 from analysis.plots.results import plot_bars
 from analysis.plots.results import VERDICT_COLORS
 from analysis.plots.results import plot_curves
