@@ -212,6 +212,27 @@ def summary_line(steps: pd.DataFrame) -> str:
   return text + (f" ({s['unexpressible']} cells not expressible)" if s["unexpressible"] else "")
 
 
+def calculator_settings(run: dict, constants: dict) -> tuple[sim.SimModel, dict]:
+  """(model, options of :func:`analysis.simulate.utilization`) that set this simulator to the
+  public calculator's choices for one run of ``tests/fixtures/calculator_parity.json``: its
+  ``K_buckets`` equal buckets as that many "layers" released one by one, strided fragments.
+
+  Examples:
+    >>> m, kw = calculator_settings({"method": "streaming", "params": 1e9, "step_time": 0.1,
+    ...     "replicas": 2, "bytes_per_param": 0.5, "sync_every": 64, "fragments": 8, "overlap": 1},
+    ...     {"K_buckets": 128})
+    >>> m.layers, kw["bits"], kw["fragment_layers"]
+    (128, 4.0, 16)
+  """
+  m = sim.SimModel(params=run["params"], layers=constants["K_buckets"], step_time=run["step_time"])
+  kw = {"replicas": run["replicas"], "bits": run["bytes_per_param"] * 8, "bucket_layers": 1}
+  if run["method"] != "dp":
+    kw["sync_every"] = run["sync_every"]
+  if run["method"] == "streaming":
+    kw.update(fragment_layers=m.layers // run["fragments"], overlap=run["overlap"])
+  return m, kw
+
+
 def throughput_floor(table: int = 5) -> pd.DataFrame:
   """For the eager rows: the bandwidth a *shared* link needs just to carry the payload, in
   steady state, at each utilization u (any deadline aside),

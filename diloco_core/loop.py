@@ -236,7 +236,8 @@ def train(cfg: TrainConfig) -> TrainResult:
   """
   # ---- set-up: data, model, the (possibly cached) program, the state ----
   cfg.validate()
-  data_identity = files.identity(cfg.data.source)
+  # The data's fingerprint (file hashes) is only needed by checkpoints and resumes.
+  data_identity = files.identity(cfg.data.source) if cfg.resume or cfg.checkpoint_every else None
   if cfg.resume:
     _check_resumable(cfg, data_identity)
   for message in cfg.schedule_warnings():  # H > steps: run, but loudly (header and summary.json)

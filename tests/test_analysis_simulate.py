@@ -532,12 +532,8 @@ def test_parity_with_the_public_calculator_where_the_models_coincide():
   path = os.path.join(os.path.dirname(__file__), "fixtures", "calculator_parity.json")
   fixture = json.load(open(path))
   assert len(fixture["commit"]) == 40 and fixture["constants"]["K_buckets"] == 128
+  from analysis.paper_tables import calculator_settings
   for run in fixture["runs"]:
-    m = sim.SimModel(params=run["params"], layers=fixture["constants"]["K_buckets"], step_time=run["step_time"])
-    kw = dict(replicas=run["replicas"], bits=run["bytes_per_param"] * 8, bucket_layers=1)
-    if run["method"] != "dp":
-      kw["sync_every"] = run["sync_every"]
-    if run["method"] == "streaming":
-      kw.update(fragment_layers=m.layers // run["fragments"], overlap=run["overlap"])
+    m, kw = calculator_settings(run, fixture["constants"])
     ours = 100 * sim.utilization(m, run["method"], fixture["bandwidths_gbps"], **kw)
     np.testing.assert_allclose(ours, run["utilization_percent"], rtol=0.01, err_msg=run["name"])
