@@ -21,7 +21,12 @@ from diloco_core.model_config import param_count
 from diloco_core.config import ALGORITHMS
 from diloco_core.config import COMPRESSIONS
 from diloco_core.config import DiLoCoConfig
+from diloco_core.config import FRAGMENT_ORDERS
 from diloco_core.config import FRAGMENT_PATTERNS
+from diloco_core.config import OUTER_OPTIMIZERS
+from diloco_core.optimizers import INNER_OPTIMIZERS
+from diloco_core.optimizers import inner_optimizer_factory
+from diloco_core.optimizers import outer_optimizer_factory
 from diloco_core.diloco import DiLoCo
 from diloco_core.state import DiLoCoState
 from diloco_core.diloco import CONFIG_HYPERPARAMS
@@ -33,6 +38,7 @@ from diloco_core.hyperparams import resolve_optimizer
 from diloco_core.dp import DataParallel
 from diloco_core.dp import DPState
 from diloco_core.fragments import Fragments
+from diloco_core.fragments import per_fragment_state
 from diloco_core.backend import configure_determinism
 from diloco_core.backend import default_compute_dtype
 from diloco_core.backend import default_demo_steps
@@ -40,6 +46,7 @@ from diloco_core.backend import resolve_model_config
 from diloco_core.model import Transformer
 from diloco_core.model import init_model
 from diloco_core.model import layer_mask
+from diloco_core.model import muon_dimensions
 from diloco_core.model import lm_loss
 from diloco_core.model import train_loss
 from diloco_core.schedule import merged_fragment

@@ -16,6 +16,8 @@ from diloco_core.compression import FORMATS
 ALGORITHMS = ("dp", "diloco", "streaming")
 FRAGMENT_PATTERNS = v.FRAGMENT_PATTERNS
 OUTER_OVERLAPS = v.OUTER_OVERLAPS
+FRAGMENT_ORDERS = v.FRAGMENT_ORDERS
+OUTER_OPTIMIZERS = v.OUTER_OPTIMIZERS
 COMPRESSIONS = FORMATS  # the wire formats of diloco_core.compression
 
 
@@ -42,14 +44,23 @@ class DiLoCoConfig:
   replicas: int = _field(2, flag="replicas", symbol="M", help="replicas, each on its own data shard")
   sync_every: int = _field(50, flag="sync-every", symbol="H", traced="int32",
                            help="inner steps between two syncs of the same parameters")
+  outer_optimizer: str = _field(
+      "nesterov", flag="outer-optimizer",
+      help=f"outer optimizer of the global copy, one per fragment: one of {OUTER_OPTIMIZERS}")
   outer_lr: float = _field(0.7, flag="outer-lr", symbol="η", traced="float32",
-                           help="outer Nesterov SGD learning rate")
+                           help="outer learning rate")
   outer_momentum: float = _field(0.9, flag="outer-momentum", symbol="μ", traced="float32",
-                                 help="outer Nesterov momentum, in [0, 1)")
+                                 help="outer momentum (nesterov, sgd) or Adam's β1 (adam), in [0, 1)")
+  outer_beta2: float = _field(0.99, flag="outer-beta2", symbol="β2", traced="float32",
+                              help="outer adam only: second-moment decay, in [0, 1)")
   fragments: int = _field(1, flag="fragments", symbol="P",
                           help="fragments synced in turn every Δh = H/P steps (streaming)")
   fragment_pattern: str = _field("strided", flag="fragment-pattern",
                                  help=f"layers to fragments 1..P-1: one of {FRAGMENT_PATTERNS}")
+  fragment_order: str = _field(
+      "embeddings-first", flag="fragment-order",
+      help=f"which fragment each send picks: one of {FRAGMENT_ORDERS}"
+           " (embeddings-last: MaxText's order)")
   overlap: int = _field(0, flag="overlap", symbol="τ", traced="int32",
                         help="steps between sending a fragment and merging it, 0 <= τ < H")
   alpha: float = _field(0.0, flag="alpha", symbol="α", traced="float32",
@@ -90,12 +101,15 @@ class DiLoCoConfig:
     v.check_int("sync_every (H)", self.sync_every)
     v.check_real("outer_lr (η)", self.outer_lr, low=0.0)
     v.check_real("outer_momentum (μ)", self.outer_momentum, low=0.0, high=1.0)
+    v.check_choice("outer_optimizer", self.outer_optimizer, OUTER_OPTIMIZERS)
+    v.check_real("outer_beta2 (β2)", self.outer_beta2, low=0.0, high=1.0)
     v.check_int("fragments (P)", self.fragments)
     if self.algorithm == "diloco" and self.fragments != 1:
       raise ValueError(
           f"fragments (P={self.fragments}) needs algorithm='streaming'; 'diloco' is P = 1.")
     v.check_sync_every_fragments(self.sync_every, self.fragments)
     v.check_choice("fragment_pattern", self.fragment_pattern, FRAGMENT_PATTERNS)
+    v.check_choice("fragment_order", self.fragment_order, FRAGMENT_ORDERS)
     v.check_overlap(self.overlap, self.sync_every)
     v.check_real("alpha (α)", self.alpha, low=0.0, high=1.0, high_open=False)
     v.check_outer_overlap(self.outer_overlap, self.overlap)
@@ -121,6 +135,14 @@ class DiLoCoConfig:
                          f" compressed): drop {' and '.join(f'`{name}`' for name in dead)} or use"
                          " `algorithm` diloco or streaming.")
       return
+    if self.fragments == 1 and self.fragment_order != _OFF_UNDER_DP["fragment_order"]:
+      raise ValueError(f"`fragment_order` {self.fragment_order!r} orders fragments, and fragments"
+                       " (P=1) has one: pass `fragments` > 1 (algorithm streaming) or drop"
+                       " `fragment_order`.")
+    if self.outer_optimizer != "adam" and self.outer_beta2 != _DEFAULT_BETA2:
+      raise ValueError(f"`outer_beta2` {self.outer_beta2!r} is Adam's second-moment decay, and"
+                       f" outer_optimizer={self.outer_optimizer!r} has none: pass `outer_optimizer`"
+                       " adam or drop `outer_beta2`.")
     if self.compression == "none" and self.error_feedback:
       raise ValueError("`error_feedback` resends the compression residual, and compression='none' leaves"
                        " none: pass `compression` (one of"
@@ -131,6 +153,9 @@ class DiLoCoConfig:
                        " `compression_block`.")
 
 
-#: The outer-loop options that DP has no use for, with their "off" values (anything else is refused).
-_OFF_UNDER_DP = {"overlap": 0, "alpha": 0.0, "outer_overlap": "none", "compression": "none",
-                 "error_feedback": False, "compression_block": None}
+#: The outer-loop options that DP has no use for; each must keep its default ("off") there.
+_OFF_UNDER_DP_FIELDS = ("overlap", "alpha", "outer_overlap", "compression", "error_feedback",
+                        "compression_block", "outer_optimizer", "outer_beta2", "fragment_order")
+_OFF_UNDER_DP = {f.name: f.default for f in dataclasses.fields(DiLoCoConfig)
+                 if f.name in _OFF_UNDER_DP_FIELDS}
+_DEFAULT_BETA2 = _OFF_UNDER_DP["outer_beta2"]

@@ -58,9 +58,10 @@ from diloco_core import compression, eager
 from diloco_core.algorithm import AlgorithmBase, all_finite, loss_and_grad
 from diloco_core.config import DiLoCoConfig
 from diloco_core.fields import traced_fields
-from diloco_core.fragments import LAYER, OTHER, SHARED, Fragments, leaf_paths
+from diloco_core.fragments import LAYER, OTHER, SHARED, Fragments, leaf_paths, per_fragment_state
 from diloco_core.hyperparams import Optimizer, resolve_optimizer
 from diloco_core.mesh import make_mesh
+from diloco_core.optimizers import outer_optimizer_factory
 from diloco_core.schedule import merged_fragment, sent_fragment
 from diloco_core.state import DiLoCoState, MergeOperands, OuterUpdate, SendOperands
 
@@ -84,7 +85,7 @@ def inner_update(loss_fn: LossFn, optimizer: optax.GradientTransformation, param
 
 def default_outer_optimizer(hparams: dict) -> optax.GradientTransformation:
   """The outer optimizer of the semantics page: ``optax.sgd(η, μ, nesterov=True)`` from ``hparams``."""
-  return optax.sgd(hparams["outer_lr"], momentum=hparams["outer_momentum"], nesterov=True)
+  return outer_optimizer_factory("nesterov")(hparams)
 
 
 def stack_replicas(tree, replicas: int):
@@ -102,10 +103,15 @@ class DiLoCo(AlgorithmBase):
     config: the outer-loop settings; ``algorithm`` must be ``"diloco"`` or ``"streaming"``.
     layer_mask: a pytree of bools shaped like the params marking the stacked-layer
       leaves (leading axis L). Needed when P > 1; everything else is fragment 0.
-    outer_optimizer: defaults to ``optax.sgd(outer_lr, outer_momentum, nesterov=True)``
-      with η and μ traced (:func:`default_outer_optimizer`). Any optax optimizer (or
+    outer_optimizer: defaults to the config's ``outer_optimizer``
+      (:func:`~diloco_core.optimizers.outer_optimizer_factory`; ``"nesterov"``:
+      ``optax.sgd(outer_lr, outer_momentum, nesterov=True)``, :func:`default_outer_optimizer`)
+      with its hyperparameters traced. Any optax optimizer (or
       factory ``hparams -> optimizer``) whose state holds params-shaped trees works;
-      each fragment updates only its slice of them.
+      each fragment updates only its slice of them, and owns its own copy of the
+      non-parameter state (a count, a schedule step), so a stateful outer optimizer acts
+      on each fragment as if it were the whole model
+      (:func:`~diloco_core.fragments.per_fragment_state`).
     mesh: a mesh with a ``diloco`` axis (replicas) and a ``data`` axis (sequences within
       a replica), see :mod:`diloco_core.mesh`; default: one device.
     hyperparams: extra named hyperparameters (floats) for optimizer factories, e.g.
@@ -143,7 +149,8 @@ class DiLoCo(AlgorithmBase):
     self.config = config
     self.loss_fn = loss_fn
     self.inner_optimizer = inner_optimizer
-    self.outer_optimizer = default_outer_optimizer if outer_optimizer is None else outer_optimizer
+    self.outer_optimizer = (outer_optimizer_factory(config.outer_optimizer) if outer_optimizer is None
+                            else outer_optimizer)
     self._init_hyperparams(hyperparams)
     self.layer_mask = layer_mask
     self.mesh = make_mesh() if mesh is None else mesh
@@ -196,7 +203,8 @@ class DiLoCo(AlgorithmBase):
     opt_state = stack_replicas(resolve_optimizer(self.inner_optimizer, hp).init(params),
                                cfg.replicas)
     residual = eager.zeros_f32(replicas) if cfg.error_feedback else None
-    outer_state = resolve_optimizer(self.outer_optimizer, hp).init(params)
+    outer_state = per_fragment_state(resolve_optimizer(self.outer_optimizer, hp), params,
+                                     cfg.fragments)
     in_flight = {"none": None, "delayed": eager.zeros_f32(params)}.get(cfg.outer_overlap)
     if cfg.outer_overlap == "eager":
       in_flight = eager.EagerInFlight(eager.zeros_f32(replicas), stack_replicas(params, cfg.replicas),
@@ -346,7 +354,7 @@ class DiLoCo(AlgorithmBase):
     fl = eager.leaves(state.in_flight)
 
     h, tau = hp["sync_every"], hp["overlap"]
-    is_send, p_send = sent_fragment(t, h, cfg.fragments)
+    is_send, p_send = sent_fragment(t, h, cfg.fragments, cfg.fragment_order)
     # A sync that nobody takes part in is skipped: no outer update for that fragment.
     is_update = is_send if participation is None else is_send & (jnp.sum(participation) > 0)
     g, outer, ef, fl = jax.lax.cond(
@@ -362,7 +370,7 @@ class DiLoCo(AlgorithmBase):
     participants = drjax.map_fn(
         lambda row, c: jnp.where(is_send, row.at[p_send].set(c), row), (state.participants, code))
 
-    is_merge, p_merge = merged_fragment(t, h, cfg.fragments, tau)
+    is_merge, p_merge = merged_fragment(t, h, cfg.fragments, tau, cfg.fragment_order)
     how = drjax.map_fn(lambda row: row[p_merge], participants)
     per_replica = isinstance(fl, eager.EagerInFlight)  # merge towards each replica's own outer params
     r = jax.lax.cond(
@@ -385,7 +393,8 @@ class DiLoCo(AlgorithmBase):
   # ---- accounting and views ------------------------------------------------------------------
   def bytes_sent(self, t: int) -> float:
     """Bytes each replica puts on the wire after inner step t (0 when nothing is sent)."""
-    is_send, p = sent_fragment(t, self.config.sync_every, self.config.fragments)
+    cfg = self.config
+    is_send, p = sent_fragment(t, cfg.sync_every, cfg.fragments, cfg.fragment_order)
     return self.fragment_bytes[p] if is_send else 0.0
 
   @staticmethod

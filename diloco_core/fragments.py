@@ -13,7 +13,23 @@ time does not grow with P.
 
 Leaves are handled as flat lists, each with a *kind*: ``OTHER`` (fragment 0), ``LAYER``
 (sliced on its layer axis) or ``SHARED`` (non-parameter optimizer state such as a step
-count, updated by every fragment's send).
+count or a schedule's step).
+
+**Per-fragment outer state.** Each fragment owns its slice of the outer optimizer's state:
+the params-shaped leaves are sliced like the params, and when P > 1 every non-parameter
+leaf carries a leading axis P (:func:`per_fragment_state`), entry p being fragment p's own
+copy. A stateful outer optimizer (Adam's count, a schedule) therefore behaves on each
+fragment as if that fragment were the whole model, the rule of the Streaming DiLoCo paper
+(one outer optimizer per fragment) and of torchft. With P = 1 nothing is stacked.
+
+Examples:
+  Adam's step count becomes one count per fragment; its moments keep the params' shapes:
+
+  >>> import jax.numpy as jnp, optax
+  >>> params = {"emb": jnp.zeros(3), "layers": jnp.zeros((2, 4))}
+  >>> state = per_fragment_state(optax.adam(0.1), params, fragments=3)
+  >>> state[0].count.shape, state[0].mu["layers"].shape
+  ((3,), (2, 4))
 """
 
 from __future__ import annotations
@@ -21,6 +37,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import jax
+import jax.numpy as jnp
+import optax
 
 from diloco_core.validity import FRAGMENT_PATTERNS, check_choice, check_fragments_divide_layers
 
@@ -140,7 +158,8 @@ class Fragments:
 
     Args:
       leaves: flat leaves.
-      kinds: their kinds (OTHER / LAYER / SHARED).
+      kinds: their kinds (OTHER / LAYER / SHARED; a SHARED leaf has a leading axis P at
+        ``axis`` when P > 1, see :func:`per_fragment_state`).
       branch: ``"all"`` (P = 1), ``"other"`` (fragment 0) or ``"layer"`` (fragment k + 1).
       k: traced layer-fragment index (``"layer"`` only).
       axis: position of the layer axis (0 for the global params, 1 for replica-stacked).
@@ -155,8 +174,15 @@ class Fragments:
       if branch == "layer" and kind == LAYER:
         y, ax = self._split_axis(x, axis)
         x = jax.lax.dynamic_index_in_dim(y, k, axis=ax, keepdims=False)
+      elif kind == SHARED and branch != "all":  # this fragment's own copy (leading axis P)
+        x = jax.lax.dynamic_index_in_dim(x, self._own(branch, k), axis=axis, keepdims=False)
       out.append(x)
     return out
+
+  @staticmethod
+  def _own(branch: str, k):
+    """The index of the fragment on the per-fragment (leading P) axis of a SHARED leaf."""
+    return 0 if branch == "other" else k + 1
 
   def put(self, leaves: Sequence[Any], kinds: Sequence[int], branch: str, values: Sequence[Any],
           k=None, axis: int = 0) -> list[Any]:
@@ -172,6 +198,8 @@ class Fragments:
         y, ax = self._split_axis(x, axis)
         y = jax.lax.dynamic_update_index_in_dim(y, v.astype(y.dtype), k, axis=ax)
         v = y.reshape(x.shape)
+      elif kind == SHARED and branch != "all":
+        v = jax.lax.dynamic_update_index_in_dim(x, v.astype(x.dtype), self._own(branch, k), axis)
       out.append(v)
     return out
 
@@ -184,6 +212,45 @@ class Fragments:
     if self.num_fragments == 1:
       return fn("all", None)
     return jax.lax.cond(p == 0, lambda: fn("other", None), lambda: fn("layer", p - 1))
+
+
+def shared_leaves(optimizer: optax.GradientTransformation, params) -> list[bool]:
+  """For each flat leaf of ``optimizer.init(params)``: whether it is non-parameter state.
+
+  Non-parameter leaves (a step count, a schedule's step, injected hyperparameters) are
+  those that optax's :func:`optax.tree_utils.tree_map_params` does not map as params.
+  Nothing is computed: the state is traced abstractly.
+  """
+  abstract = jax.eval_shape(optimizer.init, params)
+  marks = optax.tree_utils.tree_map_params(optimizer, lambda _: False, abstract,
+                                           transform_non_params=lambda _: True)
+  return [bool(m) for m in jax.tree.leaves(marks)]
+
+
+def per_fragment_state(optimizer: optax.GradientTransformation, params, fragments: int):
+  """The outer optimizer's initial state with one copy of each non-parameter leaf per fragment.
+
+  .. math::
+     s_\\text{shared} \\mapsto [s_\\text{shared}]_{p = 0}^{P-1} \\quad (P > 1)
+
+  Params-shaped leaves are unchanged (each fragment updates its slice of them); with
+  P = 1 the state is exactly ``optimizer.init(params)``.
+
+  Args:
+    optimizer: the outer optimizer.
+    params: the global params θ_g.
+    fragments: P.
+
+  Returns:
+    The state pytree, every non-parameter leaf stacked on a new leading axis of size P.
+  """
+  state = optimizer.init(params)
+  if fragments == 1:
+    return state
+  leaves, treedef = jax.tree.flatten(state)
+  stacked = [jnp.broadcast_to(x, (fragments, *jnp.shape(x))) if shared else x
+             for x, shared in zip(leaves, shared_leaves(optimizer, params))]
+  return jax.tree.unflatten(treedef, stacked)
 
 
 def leaf_paths(tree) -> list[str]:

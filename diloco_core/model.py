@@ -29,6 +29,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import optax
+from optax.contrib import MuonDimensionNumbers
 from flax import nnx
 
 from diloco_core import moe
@@ -209,6 +210,40 @@ def split_params(model: nnx.Module) -> tuple[nnx.GraphDef, dict[str, Any]]:
 def layer_mask(params: dict[str, Any]) -> dict[str, Any]:
   """Marks the stacked-layer leaves (``blocks/*``, leading axis L) with True."""
   return {k: jax.tree.map(lambda _: k == "blocks", v) for k, v in params.items()}
+
+
+#: Muon's matrix axes of each block weight, (reduction, output) counted from the end; the
+#: leading layer (and expert) axes are batch axes. Every other leaf takes AdamW's update.
+MUON_AXES = {"wq": ((-3,), (-2, -1)), "wk": ((-3,), (-2, -1)), "wv": ((-3,), (-2, -1)),
+             "wo": ((-3, -2), (-1,)), "w_gate": ((-2,), (-1,)), "w_up": ((-2,), (-1,)),
+             "w_down": ((-2,), (-1,))}
+
+
+def muon_dimensions(params: dict[str, Any]) -> dict[str, Any]:
+  """For each params leaf, how Muon orthogonalizes it: the blocks' matrices, by :data:`MUON_AXES`.
+
+  The attention projections are matrices from ``d`` to heads × head_dim (and back for
+  ``wo``), the MLP weights plain matrices; the norms, the router, the embeddings and the
+  head get None (AdamW's update), as in MuLoCo (arXiv 2505.23725) and Muon's own recipe.
+
+  Args:
+    params: the model's params (or updates shaped like them).
+
+  Returns:
+    A tree shaped like ``params`` of ``optax.contrib.MuonDimensionNumbers`` or None.
+
+  Examples:
+    >>> from diloco_core.model_config import get_preset
+    >>> dims = muon_dimensions(init_model(get_preset("tiny"), seed=0)[1])
+    >>> dims["blocks"]["wo"], dims["embed"]
+    (MuonDimensionNumbers(reduction_axis=(-3, -2), output_axis=(-1,)), None)
+  """
+  def one(path, _):
+    keys = [getattr(k, "key", None) for k in path]
+    axes = MUON_AXES.get(keys[-1]) if keys[0] == "blocks" else None
+    return None if axes is None else MuonDimensionNumbers(*axes)
+
+  return jax.tree_util.tree_map_with_path(one, params)
 
 
 def init_model(cfg: ModelConfig, seed: int) -> tuple[Callable, dict[str, Any]]:

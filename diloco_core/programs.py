@@ -1,4 +1,4 @@
-"""The inner optimizer, and the compiled programs kept for the next run in this process.
+"""The trainer's algorithm objects, and the compiled programs kept for the next run in this process.
 
 A sweep over H, τ, η, μ, α or the inner learning rate compiles once: those values are
 traced inputs of the step (their fields say so in their metadata, :mod:`diloco_core.fields`),
@@ -14,7 +14,6 @@ import dataclasses
 import json
 
 import jax
-import optax
 
 from diloco_core.algorithm import reported_loss
 from diloco_core.backend import resolve_model_config
@@ -22,46 +21,15 @@ from diloco_core.diloco import DiLoCo
 from diloco_core.dp import DataParallel
 from diloco_core.fields import program_fields, traced_values
 from diloco_core.mesh import make_mesh, parse_mesh
-from diloco_core.model import layer_mask
+from diloco_core.model import layer_mask, muon_dimensions
+from diloco_core.optimizers import inner_optimizer_factory
 from diloco_core.run_config import TrainConfig
-
-END_LR_FRACTION = 0.1  # the cosine decay ends at this fraction of the peak learning rate
 
 
 def inner_hyperparams(cfg: TrainConfig) -> dict[str, float]:
-  """The run's traced fields (``inner_lr``, ``weight_decay``, ``grad_clip``): the inner
-  optimizer's hyperparameters, fed to the step as float32 scalars."""
+  """The run's traced fields (``inner_lr``, ``weight_decay``, ``grad_clip``, ``muon_momentum``,
+  ...): the inner optimizer's hyperparameters, fed to the step as float32 scalars."""
   return traced_values(cfg)
-
-
-def inner_optimizer_factory(steps: int, warmup: int, clip: bool):
-  """``hp -> AdamW`` with linear warmup, cosine decay to 10% of the peak, global-norm clipping.
-
-  Only the schedule's shape (``steps``, ``warmup``) and whether to clip are fixed; the peak
-  learning rate ``hp["inner_lr"]``, ``hp["weight_decay"]`` and ``hp["grad_clip"]`` are read
-  from the hyperparameters dict, traced inside the step, so runs that differ only in them
-  share one compiled program (:mod:`diloco_core.hyperparams`).
-
-  Examples:
-    >>> import jax.numpy as jnp
-    >>> opt = inner_optimizer_factory(10, 2, clip=True)({"inner_lr": 1.0, "weight_decay": 0.0,
-    ...                                                 "grad_clip": 1.0})
-    >>> updates, _ = opt.update(jnp.ones(1), opt.init(jnp.zeros(1)), jnp.zeros(1))
-    >>> float(updates[0])  # step 0 of the warmup: learning rate 0
-    -0.0
-  """
-
-  def factory(hp):
-    lr = hp["inner_lr"]
-    # optax.warmup_cosine_decay_schedule(0, lr, warmup, steps, end_value=0.1 lr), written
-    # out because that one branches in Python on the (here traced) peak value.
-    schedule = optax.join_schedules(
-        [optax.linear_schedule(0.0, lr, warmup),
-         optax.cosine_decay_schedule(lr, steps - warmup, alpha=END_LR_FRACTION)], [warmup])
-    adamw = optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=hp["weight_decay"])
-    return optax.chain(optax.clip_by_global_norm(hp["grad_clip"]), adamw) if clip else adamw
-
-  return factory
 
 
 def program_key(cfg: TrainConfig, model_cfg) -> str:
@@ -89,7 +57,8 @@ def program_key(cfg: TrainConfig, model_cfg) -> str:
 def make_algorithm(cfg: TrainConfig, loss_fn, params):
   """A new DataParallel or DiLoCo object for ``cfg.algo`` (``params`` gives the layer mask)."""
   hp = inner_hyperparams(cfg)
-  opt = inner_optimizer_factory(cfg.steps, cfg.warmup, bool(cfg.grad_clip))
+  opt = inner_optimizer_factory(cfg.steps, cfg.warmup, bool(cfg.grad_clip), cfg.inner_optimizer,
+                                muon_dimensions=muon_dimensions)
   mesh = make_mesh(parse_mesh(cfg.mesh))
   if cfg.algo.algorithm == "dp":
     return DataParallel(loss_fn, opt, cfg.algo, mesh=mesh, hyperparams=hp)

@@ -58,6 +58,7 @@ def parse_drop_schedule(text: str | None) -> tuple:
 
 
 _M, _D, _R, _C = "model", "data", "run", "checkpoints"
+INNER_OPTIMIZERS = v.INNER_OPTIMIZERS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,8 +66,8 @@ class TrainConfig:
   """Everything one training run needs (the outer loop in ``algo``, the data in ``data``).
 
   Symbols are those of the semantics page (docs/semantics.md). The inner learning rate,
-  weight decay and clipping threshold are traced inputs of the step (float32): runs that
-  differ only in them share one compiled program.
+  weight decay, clipping threshold and Muon's momentum are traced inputs of the step
+  (float32): runs that differ only in them share one compiled program.
   """
 
   algo: DiLoCoConfig = field(default_factory=DiLoCoConfig)
@@ -116,13 +117,19 @@ class TrainConfig:
   seq_len: int = field(64, flag="seq-len", group=_D, must_match=True, program=True, symbol="T",
                        help="tokens per sequence")
   steps: int = field(600, flag="steps", group=_R, program=True, help="inner steps")
+  inner_optimizer: str = field(
+      "adamw", flag="inner-optimizer", group=_M, must_match=True, program=True,
+      help=f"each replica's optimizer: one of {INNER_OPTIMIZERS} (muon: MuLoCo's, arXiv 2505.23725)")
   inner_lr: float = field(3e-3, flag="inner-lr", group=_M, must_match=True, traced="float32",
-                          help="peak AdamW learning rate")
+                          help="peak inner learning rate (AdamW's, and Muon's at AdamW's update RMS)")
+  muon_momentum: float = field(0.95, flag="muon-momentum", group=_M, must_match=True,
+                               traced="float32", symbol="β",
+                               help="inner muon only: Nesterov momentum of Muon, in [0, 1)")
   warmup_steps: int | None = field(
       None, flag="warmup-steps", group=_M, must_match=True, parse=int,
       help="linear warmup steps before cosine decay to 10% of the peak (default: min(50, steps // 10))")
   weight_decay: float = field(0.1, flag="weight-decay", group=_M, must_match=True, traced="float32",
-                              help="AdamW decoupled weight decay")
+                              help="decoupled weight decay (AdamW; Muon and its AdamW part)")
   grad_clip: float = field(1.0, flag="grad-clip", group=_M, must_match=True, traced="float32",
                            help="global-norm gradient clip (0 disables)")
   eval_every: int = field(50, flag="eval-every", group=_R,
@@ -172,6 +179,13 @@ class TrainConfig:
       raise ValueError(f"warmup_steps must be an integer in [0, steps={self.steps}), got {self.warmup_steps!r}.")
     v.check_real("inner_lr", self.inner_lr, low=0.0, low_open=True)
     v.check_real("weight_decay", self.weight_decay, low=0.0)
+    v.check_choice("inner_optimizer", self.inner_optimizer, INNER_OPTIMIZERS)
+    muon_default = TrainConfig.__dataclass_fields__["muon_momentum"].default
+    v.check_real("muon_momentum (β)", self.muon_momentum, low=0.0, high=1.0)
+    if self.inner_optimizer != "muon" and self.muon_momentum != muon_default:
+      raise ValueError(f"`muon_momentum` {self.muon_momentum!r} is Muon's momentum, and"
+                       f" inner_optimizer={self.inner_optimizer!r} has none: pass `inner_optimizer`"
+                       " muon or drop `muon_momentum`.")
     v.check_real("grad_clip", self.grad_clip, low=0.0)
     if self.model not in PRESETS:
       raise ValueError(f"model must be one of {sorted(PRESETS)}, got {self.model!r}.")

@@ -53,7 +53,8 @@ class DiLoCoState(struct.PyTreeNode):
     params: every replica's params, leading axis M (the ``diloco`` placement).
     opt_state: every replica's inner optimizer state, leading axis M.
     global_params: the global copy θ_g (what is evaluated and exported).
-    outer_state: the outer optimizer state (the Nesterov momentum v), shaped like θ_g.
+    outer_state: the outer optimizer state (the Nesterov momentum v), shaped like θ_g;
+      with P > 1 each non-parameter leaf (a count) has a leading axis P, one per fragment.
     ef_residual: every replica's error-feedback residual (leading axis M), or None.
     step: inner steps done (int32 scalar).
     participants: float32 [M, P]: entry (m, p) says how replica m took part in fragment

@@ -18,7 +18,8 @@ import sys
 from diloco_core.cli import build_parser, config_from_args, main
 from diloco_core.drops import participation
 from diloco_core.loop import TrainResult, train
-from diloco_core.programs import clear_program_cache, inner_optimizer_factory, make_algorithm
+from diloco_core.optimizers import inner_optimizer_factory
+from diloco_core.programs import clear_program_cache, make_algorithm
 from diloco_core.programs import program_key
 from diloco_core.run_config import TrainConfig, parse_drop_schedule
 

@@ -33,6 +33,12 @@ import numpy as np
 FRAGMENT_PATTERNS = ("strided", "sequential")
 #: Whole-outer-step overlap modes (arXiv 2502.12996; semantics page, docs/semantics.md).
 OUTER_OVERLAPS = ("none", "delayed", "eager")
+#: Which fragment a send picks: the semantics page's order (embeddings first) or MaxText's.
+FRAGMENT_ORDERS = ("embeddings-first", "embeddings-last")
+#: The inner optimizers of the trainer (:mod:`diloco_core.optimizers`).
+INNER_OPTIMIZERS = ("adamw", "muon")
+#: The outer optimizers of the trainer (:mod:`diloco_core.optimizers`).
+OUTER_OPTIMIZERS = ("nesterov", "sgd", "adam")
 
 
 def is_int(value) -> bool:

@@ -15,12 +15,13 @@ from tiny_run import tiny
 
 def test_the_lists_read_from_the_metadata_are_the_former_hand_kept_ones():
   assert CONFIG_HYPERPARAMS == {"sync_every": "int32", "overlap": "int32", "outer_lr": "float32",
-                                "outer_momentum": "float32", "alpha": "float32"}
-  assert fields.traced_fields(TrainConfig) == {"inner_lr": "float32", "weight_decay": "float32",
-                                               "grad_clip": "float32"}
+                                "outer_momentum": "float32", "outer_beta2": "float32",
+                                "alpha": "float32"}
+  assert fields.traced_fields(TrainConfig) == {"inner_lr": "float32", "muon_momentum": "float32",
+                                               "weight_decay": "float32", "grad_clip": "float32"}
   must = fields.must_match_fields(TrainConfig)
   assert {p for p in must if "." not in p} == {"model", "n_layers", "vocab_size", "positions", "batch_size",
-                                               "seq_len", "seed", "inner_lr", "warmup_steps", "weight_decay",
+                                               "seq_len", "seed", "inner_optimizer", "inner_lr", "muon_momentum", "warmup_steps", "weight_decay",
                                                "grad_clip", "num_experts", "experts_per_token",
                                                "aux_loss_coef", "z_loss_coef"}
   assert {p for p in must if p.startswith("algo.")} == {f"algo.{f.name}" for f in dataclasses.fields(DiLoCoConfig)}
@@ -33,7 +34,7 @@ def test_the_lists_read_from_the_metadata_are_the_former_hand_kept_ones():
   assert set(fields.result_fields(TrainConfig)) | {"nondeterministic", "out", "overwrite", "progress",
                                                    "allow_data_change"} == {
       f.name for f in dataclasses.fields(TrainConfig)}
-  assert fields.program_fields(TrainConfig) == ("batch_size", "seq_len", "steps", "mesh")
+  assert fields.program_fields(TrainConfig) == ("batch_size", "seq_len", "steps", "inner_optimizer", "mesh")
 
 
 # A run config with two new fields: a traced hyperparameter and a compiled-in (structural) one.
@@ -54,7 +55,8 @@ def test_a_new_field_flows_to_the_cli_the_traced_dict_the_program_key_and_the_re
   assert type(cfg) is Extended and (cfg.label_smoothing, cfg.width_mult) == (0.1, 2)
   assert cfg.model == "tiny" and cfg.algo == base.algo  # everything else: the given defaults
   # traced: in the step's hyperparameters dict (float32), not in the program key
-  assert inner_hyperparams(cfg) == {"inner_lr": 3e-3, "weight_decay": 0.1, "grad_clip": 1.0, "label_smoothing": 0.1}
+  assert inner_hyperparams(cfg) == {"inner_lr": 3e-3, "muon_momentum": 0.95, "weight_decay": 0.1, "grad_clip": 1.0,
+                                    "label_smoothing": 0.1}
   apply_fn, params = init_model(cfg.model_config(vocab_size=16), 0)
   algo = make_algorithm(cfg, lambda p, t: lm_loss(apply_fn, p, t), params)
   assert algo.hyperparams["label_smoothing"] == 0.1
