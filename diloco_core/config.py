@@ -101,7 +101,7 @@ class DiLoCoConfig:
     v.check_int("sync_every (H)", self.sync_every)
     v.check_real("outer_lr (η)", self.outer_lr, low=0.0)
     v.check_real("outer_momentum (μ)", self.outer_momentum, low=0.0, high=1.0)
-    v.check_choice("outer_optimizer", self.outer_optimizer, OUTER_OPTIMIZERS)
+    v.check_choice("`outer_optimizer`", self.outer_optimizer, OUTER_OPTIMIZERS)
     v.check_real("outer_beta2 (β2)", self.outer_beta2, low=0.0, high=1.0)
     v.check_int("fragments (P)", self.fragments)
     if self.algorithm == "diloco" and self.fragments != 1:
@@ -109,7 +109,7 @@ class DiLoCoConfig:
           f"fragments (P={self.fragments}) needs algorithm='streaming'; 'diloco' is P = 1.")
     v.check_sync_every_fragments(self.sync_every, self.fragments)
     v.check_choice("fragment_pattern", self.fragment_pattern, FRAGMENT_PATTERNS)
-    v.check_choice("fragment_order", self.fragment_order, FRAGMENT_ORDERS)
+    v.check_choice("`fragment_order`", self.fragment_order, FRAGMENT_ORDERS)
     v.check_overlap(self.overlap, self.sync_every)
     v.check_real("alpha (α)", self.alpha, low=0.0, high=1.0, high_open=False)
     v.check_outer_overlap(self.outer_overlap, self.overlap)

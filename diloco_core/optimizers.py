@@ -13,7 +13,7 @@ then cosine decay to 10% of ``inner_lr``):
 * ``muon``: ``optax.contrib.muon`` (MuLoCo, arXiv 2505.23725, puts it inside DiLoCo). The
   hidden matrices of the blocks are orthogonalized (Newton–Schulz, 5 steps, Nesterov
   momentum β = ``muon_momentum``), every other leaf (embeddings, norms, head, router) takes
-  AdamW's update with the same b1, b2. Updates are rescaled to AdamW's RMS
+  AdamW's update with the same b1, b2 and, as optax's ``muon`` does, Nesterov momentum. Updates are rescaled to AdamW's RMS
   (``consistent_rms=0.2``: :math:`0.2\\sqrt{\\max(\\text{fan-in}, \\text{fan-out})}`, Liu et
   al. 2025, arXiv 2502.16982), so ``inner_lr`` and ``weight_decay`` mean the same as for
   AdamW and one learning rate serves both parts.

@@ -179,7 +179,7 @@ class TrainConfig:
       raise ValueError(f"warmup_steps must be an integer in [0, steps={self.steps}), got {self.warmup_steps!r}.")
     v.check_real("inner_lr", self.inner_lr, low=0.0, low_open=True)
     v.check_real("weight_decay", self.weight_decay, low=0.0)
-    v.check_choice("inner_optimizer", self.inner_optimizer, INNER_OPTIMIZERS)
+    v.check_choice("`inner_optimizer`", self.inner_optimizer, INNER_OPTIMIZERS)
     muon_default = TrainConfig.__dataclass_fields__["muon_momentum"].default
     v.check_real("muon_momentum (β)", self.muon_momentum, low=0.0, high=1.0)
     if self.inner_optimizer != "muon" and self.muon_momentum != muon_default:
