@@ -51,10 +51,15 @@ where :math:`R` rounds to the unscaled format (:func:`~diloco_core.minifloat.rou
   element by element). Backends that flush float32 subnormals (XLA does on CPU) see
   subnormal inputs as zeros.
 
+**Top-k sparsification** (``topk=k``, SparseLoCo): of each chunk of ``topk_chunk``
+elements only the k largest-magnitude entries are sent, their values in the format above
+and their positions as fixed-width indices (:mod:`diloco_core.sparse`, which counts them).
+
 **Error feedback.** Each replica keeps a residual :math:`e_m` (zeros at the start),
-sends :math:`c_m = Q(\\Delta_m + e_m)` and keeps :math:`e_m \\leftarrow \\Delta_m + e_m - c_m`
-(:func:`error_feedback`), so that over any number of rounds what was sent adds up to the
-true pseudo-gradients minus the final residual.
+sends :math:`c_m = Q(\\Delta_m + \\beta e_m)` and keeps
+:math:`e_m \\leftarrow \\Delta_m + \\beta e_m - c_m` (:func:`error_feedback`; the decay β is 1
+unless told, SparseLoCo uses β < 1 in place of outer momentum), so that with β = 1 what was
+sent over any number of rounds adds up to the true pseudo-gradients minus the final residual.
 """
 
 from __future__ import annotations
@@ -75,6 +80,8 @@ from diloco_core.minifloat import representable_values  # noqa: F401
 from diloco_core.minifloat import round_bf16
 from diloco_core.minifloat import round_to_format
 from diloco_core.minifloat import validate_format
+from diloco_core.sparse import DEFAULT_CHUNK
+from diloco_core import sparse
 
 SCALE_BITS = 32  # each absmax scale travels as one float32
 
@@ -100,7 +107,8 @@ def validate_block_size(block_size: int | None) -> None:
         f"compression block_size must be a positive integer or None, got {block_size!r}.")
 
 
-def quantize(x: jax.Array, name: str, *, block_size: int | None = None) -> jax.Array:
+def quantize(x: jax.Array, name: str, *, block_size: int | None = None, topk: int | None = None,
+             topk_chunk: int = DEFAULT_CHUNK) -> jax.Array:
   """Sends ``x`` through the wire format: encode, then decode back to float32.
 
   ``none`` is the identity, ``bf16`` rounds to nearest even (never a cast pair); the
@@ -114,6 +122,9 @@ def quantize(x: jax.Array, name: str, *, block_size: int | None = None) -> jax.A
     name: the wire format, one of :data:`FORMATS`.
     block_size: elements per scaling block along the flattened tensor; None uses one
       scale for the whole tensor. Ignored (but validated) for ``none`` and ``bf16``.
+    topk: None (dense), or the entries kept per chunk (:func:`diloco_core.sparse.sparsify`;
+      the values then use one scale per chunk, and ``block_size`` must be None).
+    topk_chunk: elements per chunk for ``topk``.
 
   Returns:
     float32 array shaped like ``x``: what the receiver decodes.
@@ -129,8 +140,17 @@ def quantize(x: jax.Array, name: str, *, block_size: int | None = None) -> jax.A
   """
   validate_format(name)
   validate_block_size(block_size)
+  if topk is not None:
+    _check_topk_block(block_size)
+    return sparse.sparsify(x, k=topk, chunk=topk_chunk, name=name)
   block_size = None if block_size is None else int(block_size)
   return _quantize(jnp.asarray(x, jnp.float32), name, block_size)
+
+
+def _check_topk_block(block_size) -> None:
+  if block_size is not None:
+    raise ValueError(f"`compression_block` {block_size!r} cannot be combined with `topk`: top-k"
+                     " values take one scale per chunk (set `topk_chunk`); drop `compression_block`.")
 
 
 @functools.partial(jax.jit, static_argnames=("name", "block_size"))
@@ -153,13 +173,14 @@ def _quantize(x: jax.Array, name: str, block_size: int | None) -> jax.Array:
   return out.reshape(-1)[:n].reshape(x.shape)
 
 
-def quantize_tree(tree: Any, name: str, *, block_size: int | None = None) -> Any:
+def quantize_tree(tree: Any, name: str, *, block_size: int | None = None, topk: int | None = None,
+                  topk_chunk: int = DEFAULT_CHUNK) -> Any:
   """Applies :func:`quantize` to every leaf of a pytree (one scale set per leaf).
 
   Args:
     tree: a pytree of arrays.
     name: the wire format, one of :data:`FORMATS`.
-    block_size: as in :func:`quantize`.
+    block_size, topk, topk_chunk: as in :func:`quantize`.
 
   Returns:
     A pytree of float32 arrays with the same structure.
@@ -171,10 +192,12 @@ def quantize_tree(tree: Any, name: str, *, block_size: int | None = None) -> Any
   """
   validate_format(name)
   validate_block_size(block_size)
-  return jax.tree.map(lambda leaf: quantize(leaf, name, block_size=block_size), tree)
+  return jax.tree.map(lambda leaf: quantize(leaf, name, block_size=block_size, topk=topk,
+                                            topk_chunk=topk_chunk), tree)
 
 
-def wire_bits(num_elements: int, name: str, *, block_size: int | None = None) -> int:
+def wire_bits(num_elements: int, name: str, *, block_size: int | None = None,
+              topk: int | None = None, topk_chunk: int = DEFAULT_CHUNK) -> int:
   """Exact bits one tensor takes on the wire, scales included.
 
   .. math::
@@ -183,11 +206,13 @@ def wire_bits(num_elements: int, name: str, *, block_size: int | None = None) ->
      \\ (1 \\text{ per tensor when block\\_size is None, } 0 \\text{ if } n = 0)
 
   with no scale term for ``none`` and ``bf16``. Padding of the last block is not sent.
+  With ``topk``: :func:`diloco_core.sparse.wire_bits` (kept values, their indices, one
+  scale per chunk).
 
   Args:
     num_elements: elements n in the tensor.
     name: the wire format, one of :data:`FORMATS`.
-    block_size: as in :func:`quantize`.
+    block_size, topk, topk_chunk: as in :func:`quantize`.
 
   Returns:
     The number of bits (an int).
@@ -205,6 +230,9 @@ def wire_bits(num_elements: int, name: str, *, block_size: int | None = None) ->
   if (not isinstance(num_elements, (int, np.integer)) or isinstance(num_elements, bool)
       or num_elements < 0):
     raise ValueError(f"num_elements must be a non-negative integer, got {num_elements!r}.")
+  if topk is not None:
+    _check_topk_block(block_size)
+    return sparse.wire_bits(int(num_elements), k=topk, chunk=topk_chunk, name=name)
   n = int(num_elements)
   bits = n * _BITS[name]
   if name in _MINIFLOATS and n:
@@ -212,13 +240,14 @@ def wire_bits(num_elements: int, name: str, *, block_size: int | None = None) ->
   return bits
 
 
-def wire_bits_tree(tree: Any, name: str, *, block_size: int | None = None) -> int:
+def wire_bits_tree(tree: Any, name: str, *, block_size: int | None = None, topk: int | None = None,
+                   topk_chunk: int = DEFAULT_CHUNK) -> int:
   """Total :func:`wire_bits` over the leaves of a pytree (arrays or shape-dtype structs).
 
   Args:
     tree: a pytree whose leaves have a ``size`` (arrays, ``jax.ShapeDtypeStruct``).
     name: the wire format, one of :data:`FORMATS`.
-    block_size: as in :func:`quantize`.
+    block_size, topk, topk_chunk: as in :func:`quantize`.
 
   Returns:
     The number of bits (an int).
@@ -227,25 +256,28 @@ def wire_bits_tree(tree: Any, name: str, *, block_size: int | None = None) -> in
     >>> wire_bits_tree({"w": jnp.zeros((10, 100)), "b": jnp.zeros(7)}, "fp8")
     8120
   """
-  return sum(wire_bits(int(np.prod(leaf.shape, dtype=np.int64)), name, block_size=block_size)
+  return sum(wire_bits(int(np.prod(leaf.shape, dtype=np.int64)), name, block_size=block_size,
+                       topk=topk, topk_chunk=topk_chunk)
              for leaf in jax.tree.leaves(tree))
 
 
-def error_feedback(delta: Any, residual: Any, name: str, *,
-                   block_size: int | None = None) -> tuple[Any, Any]:
+def error_feedback(delta: Any, residual: Any, name: str, *, block_size: int | None = None,
+                   topk: int | None = None, topk_chunk: int = DEFAULT_CHUNK,
+                   decay=1.0) -> tuple[Any, Any]:
   """One round of error feedback: send the quantized sum, keep what was lost.
 
   .. math::
-     c = Q(\\Delta + e), \\qquad e \\leftarrow \\Delta + e - c
+     c = Q(\\Delta + \\beta e), \\qquad e \\leftarrow \\Delta + \\beta e - c
 
-  Over K rounds :math:`\\sum_k c_k = \\sum_k \\Delta_k - e_K` (up to float32 rounding);
-  with ``none`` the residual stays exactly zero.
+  With β = 1, over K rounds :math:`\\sum_k c_k = \\sum_k \\Delta_k - e_K` (up to float32
+  rounding); with ``none`` and no ``topk`` the residual stays exactly zero.
 
   Args:
     delta: the pseudo-gradient :math:`\\Delta_m` (a pytree of arrays).
     residual: the residual :math:`e_m`, same structure; None means zeros (first round).
     name: the wire format, one of :data:`FORMATS`.
-    block_size: as in :func:`quantize`.
+    block_size, topk, topk_chunk: as in :func:`quantize`.
+    decay: β, the residual's decay before it is added (1: none; may be traced).
 
   Returns:
     ``(sent, new_residual)``: two float32 pytrees shaped like ``delta``.
@@ -265,8 +297,8 @@ def error_feedback(delta: Any, residual: Any, name: str, *,
   if residual is None:
     target = delta
   else:
-    target = jax.tree.map(lambda d, e: d + jnp.asarray(e, jnp.float32), delta, residual)
-  sent = quantize_tree(target, name, block_size=block_size)
+    target = jax.tree.map(lambda d, e: d + decay * jnp.asarray(e, jnp.float32), delta, residual)
+  sent = quantize_tree(target, name, block_size=block_size, topk=topk, topk_chunk=topk_chunk)
   new_residual = jax.tree.map(jnp.subtract, target, sent)
   return sent, new_residual
 

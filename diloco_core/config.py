@@ -12,6 +12,7 @@ import dataclasses
 from diloco_core import fields
 from diloco_core import validity as v
 from diloco_core.compression import FORMATS
+from diloco_core.sparse import DEFAULT_CHUNK, check_topk
 
 ALGORITHMS = ("dp", "diloco", "streaming")
 FRAGMENT_PATTERNS = v.FRAGMENT_PATTERNS
@@ -75,6 +76,15 @@ class DiLoCoConfig:
   compression_block: int | None = _field(
       None, flag="compression-block", parse=int,
       help="elements per quantization scale (default: one scale per tensor)")
+  topk: int | None = _field(
+      None, flag="topk", parse=int, symbol="k",
+      help="sparse pseudo-gradients (SparseLoCo): send the k largest-magnitude entries of each"
+           " chunk, values in --compression's format (default: dense)")
+  topk_chunk: int = _field(DEFAULT_CHUNK, flag="topk-chunk", symbol="C",
+                           help="elements per top-k chunk (indices take ⌈log2 C⌉ bits)")
+  error_feedback_decay: float = _field(
+      1.0, flag="error-feedback-decay", symbol="β", traced="float32",
+      help="residual decay e <- Δ + β·e - sent, in (0, 1] (SparseLoCo: β < 1 in place of outer momentum)")
 
   def __post_init__(self):
     self.validate()
@@ -83,6 +93,12 @@ class DiLoCoConfig:
   def sync_interval(self) -> int:
     """Δh = H / P, the number of steps between two fragment sends (exact by validation)."""
     return self.sync_every // self.fragments
+
+  @property
+  def wire(self) -> dict:
+    """The wire format's keyword arguments for :mod:`diloco_core.compression` (besides its
+    name, ``compression``): ``block_size``, ``topk`` and ``topk_chunk``."""
+    return {"block_size": self.compression_block, "topk": self.topk, "topk_chunk": self.topk_chunk}
 
   def validate(self, num_layers: int | None = None) -> None:
     """Raises ``ValueError`` (one line, naming the option) on any invalid setting.
@@ -119,6 +135,14 @@ class DiLoCoConfig:
         not v.is_int(self.compression_block) or self.compression_block < 1):
       raise ValueError(f"compression_block must be None (per tensor) or an integer >= 1,"
                        f" got {self.compression_block!r}.")
+    if self.topk is not None:
+      check_topk(self.topk, self.topk_chunk)
+      if self.compression_block is not None:
+        raise ValueError(f"`compression_block` {self.compression_block!r} cannot be combined with `topk`:"
+                         " top-k values take one scale per chunk (set `topk_chunk`); drop"
+                         " `compression_block`.")
+    v.check_real("error_feedback_decay (β)", self.error_feedback_decay, low=0.0, high=1.0,
+                 low_open=True, high_open=False)
     self._check_no_dead_options()
     if num_layers is not None:
       v.check_fragments_divide_layers(self.fragments, num_layers)
@@ -143,11 +167,17 @@ class DiLoCoConfig:
       raise ValueError(f"`outer_beta2` {self.outer_beta2!r} is Adam's second-moment decay, and"
                        f" outer_optimizer={self.outer_optimizer!r} has none: pass `outer_optimizer`"
                        " adam or drop `outer_beta2`.")
-    if self.compression == "none" and self.error_feedback:
+    if self.topk is None and self.topk_chunk != _OFF_UNDER_DP["topk_chunk"]:
+      raise ValueError(f"`topk_chunk` {self.topk_chunk!r} sets the top-k chunk, and topk is None (dense):"
+                       " pass `topk` or drop `topk_chunk`.")
+    if not self.error_feedback and self.error_feedback_decay != 1.0:
+      raise ValueError(f"`error_feedback_decay` {self.error_feedback_decay!r} decays the error-feedback"
+                       " residual: pass `error_feedback` or drop `error_feedback_decay`.")
+    if self.compression == "none" and self.topk is None and self.error_feedback:
       raise ValueError("`error_feedback` resends the compression residual, and compression='none' leaves"
                        " none: pass `compression` (one of"
                        f" {[c for c in COMPRESSIONS if c != 'none']}) or drop `error_feedback`.")
-    if self.compression == "none" and self.compression_block is not None:
+    if self.compression == "none" and self.compression_block is not None and self.topk is None:
       raise ValueError(f"`compression_block` {self.compression_block!r} sets the quantization scale's"
                        " block, and compression='none' quantizes nothing: pass `compression` or drop"
                        " `compression_block`.")
@@ -155,7 +185,8 @@ class DiLoCoConfig:
 
 #: The outer-loop options that DP has no use for; each must keep its default ("off") there.
 _OFF_UNDER_DP_FIELDS = ("overlap", "alpha", "outer_overlap", "compression", "error_feedback",
-                        "compression_block", "outer_optimizer", "outer_beta2", "fragment_order")
+                        "compression_block", "topk", "topk_chunk", "error_feedback_decay",
+                        "outer_optimizer", "outer_beta2", "fragment_order")
 _OFF_UNDER_DP = {f.name: f.default for f in dataclasses.fields(DiLoCoConfig)
                  if f.name in _OFF_UNDER_DP_FIELDS}
 _DEFAULT_BETA2 = _OFF_UNDER_DP["outer_beta2"]

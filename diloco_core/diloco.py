@@ -185,8 +185,7 @@ class DiLoCo(AlgorithmBase):
     self._outer_kinds = jax.tree.leaves(optax.tree_utils.tree_map_params(
         outer_opt, lambda _, kind: kind, abstract, kinds_tree,
         transform_non_params=lambda _: SHARED))
-    bits = [sum(compression.wire_bits(int(np.prod(s)), cfg.compression,
-                                      block_size=cfg.compression_block)
+    bits = [sum(compression.wire_bits(int(np.prod(s)), cfg.compression, **cfg.wire)
                 for s in self.fragments.leaf_shapes(p)) for p in range(cfg.fragments)]
     self.fragment_bytes = [b / 8 for b in bits]
 
@@ -272,8 +271,9 @@ class DiLoCo(AlgorithmBase):
     def pseudo_gradient(g_m, r_m, e_m):
       delta = [(a - b).astype(jnp.float32) for a, b in zip(g_m, r_m)]
       if e_m is None:
-        return compression.quantize_tree(delta, cfg.compression, block_size=cfg.compression_block), None
-      return compression.error_feedback(delta, e_m, cfg.compression, block_size=cfg.compression_block)
+        return compression.quantize_tree(delta, cfg.compression, **cfg.wire), None
+      return compression.error_feedback(delta, e_m, cfg.compression, **cfg.wire,
+                                        decay=hp["error_feedback_decay"])
 
     # Δ_m is taken against the params the replica started from: its own outer params (eager).
     start = (frag.take(ops.in_flight.outer_params, self._kinds, branch, k, axis=1)
