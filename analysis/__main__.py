@@ -17,6 +17,7 @@ Errors (unknown names, out-of-range values) print one line to stderr and exit wi
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 
@@ -31,6 +32,8 @@ from analysis.models import MODELS
 from analysis.models import get_model
 from analysis.models import model_stats
 from analysis.models import model_table
+from diloco_core.sparse import DEFAULT_CHUNK
+from diloco_core.sparse import bits_per_element as sparse_bits_per_element
 from diloco_core.validity import FRAGMENT_PATTERNS
 from diloco_core.validity import check_int
 from diloco_core.validity import check_real
@@ -123,19 +126,29 @@ def _roofline(a) -> None:
       memory_gb_per_chip=lambda v: f"{v:,.2f}")))
 
 
+def _payload(p) -> str:
+  """The plan's wire in words: ``16-bit``, or the top-k setting and its bits per parameter."""
+  if p.topk is None:
+    return f"{p.bits:g}-bit"
+  eff = sparse_bits_per_element(k=p.topk, chunk=p.topk_chunk, name=plan_lib.wire_format(p.bits))
+  return (f"top-{p.topk} of each {p.topk_chunk} at {p.bits:g} bits ({eff:.4g} bits per parameter,"
+          f" DP dense at {p.bits:g} bits)")
+
+
 def _plan(a) -> None:
   kw = {} if a.overlaps is None else dict(overlaps=a.overlaps)
   p = plan_lib.plan_run(a.model, a.hardware, slices=a.slices, chips_per_slice=a.chips_per_slice,
                         seq_len=a.seq_len, global_batch_tokens=a.global_batch_tokens,
                         link_gbps=a.link_gbps, mfu=a.mfu, target=a.target, bits=a.bits,
-                        sync_every=a.sync_every, eager=a.eager, **kw)
+                        sync_every=a.sync_every, eager=a.eager, topk=a.topk,
+                        topk_chunk=a.topk_chunk, **kw)
   print(f"model {a.model}: {p.params:,} parameters ({p.active_params:,} active), {p.layers} "
         f"layers; {p.hardware_name}, {p.slices} slices x {p.chips_per_slice} chips")
   print(f"run: {p.global_batch_tokens:,} tokens per step, {p.tokens_per_slice:,.0f} per slice, "
         f"seq_len {p.seq_len}; step time {p.step_time:.4g} s at MFU {p.mfu:g}; DP across "
         f"slices is compute-bound above {p.dp_critical_tokens:,.0f} tokens per slice")
   print(f"network per slice: link {p.link_gbps:,.4g} Gbit/s, in-pod DCN {p.dcn_gbps:,.4g} Gbit/s;"
-        f" {p.bits:g}-bit payload; Gbit/s per slice: {p.target:.0%} utilization (tau = 0) or "
+        f" {_payload(p)} payload; Gbit/s per slice: {p.target:.0%} utilization (tau = 0) or "
         f"every fragment hidden behind its step's backward pass and tau steps (tau >= 1)")
   print()
   fmt = {"Gbit/s per slice": _fmt, "GB per sync": lambda v: f"{v:,.3g}",
@@ -331,6 +344,11 @@ def _add_plan(sub) -> None:
                       f"{' '.join(map(str, plan_lib.OVERLAPS))})")
   q.add_argument("--eager", action="store_true",
                  help="also consider DiLoCo with eager updates (outer_overlap='eager') at each H")
+  q.add_argument("--topk", type=int, default=None,
+                 help="DiLoCo/Streaming send the k largest entries of each chunk (SparseLoCo),"
+                      " each value in --bits (default: dense)")
+  q.add_argument("--topk-chunk", type=int, default=DEFAULT_CHUNK,
+                 help=f"elements per top-k chunk ({DEFAULT_CHUNK})")
   q.set_defaults(func=_plan)
 
 
@@ -374,8 +392,9 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   try:
     args.func(args)
-  except ValueError as e:
-    print(f"error: {e}", file=sys.stderr)
+  except ValueError as e:  # the trainer's checks name options in backticks: `topk` -> --topk
+    message = re.sub(r"`([a-z_]+)`", lambda m: "--" + m.group(1).replace("_", "-"), str(e))
+    print(f"error: {message}", file=sys.stderr)
     return 2
   return 0
 

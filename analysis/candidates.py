@@ -151,7 +151,7 @@ def candidate_bandwidth(method, *, target, payload, step_time, layers, sync_ever
 
 def candidate_table(model: ModelConfig, hardware: HardwareSpec, cands, *, slices: int,
                     chips_per_slice: int, step_time: float, target: float, bits: float,
-                    latency: float = 0.0) -> pd.DataFrame:
+                    latency: float = 0.0, dp_bits: float | None = None) -> pd.DataFrame:
   """Bandwidth per slice and memory of each candidate ``(method, H, P, τ)`` (see the module).
 
   Each candidate's bandwidth is :func:`candidate_bandwidth` (latency :math:`\\varepsilon`
@@ -165,24 +165,28 @@ def candidate_table(model: ModelConfig, hardware: HardwareSpec, cands, *, slices
     chips_per_slice: n.
     step_time: T, seconds per inner step.
     target: u, the utilization planned for by the τ = 0 candidates.
-    bits: bits per value on the wire.
+    bits: bits per value on the wire (for a sparse wire, the average bits per parameter,
+      e.g. :func:`diloco_core.sparse.bits_per_element`).
     latency: ε, seconds per transfer (τ = 0).
+    dp_bits: bits per gradient value of the DP row, when it differs from ``bits`` (a
+      sparse DiLoCo wire; DP's gradients stay dense); None: ``bits``.
 
   Returns:
     A DataFrame indexed by :func:`label`, with the columns of :class:`~analysis.plan.Plan`'s table except
     ``fits link``.
   """
   model, hw = check_model(model), check_hardware(hardware)
-  payload = payload_bytes(param_count(model), bits, slices)  # whole model, per replica
   dcn_gbps = hw.dcn_bandwidth * chips_per_slice / GBIT
   rows = {}
   for method, h, p, tau, *mode in cands:
     mode = mode[0] if mode else "none"
+    b = dp_bits if method == "dp" and dp_bits is not None else bits
+    payload = payload_bytes(param_count(model), b, slices)  # whole model, per replica
     sizes = fragment_sizes(model, p)
-    largest = payload_bytes(max(sizes), bits, slices)
+    largest = payload_bytes(max(sizes), b, slices)
     w = candidate_bandwidth(method, target=target, payload=payload, step_time=step_time,
                             layers=model.n_layers, sync_every=h, fragments=p, overlap=tau,
-                            first_fragment=payload_bytes(sizes[0], bits, slices) if p > 1 else 0.0,
+                            first_fragment=payload_bytes(sizes[0], b, slices) if p > 1 else 0.0,
                             latency=latency, outer_overlap=mode)
     mem = memory_per_replica(model, method=method, sync_every=h, fragments=p,
                              overlap=tau).total

@@ -60,6 +60,9 @@ from analysis.roofline import dp_critical_batch_per_slice
 from analysis.roofline import t_math
 from diloco_core.minifloat import FORMATS
 from diloco_core.minifloat import bits_per_element
+from diloco_core.sparse import DEFAULT_CHUNK
+from diloco_core.sparse import bits_per_element as sparse_bits_per_element
+from diloco_core.sparse import check_topk
 from diloco_core.model_config import ModelConfig
 from diloco_core.validity import check_bool
 from diloco_core.validity import check_int
@@ -87,7 +90,7 @@ class Plan:
   mfu: float
   target: float  # compute utilization planned for
   link_gbps: float  # the cross-slice link to plan for, Gbit/s per slice
-  bits: float  # bits per value on the wire
+  bits: float  # bits per value on the wire (top-k: of each kept value)
   sync_every: tuple[int, ...] | None  # H candidates asked for (None: L + 1 and the ladder)
   overlaps: tuple[int, ...]  # τ candidates for Streaming
   step_time: float  # seconds per inner step
@@ -102,6 +105,8 @@ class Plan:
   choice: str | None  # label of the suggested row, None when nothing fits
   reason: str  # one sentence saying why
   eager: bool = False  # eager-update candidates ("DiLoCo H=… eager") were considered
+  topk: int | None = None  # DiLoCo/Streaming send top-k sparse pseudo-gradients (None: dense)
+  topk_chunk: int = DEFAULT_CHUNK  # elements per top-k chunk
 
   def train_args(self) -> list[str]:
     """The trainer options (``python -m diloco_core.train``) of the suggested candidate.
@@ -127,16 +132,16 @@ class Plan:
     argv = ["--algorithm", str(row["method"]), "--replicas", str(self.slices)]
     if row["method"] == "dp":
       return argv
-    wire = [f for f in FORMATS if bits_per_element(f) == self.bits]
-    if not wire:
-      raise ValueError(f"bits={self.bits:g} is not the width of a trainer wire format; the"
-                       f" trainer sends {sorted({bits_per_element(f) for f in FORMATS})} bits.")
+    wire = wire_format(self.bits)
     argv += ["--sync-every", str(int(row["H"]))]
     if row["method"] == "streaming":
       argv += ["--fragments", str(int(row["P"])), "--overlap", str(int(row["tau"]))]
     if row["outer overlap"] != "none":
       argv += ["--outer-overlap", str(row["outer overlap"])]
-    return argv + ["--compression", wire[0]]
+    argv += ["--compression", wire]
+    if self.topk is not None:
+      argv += ["--topk", str(self.topk), "--topk-chunk", str(self.topk_chunk), "--error-feedback"]
+    return argv
 
   def command(self) -> list[str]:
     """The ``python -m analysis plan ...`` argv that reproduces this plan.
@@ -159,7 +164,23 @@ class Plan:
       argv += ["--overlaps", *map(str, self.overlaps)]
     if self.eager:
       argv += ["--eager"]
+    if self.topk is not None:
+      argv += ["--topk", str(self.topk), "--topk-chunk", str(self.topk_chunk)]
     return argv
+
+
+def wire_format(bits: float) -> str:
+  """The trainer's wire format (``--compression``) that sends ``bits`` per value; else one line.
+
+  Examples:
+    >>> wire_format(16), wire_format(4)
+    ('bf16', 'fp4')
+  """
+  wire = [f for f in FORMATS if bits_per_element(f) == bits]
+  if not wire:
+    raise ValueError(f"bits={bits:g} is not the width of a trainer wire format; the"
+                     f" trainer sends {sorted({bits_per_element(f) for f in FORMATS})} bits.")
+  return wire[0]
 
 
 def _ints(name, values, *, low) -> tuple[int, ...]:
@@ -195,7 +216,8 @@ def check_global_batch(global_batch_tokens, seq_len) -> int:
 
 def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_tokens,
              link_gbps, mfu=0.5, target=0.95, bits=16, sync_every=None,
-             overlaps=OVERLAPS, eager: bool = False) -> Plan:
+             overlaps=OVERLAPS, eager: bool = False, topk: int | None = None,
+             topk_chunk: int = DEFAULT_CHUNK) -> Plan:
   """Candidates (H, P, τ) for M slices, their bandwidth and memory, and a suggestion.
 
   The step time of one slice of :math:`n` chips on :math:`B/M` tokens is
@@ -241,6 +263,13 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
     overlaps: τ candidates for Streaming (an int or a sequence of integers >= 0).
     eager: also consider DiLoCo with eager updates at each H ("DiLoCo H=… eager"; the
       semantics page, docs/semantics.md), after the other candidates of the same H.
+    topk: None (dense), or DiLoCo/Streaming send the ``topk`` largest entries of each chunk
+      of ``topk_chunk`` (SparseLoCo, :mod:`diloco_core.sparse`), each value in ``bits`` (a
+      trainer wire format's width): their payload is then
+      :func:`diloco_core.sparse.bits_per_element` per parameter, indices included, while
+      DP's gradients stay dense at ``bits``. The payload is treated like a dense one of that
+      size (an all-reduce); a sparse all-gather, as SparseLoCo runs, moves more as M grows.
+    topk_chunk: elements per top-k chunk.
 
   Returns:
     A :class:`Plan`.
@@ -272,6 +301,10 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
   mfu_f = check_real("mfu", mfu, low=0.0, high=1.0, low_open=True, high_open=False)
   u = check_real("target", target, low=0.0, high=1.0, low_open=True)
   b = check_real("bits", bits, low=0.0, low_open=True)
+  wire_bits = b
+  if topk is not None:
+    check_topk(topk, topk_chunk)
+    wire_bits = sparse_bits_per_element(k=topk, chunk=topk_chunk, name=wire_format(b))
   hs = None if sync_every is None else _ints("sync_every", sync_every, low=1)
   taus = _ints("overlaps", overlaps, low=0)
   _check_overlaps(taus, cfg.n_layers, hs)
@@ -281,7 +314,7 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
   step = step_time(stats, hw, tokens_slice, n, mfu_f)
   cands = candidates(cfg.n_layers, hs, taus, check_bool("eager", eager))
   table = candidate_table(cfg, hw, cands, slices=m,
-                          chips_per_slice=n, step_time=step, target=u, bits=b)
+                          chips_per_slice=n, step_time=step, target=u, bits=wire_bits, dp_bits=b)
   table["fits link"] = table["Gbit/s per slice"] <= link
   choice, reason = _select(table, link)
   return Plan(model=model, hardware=hardware, slices=m, chips_per_slice=n, seq_len=seq,
@@ -292,7 +325,8 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
               dcn_gbps=hw.dcn_bandwidth * n / GBIT, hardware_name=hw.name,
               dp_critical_tokens=dp_critical_batch_per_slice(
                   hw, model=cfg, seq_len=seq, bits=b, replicas=m),
-              table=table, choice=choice, reason=reason, eager=eager)
+              table=table, choice=choice, reason=reason, eager=eager, topk=topk,
+              topk_chunk=topk_chunk)
 
 
 def step_time(stats: ModelStats, hardware: HardwareSpec, tokens_per_slice: float,

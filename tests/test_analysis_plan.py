@@ -296,3 +296,23 @@ def test_train_args_of_eager_other_bits_and_no_choice():
     toy_plan(100.0 * (1 + 1e-12), bits=12).train_args()
   with pytest.raises(ValueError, match=r"^the plan suggests nothing to train: No candidate fits"):
     toy_plan(10.0).train_args()
+
+
+def test_topk_plans_with_the_sparse_bits_per_parameter_and_keeps_dp_dense():
+  """Top-64 of 4096 at 4 bits: (64·(4 + 12) + 32) / 4096 bits per parameter for DiLoCo and
+  Streaming (the same table as a dense plan at that width), DP's row unchanged at 4 bits."""
+  kw = dict(slices=2, chips_per_slice=64, seq_len=4096, global_batch_tokens=2**21, link_gbps=1)
+  sparse_plan = pl.plan_run("qwen3-8b", "v5p", bits=4, topk=64, **kw)
+  eff = (64 * (4 + 12) + 32) / 4096
+  dense_eff = pl.plan_run("qwen3-8b", "v5p", bits=eff, **kw)
+  dense_4 = pl.plan_run("qwen3-8b", "v5p", bits=4, **kw)
+  rows = [r for r in sparse_plan.table.index if r != "DP"]
+  assert list(sparse_plan.table.loc[rows, "Gbit/s per slice"]) == list(dense_eff.table.loc[rows, "Gbit/s per slice"])
+  assert sparse_plan.table.loc["DP", "Gbit/s per slice"] == dense_4.table.loc["DP", "Gbit/s per slice"]
+  assert sparse_plan.train_args()[-7:] == ["--compression", "fp4", "--topk", "64", "--topk-chunk", "4096",
+                                           "--error-feedback"]
+  assert sparse_plan.command()[-4:] == ["--topk", "64", "--topk-chunk", "4096"]
+  with pytest.raises(ValueError, match="bits=0.2578 is not the width of a trainer wire format"):
+    pl.wire_format(eff)  # a dense plan at that width has no trainer wire format
+  with pytest.raises(ValueError, match=r"`topk` must be an integer in \[1, topk_chunk=4096\]"):
+    pl.plan_run("qwen3-8b", "v5p", bits=4, topk=5000, **kw)
