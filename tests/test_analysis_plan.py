@@ -312,7 +312,7 @@ def test_topk_plans_with_the_sparse_bits_per_parameter_and_keeps_dp_dense():
   assert sparse_plan.train_args()[-7:] == ["--compression", "fp4", "--topk", "64", "--topk-chunk", "4096",
                                            "--error-feedback"]
   assert sparse_plan.command()[-4:] == ["--topk", "64", "--topk-chunk", "4096"]
-  with pytest.raises(ValueError, match="bits=0.2578 is not the width of a trainer wire format"):
+  with pytest.raises(ValueError, match="bits=0.257812 is not the width of a trainer wire format"):
     pl.wire_format(eff)  # a dense plan at that width has no trainer wire format
   with pytest.raises(ValueError, match=r"`topk` must be an integer in \[1, topk_chunk=4096\]"):
     pl.plan_run("qwen3-8b", "v5p", bits=4, topk=5000, **kw)
