@@ -92,9 +92,36 @@ def _plain(value: Any) -> Any:
   return value
 
 
+def default_config() -> dict:
+  """:func:`plain_config` of a run config with every field at its default."""
+  from diloco_core.train import TrainConfig  # imported here: JAX is configured by the caller first
+  return plain_config(TrainConfig())
+
+
 def plain_config(cfg) -> dict:
   """A config as it is stored: :func:`~analysis.sweep_cache.config_dict` in plain JSON values."""
   return json.loads(json.dumps(_plain(config_dict(cfg)), allow_nan=False))
+
+
+def with_defaults(stored: dict, defaults: dict) -> dict:
+  """A stored config completed with today's defaults for the fields it does not have.
+
+  A field added to the trainer after an experiment was stored is read as its default: the
+  option did not exist, and its default keeps the former behaviour (which the docs build's
+  re-training of a sample, :func:`verify`, checks number for number). A field the stored
+  config has keeps its stored value.
+
+  Examples:
+    >>> with_defaults({"a": 1, "algo": {"h": 2}}, {"a": 0, "b": 5, "algo": {"h": 1, "topk": None}})
+    {'a': 1, 'algo': {'h': 2, 'topk': None}, 'b': 5}
+  """
+  out = dict(stored)
+  for key, value in defaults.items():
+    if key not in out:
+      out[key] = value
+    elif isinstance(value, dict) and isinstance(out[key], dict):
+      out[key] = with_defaults(out[key], value)
+  return out
 
 
 def content_hash(doc: dict) -> str:
@@ -262,7 +289,7 @@ def load(name: str, *, scale: str = "cpu", check_configs: bool = True,
     raise _refuse(name, f"stored at scale {doc.get('scale')!r}, asked for {scale!r}")
   if check_configs:
     want = [plain_config(c) for c in experiments.named_sweep(name, scale)]
-    have = [r["config"] for r in doc["runs"]]
+    have = [with_defaults(r["config"], default_config()) for r in doc["runs"]]
     if want != have:
       differ = sum(a != b for a, b in zip(want, have)) + abs(len(want) - len(have))
       raise _refuse(name, f"stale: {differ} of its {len(want)} configs differ from"
