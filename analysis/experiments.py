@@ -243,6 +243,50 @@ def _outer_overlap(scale):
               sync_every=[10, 50], seed=seeds(scale, minimum=3))
 
 
+#: Seeds of the two paired comparisons of the methods of 2025-26 (:func:`_inner_optimizer`,
+#: :func:`_sparse`): the same seeds in every arm, so each difference is taken seed by seed.
+PAIRED_SEEDS = 6
+#: The top-k setting of the ``sparse`` experiment on the ``tiny`` preset: 8 of every 256
+#: entries (3.1%, SparseLoCo's 1-3% range; the preset's tensors are smaller than 4,096).
+SPARSE_TOPK, SPARSE_CHUNK = 8, 256
+
+
+@_register("inner_optimizer")
+def _inner_optimizer(scale):
+  """AdamW vs Muon inside (MuLoCo, arXiv 2505.23725), for DP and DiLoCo at equal steps and the
+  same inner LR (Muon at AdamW's update RMS), :data:`PAIRED_SEEDS` paired seeds."""
+  return grid(base_config(scale), algorithm=["dp", "diloco"], inner_optimizer=["adamw", "muon"],
+              seed=list(range(PAIRED_SEEDS)))
+
+
+def sparse_arms(scale: str = "cpu") -> dict[str, Any]:
+  """The arms of the ``sparse`` experiment by name, around :func:`base_config` (DiLoCo, H = 24):
+  ``dense`` (float32), ``e3m0+EF`` (4-bit, error feedback), ``topk`` and ``topk+EF`` (top-8 of
+  256 with e3m0 values), and ``sparseloco`` (``topk+EF`` with the residual decayed by β = 0.95
+  and an outer SGD without momentum at η = 1, SparseLoCo's recipe: the decayed residual in
+  place of the outer momentum)."""
+  base = base_config(scale)
+  topk = {"topk": SPARSE_TOPK, "topk_chunk": SPARSE_CHUNK, "compression": "e3m0"}
+  arms = {
+      "dense": {},
+      "e3m0+EF": {"compression": "e3m0", "error_feedback": True},
+      "topk": topk,
+      "topk+EF": {**topk, "error_feedback": True},
+      "sparseloco": {**topk, "error_feedback": True, "error_feedback_decay": 0.95,
+                     "outer_optimizer": "sgd", "outer_momentum": 0.0, "outer_lr": 1.0},
+  }
+  return {name: with_values(base, changes) if changes else base for name, changes in arms.items()}
+
+
+@_register("sparse")
+def _sparse(scale):
+  """:func:`sparse_arms` × :data:`PAIRED_SEEDS` paired seeds."""
+  out = []
+  for cfg in sparse_arms(scale).values():
+    out += grid(cfg, seed=list(range(PAIRED_SEEDS)))
+  return out
+
+
 def named_sweep(name: str, scale: str = "cpu") -> list:
   """The configs of one docs sweep (see :data:`SWEEPS`) at a scale.
 
