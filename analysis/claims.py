@@ -341,7 +341,8 @@ def arm_frame(stored, arms: Mapping[str, object]) -> pd.DataFrame:
     The rows of :func:`analysis.sweeps.run_sweep`, plus ``arm`` and ``metrics`` (the run's
     logged metrics, column -> values).
   """
-  from analysis.stored import plain_config  # here: analysis.stored imports the trainer's config
+  # here: analysis.stored imports the trainer's config
+  from analysis.stored import default_config, plain_config, with_defaults
 
   def marker(cfg_dict):
     d = dict(cfg_dict)
@@ -353,8 +354,9 @@ def arm_frame(stored, arms: Mapping[str, object]) -> pd.DataFrame:
     plain = plain_config(dataclasses.replace(cfg, seed=0))
     by_marker.setdefault(marker(plain), []).append(name)
   rows = []
+  defaults = default_config()
   for run in stored.runs:
-    for name in by_marker.get(marker(run["config"]), []):
+    for name in by_marker.get(marker(with_defaults(run["config"], defaults)), []):
       rows.append({**run["row"], "arm": name, "metrics": run.get("metrics")})
   missing = set(arms) - {r["arm"] for r in rows}
   if missing:
