@@ -199,3 +199,14 @@ def test_embeddings_last_sends_a_layer_fragment_first_in_the_step():
   moved, _ = first_update_per_fragment(2, order="embeddings-last")
   assert np.all(moved[0]["emb"] == 0) and np.all(moved[0]["layers"] > 0)
   assert np.all(moved[1]["emb"] > 0) and np.all(moved[1]["layers"] == 0)
+
+
+def test_adamw_first_step_by_hand():
+  """AdamW's first bias-corrected step is g/(|g| + ε) plus the decoupled decay λθ, times -lr
+  (no warmup: the cosine schedule starts at the peak)."""
+  lr, wd = 0.01, 0.1
+  opt = inner_optimizer_factory(10, 0, clip=False)({"inner_lr": lr, "weight_decay": wd, "grad_clip": 0.0})
+  params, grads = jnp.array([1.0, -2.0, 0.5]), jnp.array([3.0, -0.5, 0.0])
+  updates, _ = opt.update(grads, opt.init(params), params)
+  expected = [-lr * (g / (abs(g) + 1e-8) + wd * p) for g, p in zip([3.0, -0.5, 0.0], [1.0, -2.0, 0.5])]
+  np.testing.assert_allclose(np.asarray(updates), expected, rtol=1e-6)
