@@ -537,3 +537,11 @@ def test_parity_with_the_public_calculator_where_the_models_coincide():
     m, kw = calculator_settings(run, fixture["constants"])
     ours = 100 * sim.utilization(m, run["method"], fixture["bandwidths_gbps"], **kw)
     np.testing.assert_allclose(ours, run["utilization_percent"], rtol=0.01, err_msg=run["name"])
+
+
+def test_h30_search_tries_the_stated_setting_and_finds_none_within_one_step():
+  from analysis import paper_tables as pt
+  df = pt.h30_search(5)
+  stated = df[df["stated"]]
+  assert len(stated) == 2 and (stated["cells within one step"] < 5).all()
+  assert len(df) == 2 * len(pt.H30_BITS) * len(pt.H30_OVERLAPS)
