@@ -243,8 +243,8 @@ def _outer_overlap(scale):
               sync_every=[10, 50], seed=seeds(scale, minimum=3))
 
 
-#: Seeds of the two paired comparisons of the methods of 2025-26 (:func:`_inner_optimizer`,
-#: :func:`_sparse`): the same seeds in every arm, so each difference is taken seed by seed.
+#: Seeds of the two paired comparisons of the methods of 2025-26 (the ``inner_optimizer`` and
+#: ``sparse`` experiments): the same seeds in every arm, so each difference is taken seed by seed.
 PAIRED_SEEDS = 6
 #: The top-k setting of the ``sparse`` experiment on the ``tiny`` preset: 8 of every 256
 #: entries (3.1%, SparseLoCo's 1-3% range; the preset's tensors are smaller than 4,096).

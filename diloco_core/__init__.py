@@ -3,13 +3,13 @@
 The training function is ``diloco_core.train.train`` (not re-exported here: the name
 ``diloco_core.train`` is the module, which ``python -m diloco_core.train`` runs).
 
-Under ``python -m diloco_core.train`` / ``compare``, SIGINT and SIGTERM are recorded from here
+Under ``python -m diloco_core.train`` / ``compare`` / ``launch``, SIGINT and SIGTERM are recorded from here
 on, before JAX is imported, and end the run at its next safe point (:mod:`diloco_core.interrupts`).
 """
 
 from diloco_core import interrupts as _interrupts
 
-if _interrupts.command_line_module() in ("diloco_core.train", "diloco_core.compare"):
+if _interrupts.command_line_module() in ("diloco_core.train", "diloco_core.compare", "diloco_core.launch"):
   _interrupts.install()
 
 from diloco_core.model_config import ModelConfig

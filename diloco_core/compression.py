@@ -142,9 +142,16 @@ def quantize(x: jax.Array, name: str, *, block_size: int | None = None, topk: in
   validate_block_size(block_size)
   if topk is not None:
     _check_topk_block(block_size)
-    return sparse.sparsify(x, k=topk, chunk=topk_chunk, name=name)
+    sparse.check_topk(topk, topk_chunk)
+    return _quantize_topk(jnp.asarray(x, jnp.float32), name, int(topk), int(topk_chunk))
   block_size = None if block_size is None else int(block_size)
   return _quantize(jnp.asarray(x, jnp.float32), name, block_size)
+
+
+@functools.partial(jax.jit, static_argnames=("name", "k", "chunk"))
+def _quantize_topk(x: jax.Array, name: str, k: int, chunk: int) -> jax.Array:
+  # The kept values of each chunk (one row) go through the format as one block.
+  return sparse.sparsify(x, k=k, chunk=chunk, values=lambda v: _quantize(v, name, v.shape[1]))
 
 
 def _check_topk_block(block_size) -> None:

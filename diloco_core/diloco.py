@@ -260,13 +260,28 @@ class DiLoCo(AlgorithmBase):
   def _send(self, branch, k, hp, ops: SendOperands) -> OuterUpdate:
     """Outer update of one fragment (``branch``, ``k``: see :meth:`Fragments.switch`).
 
-    ``ops.participation`` ([M] float, or None for everyone) masks out dropped replicas.
+    Three phases, in this order: each replica's wire payload (:meth:`_pseudo_gradients`,
+    local), their average (:meth:`_average`, the only cross-replica collective) and the
+    fragment's outer step on its own slice of the outer state (:meth:`_outer_step`, local to
+    the global copy). ``ops.participation`` ([M] float, or None for everyone) masks out
+    dropped replicas.
     """
+    frag = self.fragments
+    sent, ef = self._pseudo_gradients(branch, k, hp, ops)
+    delta = self._average(sent, ops.participation)
+    if ef is not None:
+      ef = frag.put(ops.ef_residual, self._kinds, branch, ef, k, axis=1)
+    return self._outer_step(branch, k, hp, ops, sent, delta, ef)
+
+  def _pseudo_gradients(self, branch, k, hp, ops: SendOperands) -> tuple[list, list | None]:
+    """What each replica puts on the wire for one fragment, :math:`Q(\\Delta_m + \\beta e_m)`,
+    and its new error-feedback residual (None without error feedback; a dropped replica keeps
+    its residual). Nothing crosses replicas."""
     cfg, frag = self.config, self.fragments
-    g, outer, r, ef, present, _ = ops
-    g_sub = frag.take(g, self._kinds, branch, k, axis=0)
-    r_sub = frag.take(r, self._kinds, branch, k, axis=1)
-    e_sub = frag.take(ef, self._kinds, branch, k, axis=1) if ef is not None else None
+    g_sub = frag.take(ops.global_params, self._kinds, branch, k, axis=0)
+    r_sub = frag.take(ops.replica_params, self._kinds, branch, k, axis=1)
+    e_sub = (frag.take(ops.ef_residual, self._kinds, branch, k, axis=1)
+             if ops.ef_residual is not None else None)
 
     def pseudo_gradient(g_m, r_m, e_m):
       delta = [(a - b).astype(jnp.float32) for a, b in zip(g_m, r_m)]
@@ -279,22 +294,34 @@ class DiLoCo(AlgorithmBase):
     start = (frag.take(ops.in_flight.outer_params, self._kinds, branch, k, axis=1)
              if cfg.outer_overlap == "eager" else drjax.broadcast(g_sub))
     sent, e_new = drjax.map_fn(pseudo_gradient, (start, r_sub, e_sub))
+    if ops.participation is not None and e_sub is not None:
+      e_new = drjax.map_fn(lambda a, b, o: [jnp.where(o, x, y) for x, y in zip(a, b)],
+                           (e_new, e_sub, ops.participation > 0))
+    return sent, e_new
+
+  def _average(self, sent: list, present) -> list:
+    """The float32 mean of what the replicas sent: the only cross-replica collective.
+
+    With a participation mask, the mean over the present replicas only: the others are
+    zeroed (``where``, not a product, so a dropped replica's non-finite Δ cannot leak in)
+    and the mean rescaled by M / count, which is exactly 1 with everyone present (then
+    bit-identical to the unmasked mean).
+    """
     if present is None:
-      delta = drjax.reduce_mean(sent)  # float32: the only cross-replica collective
-      e_sub = e_new
-    else:
-      # Mean over the present replicas only: zero the others (where, not a product, so a
-      # dropped replica's non-finite Δ cannot leak in) and rescale by M / count, which is
-      # exactly 1 with everyone present (then bit-identical to the unmasked mean).
-      on = present > 0
-      kept = drjax.map_fn(lambda s, o: [jnp.where(o, x, 0.0) for x in s], (sent, on))
-      scale = cfg.replicas / jnp.maximum(jnp.sum(present), 1.0)
-      delta = [x * scale for x in drjax.reduce_mean(kept)]
-      if e_sub is not None:
-        e_sub = drjax.map_fn(lambda a, b, o: [jnp.where(o, x, y) for x, y in zip(a, b)],
-                             (e_new, e_sub, on))
-    if ef is not None:
-      ef = frag.put(ef, self._kinds, branch, e_sub, k, axis=1)
+      return drjax.reduce_mean(sent)
+    on = present > 0
+    kept = drjax.map_fn(lambda s, o: [jnp.where(o, x, 0.0) for x in s], (sent, on))
+    scale = self.config.replicas / jnp.maximum(jnp.sum(present), 1.0)
+    return [x * scale for x in drjax.reduce_mean(kept)]
+
+  def _outer_step(self, branch, k, hp, ops: SendOperands, sent: list, delta: list, ef) -> OuterUpdate:
+    """The fragment's outer step on θ_g[p] and on its own slice of the outer state (per
+    fragment, :func:`~diloco_core.fragments.per_fragment_state`), after ``outer_overlap``'s
+    rule: the average now (``"none"``), the previous sync's (``"delayed"``), or each
+    replica's eager gradient on its own outer params (``"eager"``)."""
+    cfg, frag = self.config, self.fragments
+    g, outer, fl = ops.global_params, ops.outer_state, ops.in_flight
+    g_sub = frag.take(g, self._kinds, branch, k, axis=0)
     outer_opt = resolve_optimizer(self.outer_optimizer, hp)
     sub_def = jax.tree.structure(jax.eval_shape(outer_opt.init, g_sub))
 
@@ -302,7 +329,6 @@ class DiLoCo(AlgorithmBase):
       updates, new_outer = outer_opt.update(grad, jax.tree.unflatten(sub_def, o_sub), g_sub)
       return optax.apply_updates(g_sub, updates), jax.tree.leaves(new_outer)
 
-    fl = ops.in_flight
     if cfg.outer_overlap == "eager":
       fl, new_g = eager.send(frag, (self._kinds, self._outer_kinds), branch, k, outer_step,
                              sent, delta, fl)

@@ -66,7 +66,7 @@ __all__ = ["ADAM_BETAS", "END_LR_FRACTION", "INNER_OPTIMIZERS", "OUTER_OPTIMIZER
 
 
 def outer_optimizer_factory(name: str) -> Callable[[dict], optax.GradientTransformation]:
-  """``hp -> outer optimizer`` for ``name`` (one of :data:`OUTER_OPTIMIZERS`).
+  """``hp -> outer optimizer`` for ``name`` (one of :data:`~diloco_core.validity.OUTER_OPTIMIZERS`).
 
   Reads ``hp["outer_lr"]`` (η), ``hp["outer_momentum"]`` (μ; β1 for ``adam``) and, for
   ``adam``, ``hp["outer_beta2"]``; all may be traced scalars.
@@ -112,7 +112,7 @@ def inner_optimizer_factory(steps: int, warmup: int, clip: bool, name: str = "ad
     steps: the run's inner steps (the schedule's length).
     warmup: linear warmup steps.
     clip: clip the gradients' global norm to ``hp["grad_clip"]`` first.
-    name: ``"adamw"`` or ``"muon"`` (:data:`INNER_OPTIMIZERS`).
+    name: ``"adamw"`` or ``"muon"`` (:data:`~diloco_core.validity.INNER_OPTIMIZERS`).
     muon_dimensions: Muon only: for each params leaf, its
       ``optax.contrib.MuonDimensionNumbers`` (orthogonalized) or None (AdamW's update), or a
       callable ``params -> that tree``; None: every 2-D leaf is orthogonalized (optax's rule).

@@ -12,9 +12,9 @@ stands in for the outer momentum). Here:
 * **Selection.** Chunk c keeps :math:`k_c = \\min(k, |c|)` entries: those of largest
   :math:`|x_i|`, ties broken towards the lower index (``jax.lax.top_k`` is specified so, on
   every backend: the choice is deterministic). Everything else decodes to zero.
-* **Values.** The kept values of a chunk go through the wire format ``name``
-  (:func:`diloco_core.compression.quantize`) as one block: for the scaled formats one
-  absmax scale per chunk.
+* **Values.** The kept values of a chunk go through the wire format as one block
+  (:func:`diloco_core.compression.quantize` with ``topk`` passes its format in): for the
+  scaled formats one absmax scale per chunk.
 * **On the wire**, per chunk: :math:`k_c` indices of :math:`\\lceil \\log_2 |c| \\rceil` bits
   each (fixed-width unsigned positions within the chunk, no entropy coding), :math:`k_c`
   values of :math:`b_Q` bits, and for the scaled formats one float32 absmax:
@@ -31,9 +31,9 @@ Examples:
 
   >>> import jax.numpy as jnp
   >>> x = jnp.array([0.5, -3.0, 1.0, 0.25, 2.0, -1.0, 2.0, 0.0])
-  >>> sparsify(x, k=2, chunk=4, name="none").tolist()
+  >>> sparsify(x, k=2, chunk=4).tolist()
   [0.0, -3.0, 1.0, 0.0, 2.0, 0.0, 2.0, 0.0]
-  >>> sparsify(jnp.array([2.0, 2.0, 2.0]), k=2, chunk=4, name="none").tolist()
+  >>> sparsify(jnp.array([2.0, 2.0, 2.0]), k=2, chunk=4).tolist()
   [2.0, 2.0, 0.0]
   >>> wire_bits(8, k=2, chunk=4, name="none")  # 2 chunks x 2 x (32 + 2)
   136
@@ -41,8 +41,8 @@ Examples:
 
 from __future__ import annotations
 
-import functools
 import math
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -125,39 +125,33 @@ def bits_per_element(*, k: int, chunk: int, name: str) -> float:
   return wire_bits(chunk, k=k, chunk=chunk, name=name) / chunk
 
 
-def sparsify(x: jax.Array, *, k: int, chunk: int, name: str) -> jax.Array:
-  """What the receiver decodes of ``x`` sent top-k: kept entries through ``name``, zeros elsewhere.
+def sparsify(x: jax.Array, *, k: int, chunk: int,
+             values: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
+  """What the receiver decodes of ``x`` sent top-k: the kept entries, zeros elsewhere.
 
   Args:
     x: the tensor (any shape; cast to float32).
     k: entries kept per chunk.
     chunk: C, elements per chunk.
-    name: the values' wire format.
+    values: applied to the kept values, a float32 ``[chunks, k_c]`` array (one row per
+      chunk), e.g. a wire format quantizing each row as one block; None keeps them as they are.
 
   Returns:
     float32 array shaped like ``x``.
   """
-  validate_format(name)
   check_topk(k, chunk)
-  return _sparsify(jnp.asarray(x, jnp.float32), int(k), int(chunk), name)
-
-
-@functools.partial(jax.jit, static_argnames=("k", "chunk", "name"))
-def _sparsify(x: jax.Array, k: int, chunk: int, name: str) -> jax.Array:
-  from diloco_core.compression import quantize  # the values' format (compression imports us)
-
+  x = jnp.asarray(x, jnp.float32)
   n = x.size
   if n == 0:
     return x
-  c = min(chunk, n)
+  c = min(int(chunk), n)
   rows = -(-n // c)
   # Padding sits after every real entry, so a stable top-k picks it only once a chunk's real
   # entries are all kept; it is cut off again below.
   chunks = jnp.pad(x.reshape(-1), (0, rows * c - n)).reshape(rows, c)
-  kk = min(k, c)
-  _, idx = jax.lax.top_k(jnp.abs(chunks), kk)
-  values = jnp.take_along_axis(chunks, idx, axis=1)
-  sent = quantize(values, name, block_size=kk)  # one scale per chunk
+  _, idx = jax.lax.top_k(jnp.abs(chunks), min(int(k), c))
+  kept = jnp.take_along_axis(chunks, idx, axis=1)
+  sent = kept if values is None else values(kept)
   out = jnp.zeros_like(chunks).at[jnp.arange(rows)[:, None], idx].set(sent)
   finite = jnp.all(jnp.isfinite(chunks), axis=1, keepdims=True)
   out = jnp.where(finite, out, jnp.nan)

@@ -16,7 +16,7 @@ from tiny_run import tiny
 def test_the_lists_read_from_the_metadata_are_the_former_hand_kept_ones():
   assert CONFIG_HYPERPARAMS == {"sync_every": "int32", "overlap": "int32", "outer_lr": "float32",
                                 "outer_momentum": "float32", "outer_beta2": "float32",
-                                "alpha": "float32"}
+                                "alpha": "float32", "error_feedback_decay": "float32"}
   assert fields.traced_fields(TrainConfig) == {"inner_lr": "float32", "muon_momentum": "float32",
                                                "weight_decay": "float32", "grad_clip": "float32"}
   must = fields.must_match_fields(TrainConfig)

@@ -98,7 +98,7 @@ def test_new_shapes_compile_a_new_step():
     (dict(outer_momentum=1.0), r"outer_momentum \(μ\) must be a finite number in \[0, 1\)"),
     (dict(sync_every=4), r"sync_every \(H=4\) must be a multiple of fragments \(P=3\)"),
     (dict(overlap=6), r"overlap \(τ\) must be an integer with 0 <= τ < sync_every \(H=6\), got 6"),
-    (dict(inner_lr=0.1), r"unknown hyperparameter\(s\) \['inner_lr'\]; allowed: \['alpha', 'outer_beta2', 'outer_lr', 'outer_momentum', 'overlap', 'sync_every'\]"),
+    (dict(inner_lr=0.1), r"unknown hyperparameter\(s\) \['inner_lr'\]; allowed: \['alpha', 'error_feedback_decay', 'outer_beta2', 'outer_lr', 'outer_momentum', 'overlap', 'sync_every'\]"),
 ])
 def test_with_hyperparams_bad_values(changes, match):
   algo = DiLoCo(quad_loss, optax.sgd(0.1), DiLoCoConfig(**STREAMING))
@@ -107,7 +107,7 @@ def test_with_hyperparams_bad_values(changes, match):
 
 
 @pytest.mark.parametrize("extra,match", [
-    ({"outer_lr": 1.0}, r"names must be strings other than \['alpha', 'outer_beta2', 'outer_lr', 'outer_momentum', 'overlap', 'sync_every'\], got 'outer_lr'"),
+    ({"outer_lr": 1.0}, r"names must be strings other than \['alpha', 'error_feedback_decay', 'outer_beta2', 'outer_lr', 'outer_momentum', 'overlap', 'sync_every'\], got 'outer_lr'"),
     ({"lr": float("nan")}, r"hyperparams\['lr'\] must be a finite number, got nan"),
     ({"lr": True}, r"hyperparams\['lr'\] must be a finite number, got True"),
 ])

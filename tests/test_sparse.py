@@ -31,8 +31,8 @@ def test_hand_made_tensor_kept_entries_residual_and_bits():
 
 
 def test_ties_go_to_the_lower_index_and_failures_propagate_per_chunk():
-  assert sparse.sparsify(jnp.ones(8), k=3, chunk=4, name="none").tolist() == [1, 1, 1, 0] * 2
-  out = sparse.sparsify(jnp.array([1.0, jnp.nan, 0.5, 2.0, 3.0, 1.0]), k=1, chunk=4, name="none")
+  assert sparse.sparsify(jnp.ones(8), k=3, chunk=4).tolist() == [1, 1, 1, 0] * 2
+  out = sparse.sparsify(jnp.array([1.0, jnp.nan, 0.5, 2.0, 3.0, 1.0]), k=1, chunk=4)
   assert np.all(np.isnan(out[:4])) and out[4:].tolist() == [3.0, 0.0]
 
 

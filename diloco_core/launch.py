@@ -1,0 +1,250 @@
+"""One command for N trainer processes on this machine, optionally over a shaped link.
+
+``python -m diloco_core.launch --processes 2 -- <train flags>`` starts N processes of
+``python -m diloco_core.train <train flags>`` joined by ``jax.distributed`` (a free
+coordinator port on 127.0.0.1; each process gets ``JAX_COORDINATOR_ADDRESS``,
+``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID``; on CPU the cross-process collectives go
+through gloo, see :func:`diloco_core.mesh.initialize_distributed`). The processes are those
+a multi-host run starts one per host with ``--coordinator/--num-processes/--process-id``.
+
+* Process 0's output (its progress bar and result lines) is shown as it comes; the others'
+  is kept in memory and its last lines are shown if that process fails.
+* When any process fails, the others are stopped (SIGTERM, then SIGKILL after
+  :data:`GRACE_S` seconds); Ctrl-C or SIGTERM to the launcher stops them all the same way
+  (the trainer finishes its step and says how to resume). The exit code is the worst one:
+  that of the first process that failed, 130 for a stop request, else 0.
+* ``--link-mbit R`` runs every process in a new network namespace whose loopback is shaped
+  to R Mbit/s (``tc qdisc ... tbf``: both directions share the rate; Linux, root, iproute2).
+  The namespace is removed afterwards, also on failure or Ctrl-C.
+
+Examples:
+  >>> parse_args(["--processes", "2", "--", "--model", "tiny"]).train_args
+  ['--model', 'tiny']
+  >>> parse_args(["--processes", "0"])
+  Traceback (most recent call last):
+  ...
+  ValueError: --processes must be an integer >= 1, got 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from diloco_core import interrupts
+from diloco_core.cli import PROCESS_FLAGS
+
+#: Seconds the processes get to stop after SIGTERM before they are killed.
+GRACE_S = 30.0
+#: Lines of a failed process's output shown with its error.
+TAIL_LINES = 20
+#: The token bucket of a shaped link: burst and queue limit (``tc ... tbf``).
+TBF_BURST, TBF_LATENCY = "64kbit", "4000ms"
+
+
+def build_parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(
+      prog="python -m diloco_core.launch",
+      description="Run N trainer processes on this machine, joined by jax.distributed.",
+      epilog="Everything after -- is passed to every process (python -m diloco_core.train --help).")
+  p.add_argument("--processes", type=int, default=2, help="processes to start (2)")
+  p.add_argument("--devices-per-process", type=int, default=None,
+                 help="CPU devices each process sees (XLA's host device count; default: JAX's)")
+  p.add_argument("--link-mbit", type=float, default=None,
+                 help="shape the processes' link to this rate, Mbit/s (Linux, root, iproute2)")
+  p.add_argument("--module", default="diloco_core.train",
+                 help="the module each process runs (diloco_core.train)")
+  p.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then the trainer's flags")
+  return p
+
+
+def parse_args(argv):
+  """The launcher's options, checked (one-line ``ValueError``); ``train_args`` without ``--``."""
+  a = build_parser().parse_args(argv)
+  if a.train_args and a.train_args[0] == "--":
+    a.train_args = a.train_args[1:]
+  if isinstance(a.processes, bool) or a.processes < 1:
+    raise ValueError(f"--processes must be an integer >= 1, got {a.processes}.")
+  if a.devices_per_process is not None and a.devices_per_process < 1:
+    raise ValueError(f"--devices-per-process must be an integer >= 1, got {a.devices_per_process}.")
+  if a.link_mbit is not None and not a.link_mbit > 0:
+    raise ValueError(f"--link-mbit must be a rate > 0 (Mbit/s), got {a.link_mbit:g}.")
+  clash = [f for f in PROCESS_FLAGS.values() if any(x == f or x.startswith(f + "=") for x in a.train_args)]
+  if clash:
+    raise ValueError(f"{', '.join(clash)} is set by the launcher for each process; drop it from the"
+                     " trainer's flags.")
+  return a
+
+
+def free_port() -> int:
+  """A TCP port on 127.0.0.1 that nothing listens on now."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+class ShapedLink:
+  """A network namespace whose loopback carries at most ``mbit`` Mbit/s (a context manager).
+
+  ``prefix`` is the command prefix that runs a program inside it. Needs Linux, root and
+  iproute2 (``ip``, ``tc``); otherwise :meth:`__enter__` raises a one-line ValueError.
+  """
+
+  def __init__(self, mbit: float):
+    self.mbit = mbit
+    self.name = f"diloco-link-{os.getpid()}"
+    self.prefix: list[str] = []
+
+  def __enter__(self) -> "ShapedLink":
+    missing = [t for t in ("ip", "tc") if shutil.which(t) is None]
+    if not sys.platform.startswith("linux") or missing or os.geteuid() != 0:
+      why = ("not Linux" if not sys.platform.startswith("linux") else
+             f"{' and '.join(missing)} not found" if missing else "not root")
+      raise ValueError(f"--link-mbit needs Linux, root and iproute2 (ip, tc) to shape a network"
+                       f" namespace's loopback ({why}); run without --link-mbit, or as root.")
+    rate = f"{self.mbit:g}mbit"
+    steps = [["ip", "netns", "add", self.name],
+             ["ip", "-n", self.name, "link", "set", "lo", "mtu", "1500"],
+             ["ip", "-n", self.name, "link", "set", "lo", "up"],
+             ["ip", "netns", "exec", self.name, "tc", "qdisc", "add", "dev", "lo", "root", "tbf",
+              "rate", rate, "burst", TBF_BURST, "latency", TBF_LATENCY]]
+    for cmd in steps:
+      r = subprocess.run(cmd, capture_output=True, text=True)
+      if r.returncode != 0:
+        self.__exit__(None, None, None)
+        raise ValueError(f"--link-mbit: `{' '.join(cmd)}` failed ({r.stderr.strip() or r.returncode});"
+                         " the link cannot be shaped here.")
+    self.prefix = ["ip", "netns", "exec", self.name]
+    return self
+
+  def __exit__(self, *exc) -> None:
+    subprocess.run(["ip", "netns", "delete", self.name], capture_output=True)
+
+
+class _Child:
+  """One process: its Popen and the last lines of its output (process 0's is also shown as
+  it comes, carriage returns included, so its progress bar redraws in place)."""
+
+  def __init__(self, index: int, cmd: list[str], env: dict, show: bool):
+    self.index = index
+    self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    self._reader = threading.Thread(target=self._read, args=(show,), daemon=True)
+    self._reader.start()
+
+  def _read(self, show: bool) -> None:
+    pending = ""
+    for chunk in iter(lambda: self.proc.stdout.read1(65536), b""):
+      if show:
+        sys.stdout.buffer.write(chunk)
+        sys.stdout.flush()
+      pending += chunk.decode(errors="replace")
+      *lines, pending = pending.replace("\r", "\n").split("\n")
+      self.tail.extend(line for line in lines if line.strip())
+    if pending.strip():
+      self.tail.append(pending)
+
+  def stop(self, sig: int) -> None:
+    if self.proc.poll() is None:
+      try:
+        os.killpg(self.proc.pid, sig)
+      except ProcessLookupError:
+        pass
+
+  def join(self) -> None:
+    self._reader.join(timeout=5)
+
+
+def _exit_code(rc: int) -> int:
+  """A child's return code as a shell exit code (a signal N is 128 + N)."""
+  return 128 - rc if rc < 0 else rc
+
+
+def launch(argv) -> int:
+  """Runs the launcher; returns its exit code (see the module docstring)."""
+  a = parse_args(argv)
+  port = free_port()
+  base_env = dict(os.environ, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+                  JAX_NUM_PROCESSES=str(a.processes))
+  if a.devices_per_process is not None:
+    flags = os.environ.get("XLA_FLAGS", "")
+    base_env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={a.devices_per_process}".strip()
+  link = ShapedLink(a.link_mbit) if a.link_mbit is not None else None
+  children: list[_Child] = []
+  try:
+    if link is not None:
+      link.__enter__()
+    prefix = link.prefix if link is not None else []
+    with interrupts.deferred():  # SIGINT / SIGTERM recorded, acted on in _supervise
+      if interrupts.requested():  # during the imports: start nothing
+        print("launch: stopped on request before any process started.", file=sys.stderr)
+        return 130
+      for i in range(a.processes):
+        children.append(_Child(i, [*prefix, sys.executable, "-m", a.module, *a.train_args],
+                               dict(base_env, JAX_PROCESS_ID=str(i)), show=i == 0))
+      return _supervise(children)
+  except KeyboardInterrupt:  # a second stop request: no more waiting
+    for c in children:
+      c.stop(signal.SIGKILL)
+    print("launch: stopped at once on a second request; every process was killed.", file=sys.stderr)
+    return 130
+  finally:
+    if link is not None:
+      link.__exit__(None, None, None)
+
+
+def _supervise(children: list[_Child]) -> int:
+  """Waits for every child; stops them all on a failure or a stop request; the worst code."""
+  first_failure: _Child | None = None
+  stopping_since = None
+  while True:
+    codes = [c.proc.poll() for c in children]
+    if all(rc is not None for rc in codes):
+      break
+    if first_failure is None:
+      first_failure = next((c for c, rc in zip(children, codes) if rc not in (None, 0)), None)
+    if stopping_since is None and (first_failure is not None or interrupts.requested()):
+      stopping_since = time.monotonic()
+      for c in children:
+        c.stop(signal.SIGTERM)
+    if stopping_since is not None and time.monotonic() - stopping_since > GRACE_S:
+      for c in children:
+        c.stop(signal.SIGKILL)
+    time.sleep(0.1)
+  for c in children:
+    c.join()
+  if first_failure is None:
+    first_failure = next((c for c in children if c.proc.returncode != 0), None)
+  if interrupts.requested() and (first_failure is None or first_failure.proc.returncode in (130, -2, -15)):
+    print(f"launch: stopped on request; every process ended ({', '.join(str(_exit_code(c.proc.returncode)) for c in children)}).",
+          file=sys.stderr)
+    return 130
+  if first_failure is not None:
+    c = first_failure
+    if c.index != 0:  # process 0's output was shown already
+      sys.stderr.write("\n".join(f"[process {c.index}] {line}" for line in c.tail) + "\n")
+    print(f"launch: process {c.index} of {len(children)} exited with {_exit_code(c.proc.returncode)};"
+          " the others were stopped.", file=sys.stderr)
+    return _exit_code(c.proc.returncode)
+  return 0
+
+
+def main(argv=None) -> int:
+  try:
+    return launch(sys.argv[1:] if argv is None else argv)
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+  sys.exit(main())
