@@ -35,7 +35,7 @@ class DiLoCoConfig:
 
   The symbols are those of the semantics page (docs/semantics.md); each field's metadata
   (:mod:`diloco_core.fields`) says whether it is a traced input of the step (H and τ as
-  int32, η, μ and α as float32) or compiled in.
+  int32; η, μ, α, Adam's β2 and the error-feedback decay β as float32) or compiled in.
 
   ``algorithm="diloco"`` is Streaming DiLoCo with ``fragments=1``; ``"streaming"`` is the
   same code with any P. ``"dp"`` ignores every outer field but ``replicas``.

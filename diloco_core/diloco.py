@@ -67,7 +67,8 @@ from diloco_core.state import DiLoCoState, MergeOperands, OuterUpdate, SendOpera
 
 LossFn = Callable[[Any, Any], jax.Array]
 #: The config fields that are traced inputs of the step rather than compiled-in constants
-#: (none of them changes a shape), name -> dtype: H and τ (int32), η, μ and α (float32).
+#: (none of them changes a shape), name -> dtype: H and τ (int32); η, μ, α, the outer Adam's
+#: β2 and the error-feedback decay β (float32).
 #: Read from :class:`~diloco_core.DiLoCoConfig`'s field metadata.
 CONFIG_HYPERPARAMS = traced_fields(DiLoCoConfig)
 
@@ -368,7 +369,7 @@ class DiLoCo(AlgorithmBase):
     return frag.put(r, self._kinds, branch, merged, k, axis=1)
 
   def _step_impl(self, state: DiLoCoState, batch, hp, participation=None):
-    cfg = self.config  # only its structural fields: H, τ, η, μ, α come in ``hp`` (traced)
+    cfg = self.config  # only its structural fields: H, τ, η, μ, α, β2, β come in ``hp`` (traced)
     update = functools.partial(inner_update, self.loss_fn, resolve_optimizer(self.inner_optimizer, hp))
     params, opt_state, loss, metrics = drjax.map_fn(update, (state.params, state.opt_state, batch))
     t = state.step + 1
