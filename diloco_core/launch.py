@@ -95,7 +95,7 @@ class ShapedLink:
   """A network namespace whose loopback carries at most ``mbit`` Mbit/s (a context manager).
 
   ``prefix`` is the command prefix that runs a program inside it. Needs Linux, root and
-  iproute2 (``ip``, ``tc``); otherwise :meth:`__enter__` raises a one-line ValueError.
+  iproute2 (``ip``, ``tc``); otherwise entering it raises a one-line ValueError.
   """
 
   def __init__(self, mbit: float):
