@@ -290,7 +290,8 @@ def load(name: str, *, scale: str = "cpu", check_configs: bool = True,
     raise _refuse(name, f"stored at scale {doc.get('scale')!r}, asked for {scale!r}")
   if check_configs:
     want = [plain_config(c) for c in experiments.named_sweep(name, scale)]
-    have = [with_defaults(r["config"], default_config()) for r in doc["runs"]]
+    defaults = default_config()
+    have = [with_defaults(r["config"], defaults) for r in doc["runs"]]
     if want != have:
       differ = sum(a != b for a, b in zip(want, have)) + abs(len(want) - len(have))
       raise _refuse(name, f"stale: {differ} of its {len(want)} configs differ from"

@@ -141,7 +141,7 @@ def quantize(x: jax.Array, name: str, *, block_size: int | None = None, topk: in
   validate_format(name)
   validate_block_size(block_size)
   if topk is not None:
-    _check_topk_block(block_size)
+    check_topk_block(block_size)
     sparse.check_topk(topk, topk_chunk)
     return _quantize_topk(jnp.asarray(x, jnp.float32), name, int(topk), int(topk_chunk))
   block_size = None if block_size is None else int(block_size)
@@ -154,7 +154,8 @@ def _quantize_topk(x: jax.Array, name: str, k: int, chunk: int) -> jax.Array:
   return sparse.sparsify(x, k=k, chunk=chunk, values=lambda v: _quantize(v, name, v.shape[1]))
 
 
-def _check_topk_block(block_size) -> None:
+def check_topk_block(block_size) -> None:
+  """Refuses a ``compression_block`` with ``topk`` (one line): top-k scales once per chunk."""
   if block_size is not None:
     raise ValueError(f"`compression_block` {block_size!r} cannot be combined with `topk`: top-k"
                      " values take one scale per chunk (set `topk_chunk`); drop `compression_block`.")
@@ -238,7 +239,7 @@ def wire_bits(num_elements: int, name: str, *, block_size: int | None = None,
       or num_elements < 0):
     raise ValueError(f"num_elements must be a non-negative integer, got {num_elements!r}.")
   if topk is not None:
-    _check_topk_block(block_size)
+    check_topk_block(block_size)
     return sparse.wire_bits(int(num_elements), k=topk, chunk=topk_chunk, name=name)
   n = int(num_elements)
   bits = n * _BITS[name]

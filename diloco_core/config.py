@@ -11,7 +11,7 @@ import dataclasses
 
 from diloco_core import fields
 from diloco_core import validity as v
-from diloco_core.compression import FORMATS
+from diloco_core.compression import FORMATS, check_topk_block
 from diloco_core.sparse import DEFAULT_CHUNK, check_topk
 
 ALGORITHMS = ("dp", "diloco", "streaming")
@@ -137,10 +137,7 @@ class DiLoCoConfig:
                        f" got {self.compression_block!r}.")
     if self.topk is not None:
       check_topk(self.topk, self.topk_chunk)
-      if self.compression_block is not None:
-        raise ValueError(f"`compression_block` {self.compression_block!r} cannot be combined with `topk`:"
-                         " top-k values take one scale per chunk (set `topk_chunk`); drop"
-                         " `compression_block`.")
+      check_topk_block(self.compression_block)
     v.check_real("error_feedback_decay (β)", self.error_feedback_decay, low=0.0, high=1.0,
                  low_open=True, high_open=False)
     self._check_no_dead_options()

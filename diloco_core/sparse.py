@@ -81,12 +81,6 @@ def index_bits(chunk_length: int) -> int:
   return max(0, math.ceil(math.log2(chunk_length))) if chunk_length > 1 else 0
 
 
-def chunk_lengths(n: int, chunk: int) -> list[int]:
-  """The lengths of the chunks of an n-element tensor (all ``chunk`` but the last)."""
-  full, rest = divmod(n, chunk)
-  return [chunk] * full + ([rest] if rest else [])
-
-
 def wire_bits(num_elements: int, *, k: int, chunk: int, name: str) -> int:
   """Exact bits of one tensor of ``num_elements`` sent top-k (the module docstring's sum).
 
@@ -102,14 +96,12 @@ def wire_bits(num_elements: int, *, k: int, chunk: int, name: str) -> int:
   validate_format(name)
   check_topk(k, chunk)
   n = int(num_elements)
-  bits = 0
-  lengths = chunk_lengths(n, chunk)
-  full, rest = divmod(n, chunk)
-  for length, count in ((chunk, full), (rest, 1 if rest else 0)):
-    kept = min(k, length)
-    bits += count * kept * (_BITS[name] + index_bits(length))
+  full, rest = divmod(n, chunk)  # full chunks, and a shorter last one when rest > 0
+  bits = full * min(k, chunk) * (_BITS[name] + index_bits(chunk))
+  if rest:
+    bits += min(k, rest) * (_BITS[name] + index_bits(rest))
   if name in _MINIFLOATS:
-    bits += SCALE_BITS * len(lengths)
+    bits += SCALE_BITS * (full + (1 if rest else 0))
   return bits
 
 
