@@ -163,6 +163,13 @@ class DiLoCo(AlgorithmBase):
   config_hyperparams = CONFIG_HYPERPARAMS
 
   # ---- set-up ------------------------------------------------------------------------------
+  def prepare(self, params) -> None:
+    """Builds the fragment map and leaf kinds for params of this structure (``init`` does it
+    too); what a runtime that runs the step's phases as separate programs
+    (:mod:`diloco_core.background`) needs before its first program."""
+    if self.fragments is None:
+      self._build(params)
+
   def _build(self, params) -> None:
     cfg = self.config
     leaves, self._treedef = jax.tree.flatten(params)
@@ -323,13 +330,7 @@ class DiLoCo(AlgorithmBase):
     cfg, frag = self.config, self.fragments
     g, outer, fl = ops.global_params, ops.outer_state, ops.in_flight
     g_sub = frag.take(g, self._kinds, branch, k, axis=0)
-    outer_opt = resolve_optimizer(self.outer_optimizer, hp)
-    sub_def = jax.tree.structure(jax.eval_shape(outer_opt.init, g_sub))
-
-    def outer_step(grad, o_sub, g_sub):  # one outer optimizer step on the fragment's slices
-      updates, new_outer = outer_opt.update(grad, jax.tree.unflatten(sub_def, o_sub), g_sub)
-      return optax.apply_updates(g_sub, updates), jax.tree.leaves(new_outer)
-
+    outer_step = self._fragment_outer_step(hp, g_sub)
     if cfg.outer_overlap == "eager":
       fl, new_g = eager.send(frag, (self._kinds, self._outer_kinds), branch, k, outer_step,
                              sent, delta, fl)
@@ -342,6 +343,18 @@ class DiLoCo(AlgorithmBase):
     g = frag.put(g, self._kinds, branch, new_g, k, axis=0)
     outer = frag.put(outer, self._outer_kinds, branch, new_outer, k, axis=0)
     return OuterUpdate(g, outer, ef, fl)
+
+  def _fragment_outer_step(self, hp, g_sub: list):
+    """``outer_step(grad, outer-state leaves, params leaves) -> (params, outer-state leaves)``:
+    one outer optimizer step on a fragment's slices shaped like ``g_sub``."""
+    outer_opt = resolve_optimizer(self.outer_optimizer, hp)
+    sub_def = jax.tree.structure(jax.eval_shape(outer_opt.init, g_sub))
+
+    def outer_step(grad, o_sub, g_sub):
+      updates, new_outer = outer_opt.update(grad, jax.tree.unflatten(sub_def, o_sub), g_sub)
+      return optax.apply_updates(g_sub, updates), jax.tree.leaves(new_outer)
+
+    return outer_step
 
   def _merge(self, branch, k, alpha, ops: MergeOperands, per_replica: bool = False) -> list:
     """Blends one fragment of every replica towards the global copy; returns new replica leaves.

@@ -113,6 +113,43 @@ def send(frag, kinds: tuple, branch, k, outer_step, sent: list, mean: list, fl: 
                        frag.put(fl.outer_state, okinds, branch, new_state, k, axis=1)), new_g
 
 
+def send_local(frag, kinds: tuple, branch, k, outer_step, sent: list, fl: EagerInFlight,
+               replicas: int) -> EagerInFlight:
+  """The eager send of one fragment when the average is still on the wire
+  (``communication="background"``, :mod:`diloco_core.background`): what :func:`send` does to
+  each local replica, with the others' part :math:`o_m` of the *previous* average (already
+  settled), and ``sent`` kept in the others' slot until this sync's average arrives
+  (:func:`settle_local`). θ_g is not computed here (it is the mean over every replica)."""
+  kinds, okinds = kinds
+  others = frag.take(fl.others, kinds, branch, k, axis=1)
+  mine = frag.take(fl.outer_params, kinds, branch, k, axis=1)
+  mine_state = frag.take(fl.outer_state, okinds, branch, k, axis=1)
+
+  def per_replica(s_m, o_m, g_m, st_m):
+    grad, _ = eager_gradient(s_m, s_m, o_m, replicas)  # the new others' part waits for the average
+    return outer_step(grad, st_m, g_m)
+
+  new_mine, new_state = drjax.map_fn(per_replica, (sent, others, mine, mine_state))
+  return EagerInFlight(frag.put(fl.others, kinds, branch, sent, k, axis=1),
+                       frag.put(fl.outer_params, kinds, branch, new_mine, k, axis=1),
+                       frag.put(fl.outer_state, okinds, branch, new_state, k, axis=1))
+
+
+def settle_local(frag, kinds: tuple, branch, k, mean: list, fl: EagerInFlight,
+                 replicas: int) -> EagerInFlight:
+  r"""The average of a background eager sync has arrived: each replica's others' slot, which
+  held what it sent (:func:`send_local`), becomes :math:`\Delta - \Delta_m / M`, exactly what
+  :func:`send` keeps."""
+  kinds, _ = kinds
+  stored = frag.take(fl.others, kinds, branch, k, axis=1)
+
+  def per_replica(s_m, mean):
+    return eager_gradient(s_m, mean, s_m, replicas)[1]
+
+  new_others = drjax.map_fn(per_replica, (stored, drjax.broadcast(mean)))
+  return fl._replace(others=frag.put(fl.others, kinds, branch, new_others, k, axis=1))
+
+
 def leaves(in_flight):
   """The state's ``in_flight`` as leaf lists (an :class:`EagerInFlight` of lists for eager)."""
   if in_flight is None:

@@ -134,7 +134,7 @@ class _Child:
   it comes, carriage returns included, so its progress bar redraws in place)."""
 
   def __init__(self, index: int, cmd: list[str], env: dict, show: bool):
-    self.index = index
+    self.index, self.cmd = index, cmd
     self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  start_new_session=True)
@@ -232,10 +232,27 @@ def _supervise(children: list[_Child]) -> int:
     c = first_failure
     if c.index != 0:  # process 0's output was shown already
       sys.stderr.write("\n".join(f"[process {c.index}] {line}" for line in c.tail) + "\n")
-    print(f"launch: process {c.index} of {len(children)} exited with {_exit_code(c.proc.returncode)};"
-          " the others were stopped.", file=sys.stderr)
-    return _exit_code(c.proc.returncode)
+    rc = c.proc.returncode
+    how = (f"was lost (killed by {signal.Signals(-rc).name})" if rc < 0 and -rc in signal.valid_signals()
+           else f"exited with {_exit_code(rc)}")
+    print(f"launch: process {c.index} of {len(children)} {how}; the others were stopped"
+          f" ({_checkpoint_advice(children[0].cmd)}).", file=sys.stderr)
+    return _exit_code(rc)
   return 0
+
+
+def _checkpoint_advice(cmd: list[str]) -> str:
+  """Where a stopped run can go on from: its newest finalized checkpoint (the ``--out`` of the
+  train flags), which an interrupted save never is."""
+  from diloco_core.checkpoint import CHECKPOINTS, finalized_steps
+  out = next((cmd[i + 1] for i, x in enumerate(cmd[:-1]) if x == "--out"), None)
+  if out is None:
+    return "nothing was saved: no --out"
+  steps = finalized_steps(out) if os.path.isdir(out) else []
+  if not steps:
+    return "no checkpoint was written"
+  return (f"the last intact checkpoint is {os.path.join(out, CHECKPOINTS, str(max(steps)))}: run the"
+          " same command with --resume")
 
 
 def main(argv=None) -> int:

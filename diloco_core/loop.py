@@ -22,6 +22,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from diloco_core import checkpoint as ckpt
+from diloco_core import communication
 from diloco_core import files
 from diloco_core import interrupts
 from diloco_core import params_io
@@ -29,7 +30,7 @@ from diloco_core.data import make_dataset
 from diloco_core.divergence import Watch, check_finite  # noqa: F401 (check_finite: re-exported)
 from diloco_core.drops import participation
 from diloco_core.fields import must_match_fields
-from diloco_core.mesh import fetch, local_replicas, make_mesh, parse_mesh
+from diloco_core.mesh import fetch
 from diloco_core.backend import resolve_model_config
 from diloco_core.model import init_model, train_loss
 from diloco_core.model_config import param_count
@@ -80,11 +81,14 @@ class MetricsLog:
     path: ``metrics.jsonl`` to write, or None.
     resumed: the ``metrics`` item of the checkpoint a run resumes from, or None; the file is
       then rewritten (atomically) to that checkpoint's rows first.
+    gather: queued per-replica values (one per step) -> host ``[steps, M]``; default: stack and
+      fetch (the in-step runtime's; background gathers over the processes).
   """
 
   def __init__(self, tokens_per_step: int, drops: bool, path: str | None = None,
-               resumed: dict | None = None):
+               resumed: dict | None = None, gather=None):
     self.tokens_per_step, self.drops = tokens_per_step, drops
+    self._gather = gather or (lambda values: fetch(jnp.stack(values)))
     self.rows: list[dict] = [] if resumed is None else resumed["rows"]
     self.total_bytes = 0.0 if resumed is None else resumed["total_bytes_sent"]
     self.peak_bytes = 0.0 if resumed is None else resumed["peak_bytes_per_step"]
@@ -119,14 +123,14 @@ class MetricsLog:
 
   def fetch_losses(self) -> np.ndarray:
     """The training losses [steps since the last row, M] (one host sync)."""
-    losses, self._pending = fetch(jnp.stack(self._pending)), []
+    losses, self._pending = self._gather(self._pending), []
     return losses
 
   def fetch_aux(self) -> float | None:
     """The mean auxiliary loss term of the steps since the last row (None for a dense model)."""
     if not self._pending_aux:
       return None
-    aux, self._pending_aux = fetch(jnp.stack(self._pending_aux)), []
+    aux, self._pending_aux = self._gather(self._pending_aux), []
     return float(np.mean(aux))
 
   def row(self, t: int, losses: np.ndarray, eval_loss: float | None, wall: float,
@@ -247,31 +251,32 @@ def train(cfg: TrainConfig) -> TrainResult:
   # The data defines the vocabulary: synthetic -> DataConfig.vocab_size, text -> 256 bytes,
   # .npy -> cfg.vocab_size (ids must be below it) or the largest id + 1.
   data = make_dataset(cfg.data, replicas=M, batch_size=b, seq_len=T, model_vocab_size=cfg.vocab_size,
-                      local_replicas=local_replicas(make_mesh(parse_mesh(cfg.mesh)), M))  # its shards only
+                      local_replicas=communication.data_replicas(cfg))  # its shards only
   model_cfg = resolve_model_config(cfg.model_config(vocab_size=data.vocab_size))  # dtype, kernel
   interrupts.check()
   apply_fn, params = _init_params(cfg, model_cfg)
   loss_fn = lambda p, tokens: train_loss(apply_fn, p, tokens)  # + the MoE aux losses
   algo, eval_fn = PROGRAMS.get(cfg, loss_fn, params, model_cfg)  # reuses an earlier run's program
-  state = algo.init(params)
+  # eval_replicas: the last step merges nothing (alpha = 1 keeps every replica's own params; the
+  # global params do not depend on alpha), so each replica can be evaluated beside them.
+  last_step_algo = algo.with_hyperparams(alpha=1.0) if cfg.eval_replicas else algo
+  comm = communication.make_communication(cfg, algo, params, last_step_algo, resumed=cfg.resume)
+  state = comm.init(params)
   interrupts.check()
   resumed = None
   if cfg.resume:
-    resumed = ckpt.restore_latest(cfg.out, state, effective_config(dataclasses.asdict(cfg)),
+    resumed = ckpt.restore_latest(cfg.out, comm.global_state(state), effective_config(dataclasses.asdict(cfg)),
                                   must_match_fields(type(cfg)), normalize=effective_config)
   if resumed is not None:
     if cfg.steps < resumed.step:
       raise ValueError(f"steps ({cfg.steps}) is below the checkpoint's step {resumed.step} in"
                        f" {resumed.path}; pass `steps` >= {resumed.step}.")
-    state = resumed.state
-  eval_tokens = algo.place_replicated(data.eval_batch())
+    state = comm.local_state(resumed.state)
+  eval_tokens = comm.place_replicated(data.eval_batch())
   evaluate = lambda s: float(eval_fn(algo.eval_params(s), eval_tokens))
-
-  # eval_replicas: the last step merges nothing (alpha = 1 keeps every replica's own params; the
-  # global params do not depend on alpha), so each replica can be evaluated beside them.
-  last_step_algo = algo.with_hyperparams(alpha=1.0) if cfg.eval_replicas else algo
   drops = bool(cfg.drop_schedule or cfg.drop_prob)
-  log = MetricsLog(M * b * T, drops, _prepare_out(cfg), None if resumed is None else resumed.meta["metrics"])
+  log = MetricsLog(M * b * T, drops, _prepare_out(cfg), None if resumed is None else resumed.meta["metrics"],
+                   gather=comm.gather_rows)
   checkpoints = ckpt.CheckpointWriter(cfg.out, cfg.keep_checkpoints) if cfg.checkpoint_every else None
   last_checkpoint = None if resumed is None else resumed.path
   first = 1 if resumed is None else resumed.step + 1  # checkpoints fall on log rows: nothing pending
@@ -283,16 +288,15 @@ def train(cfg: TrainConfig) -> TrainResult:
              desc=f"{cfg.algo.algorithm} ({model_cfg.compute_dtype})", unit="step")
   if resumed is None:
     log.start(evaluate(state))
-  watch = Watch(algo, state, log.rows[0]["eval_loss"], last_checkpoint)
+  watch = Watch(comm, state, log.rows[0]["eval_loss"], last_checkpoint)
   done = first - 1
   store = getattr(data, "store", None)  # file data: checked for changes at every log row
   try:
     for t in range(first, cfg.steps + 1):
       interrupts.check()  # a stop request (SIGINT / SIGTERM under the CLI) ends the run here
-      batch = algo.place_batch(data.train_batch(t - 1))
+      batch = comm.place_batch(data.train_batch(t - 1))
       present = participation(cfg, t)
-      stepper = last_step_algo if t == cfg.steps and cfg.eval_replicas else algo
-      state, m = stepper.step(state, batch, None if present is None else algo.place_replicated(present))
+      state, m = comm.step(state, batch, t, present, last=t == cfg.steps and cfg.eval_replicas)
       if compile_time is None:
         jax.block_until_ready(m["loss"])
         compile_time = time.perf_counter() - start
@@ -303,23 +307,29 @@ def train(cfg: TrainConfig) -> TrainResult:
       if t % cfg.log_every == 0 or do_eval:
         if store is not None:
           store.check_unchanged()
+        save = checkpoints is not None and (t % cfg.checkpoint_every == 0 or t == cfg.steps)
+        if do_eval or save:  # evaluated and saved states hold no fragment in flight (= the SPMD state)
+          state = comm.settle(state, t)
         step_losses = log.fetch_losses()
         watch.check_row(t, step_losses, state)
         losses = step_losses.mean(axis=0)
-        save = checkpoints is not None and (t % cfg.checkpoint_every == 0 or t == cfg.steps)
         eval_loss = evaluate(state) if do_eval or save else None  # never checkpoint a diverged state
         if eval_loss is not None:
           watch.check_eval(t, eval_loss)
         wall = time.perf_counter() - start
         log.row(t, losses, eval_loss if do_eval else None, wall, log.fetch_aux())
         if save:
-          watch.saved(checkpoints.save(t, state, _checkpoint_meta(cfg, t, log, data_identity)))
+          watch.saved(checkpoints.save(t, comm.global_state(state), _checkpoint_meta(cfg, t, log, data_identity)))
         bar.update(t - bar.n)
         tok_s = (t - 1) * log.tokens_per_step / max(wall - compile_time, 1e-9) if t > 1 else 0.0
         bar.set_postfix(loss=f"{losses.mean():.3f}", tok_s=f"{tok_s:,.0f}")
       done = t
   except KeyboardInterrupt:  # Ctrl-C, or SIGTERM under the command line: one line, what to do next
     raise Interrupted(done, cfg.out, watch.last_checkpoint) from None
+  except ConnectionError as e:  # background: another process was lost; nothing here is damaged
+    where = (f"the last intact checkpoint is {watch.last_checkpoint}: run again with `resume`"
+             if watch.last_checkpoint else "no checkpoint was written: start over with `overwrite`")
+    raise ConnectionError(f"{e}; the run stopped after step {done}: {where}.") from None
   except files.DataChangedError as e:  # the run stops; its checkpoints are those of the old data
     where = (f"continue with `resume` (from {watch.last_checkpoint})" if watch.last_checkpoint
              else "start over with `overwrite`")
@@ -330,18 +340,20 @@ def train(cfg: TrainConfig) -> TrainResult:
     log.close()
     if checkpoints is not None:
       checkpoints.close()
+    comm.close()
 
   # ---- summary ----
   final_params = None
   if cfg.out is not None:  # a plain checkpoint of the global params: diloco_core.load_params(path)
-    final_params = params_io.export_params(algo.eval_params(state), os.path.join(cfg.out, ckpt.FINAL_PARAMS))
+    final_params = params_io.export_params(algo.eval_params(comm.global_state(state)),
+                                           os.path.join(cfg.out, ckpt.FINAL_PARAMS))
   wall = time.perf_counter() - start
   compile_time = 0.0 if compile_time is None else compile_time  # resumed at the last step: no step ran
   metrics = pd.DataFrame(log.rows)
   final_eval = float(metrics["eval_loss"].dropna().iloc[-1])
   replica_losses = None
   if cfg.eval_replicas:
-    host = jax.device_get(state.params)
+    host = comm.host_replicas(state)
     replica_losses = [float(eval_fn(algo.place_replicated(jax.tree.map(lambda x: x[m], host)), eval_tokens))
                       for m in range(M)]
   floor = data.loss_floor
@@ -375,4 +387,5 @@ def train(cfg: TrainConfig) -> TrainResult:
   if cfg.out is not None and writer:
     with open(os.path.join(cfg.out, "summary.json"), "w") as f:
       json.dump(summary, f, indent=2)
-  return TrainResult(metrics=metrics, summary=summary, params=algo.eval_params(state), state=state)
+  return TrainResult(metrics=metrics, summary=summary, params=algo.eval_params(state),
+                     state=comm.global_state(state))

@@ -20,6 +20,7 @@ import tempfile
 from typing import Any
 
 from diloco_core import validity as v
+from diloco_core.background import check_background
 from diloco_core.checkpoint import check_no_foreign_steps, finalized_steps, no_checkpoint_message
 from diloco_core.params_io import check_params_dir
 from diloco_core.config import DiLoCoConfig
@@ -59,6 +60,7 @@ def parse_drop_schedule(text: str | None) -> tuple:
 
 _M, _D, _R, _C = "model", "data", "run", "checkpoints"
 INNER_OPTIMIZERS = v.INNER_OPTIMIZERS
+COMMUNICATIONS = v.COMMUNICATIONS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +152,12 @@ class TrainConfig:
   mesh: str | None = field(
       None, flag="mesh", group="devices", program=True,
       help="device mesh 'diloco=D,data=B' (D*B = devices, D | M, B | batch); default: one device")
+  communication: str = field(
+      "in-step", flag="communication", group="devices", result=False,
+      help="in-step: every replica in one SPMD program, a fragment's all-reduce inside the step"
+           " that sends it; background: the replicas split over the processes, each fragment's"
+           " all-reduce on a communication thread while training goes on (merged at t + τ; delayed /"
+           " eager: at the next send). Same numbers")
   checkpoint_every: int = field(
       0, flag="checkpoint-every", group=_C,
       help="save <out>/checkpoints/<step> every N steps (a multiple of the log interval; 0: never)")
@@ -198,6 +206,9 @@ class TrainConfig:
       raise ValueError(f"positions must be 'rope' or 'learned', got {self.positions!r}.")
     if self.compute_dtype is not None:
       v.check_choice("compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
+    v.check_choice("`communication`", self.communication, COMMUNICATIONS)
+    if self.communication == "background":
+      check_background(self)
     v.check_choice("attention", self.attention, ATTENTIONS)
     v.check_choice("remat", self.remat, REMATS)
     for name in ("aux_loss_coef", "z_loss_coef"):

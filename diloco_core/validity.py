@@ -31,6 +31,9 @@ import numpy as np
 
 #: How layers are dealt to fragments 1..P−1 (the trainer's and the simulator's patterns).
 FRAGMENT_PATTERNS = ("strided", "sequential")
+#: How the replicas' fragments cross between replicas: inside the step that sends them (one SPMD
+#: program) or on a communication thread while training goes on (:mod:`diloco_core.background`).
+COMMUNICATIONS = ("in-step", "background")
 #: Whole-outer-step overlap modes (arXiv 2502.12996; semantics page, docs/semantics.md).
 OUTER_OVERLAPS = ("none", "delayed", "eager")
 #: Which fragment a send picks: the semantics page's order (embeddings first) or MaxText's.

@@ -1,0 +1,142 @@
+"""The cross-process link of ``communication="background"``: one FIFO thread for the collectives.
+
+Every process of a background run holds a :class:`Link`. Fragment payloads are handed to it
+(:meth:`Link.gather`) and cross processes on its one thread, through JAX's own collectives
+(:func:`jax.experimental.multihost_utils.process_allgather`: gloo on CPU, NCCL on GPU), while
+the main thread goes on with local inner steps. JAX releases the GIL while a collective runs,
+so the two overlap; a collective dispatched from the main thread would not (the local
+programs after it would wait for it on the CPU backend). Every process hands the link the same
+collectives in the same order (the schedule is the same everywhere), and one thread runs them
+in that order, so no two processes ever wait on different collectives.
+
+Small per-row values (the replicas' losses, finite flags) travel through the coordination
+service's key-value store (:meth:`Link.exchange`), not through the collective thread: a log
+row never waits behind a fragment in flight.
+
+With one process there is nothing to cross: :meth:`Link.gather` returns its input at once
+(still through the thread, so the code path is the same).
+
+Examples:
+  >>> link = Link()
+  >>> link.gather(np.arange(3.0)[None], what="payload").result().tolist()
+  [[0.0, 1.0, 2.0]]
+  >>> link.exchange("row/1", np.array([0.5])).tolist()
+  [[0.5]]
+  >>> link.close()
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import queue
+import threading
+import time
+
+import jax
+import numpy as np
+
+#: Seconds a process waits for another's per-row values before it says which one is lost.
+PEER_TIMEOUT_S = 45
+
+
+class LostProcessError(ConnectionError):
+  """Another process of a background run stopped answering (killed, crashed or cut off)."""
+
+
+def wait(future: concurrent.futures.Future, what: str):
+  """The result of a link future; a stop request (:func:`diloco_core.interrupts.check`) ends the
+  wait, and a failed collective becomes a one-line :class:`LostProcessError`."""
+  from diloco_core import interrupts
+  while True:
+    interrupts.check()
+    try:
+      return future.result(timeout=0.1)
+    except concurrent.futures.TimeoutError:
+      continue
+    except Exception as e:
+      first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+      raise LostProcessError(f"{what} failed: another process was lost or cut off ({first})") from None
+
+
+def _kv_client():
+  from jax._src import distributed  # the coordination service's client (no public accessor)
+  return distributed.global_state.client
+
+
+class Link:
+  """The collectives of one background-mode process, run in order on one thread.
+
+  Args:
+    on_transfer: called on the link thread as ``on_transfer(what, launched, finished)``
+      (``time.time()`` seconds) after each collective; the run's trace records them.
+  """
+
+  def __init__(self, on_transfer=None):
+    self.processes, self.rank = jax.process_count(), jax.process_index()
+    self._on_transfer = on_transfer
+    self._jobs: queue.Queue = queue.Queue()
+    self._closed = False
+    self._thread = threading.Thread(target=self._run, name="diloco-link", daemon=True)
+    self._thread.start()
+
+  def _run(self) -> None:
+    while True:
+      job = self._jobs.get()
+      if job is None:
+        return
+      future, what, x = job
+      launched = time.time()
+      try:
+        out = x if self.processes == 1 else _allgather(x)
+      except BaseException as e:  # a lost peer, a gloo error: the waiting step re-raises it
+        future.set_exception(e)
+        continue
+      if self._on_transfer is not None:
+        self._on_transfer(what, launched, time.time())
+      future.set_result(out)
+
+  def gather(self, x: np.ndarray, what: str) -> concurrent.futures.Future:
+    """Starts gathering ``x`` ``[n, ...]`` of every process along axis 0, in process order.
+
+    Args:
+      x: this process's rows (float32; the same shape on every process).
+      what: a label for the trace (e.g. ``"fragment 1 @ step 6"``).
+
+    Returns:
+      A future of the ``[processes * n, ...]`` array; it raises what the collective raised.
+    """
+    if self._closed:
+      raise RuntimeError("the link is closed.")
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    self._jobs.put((future, what, np.ascontiguousarray(x)))
+    return future
+
+  def exchange(self, key: str, x: np.ndarray, timeout_s: float = PEER_TIMEOUT_S) -> np.ndarray:
+    """Every process's ``x`` (small: a log row's values) as ``[processes, ...]``, through the
+    coordination service's key-value store; raises :class:`LostProcessError` naming the
+    process that did not answer within ``timeout_s``."""
+    x = np.ascontiguousarray(x)
+    if self.processes == 1:
+      return x[None]
+    client = _kv_client()
+    client.key_value_set_bytes(f"diloco/{key}/{self.rank}", x.tobytes())
+    rows = []
+    for r in range(self.processes):
+      try:
+        raw = client.blocking_key_value_get_bytes(f"diloco/{key}/{r}", int(timeout_s * 1000))
+      except Exception:  # the service reports a timeout or a dead peer as a runtime error
+        raise LostProcessError(f"process {r} did not answer for {timeout_s:.0f} s (at {key});"
+                               " it was killed or lost its connection.") from None
+      rows.append(np.frombuffer(raw, dtype=x.dtype).reshape(x.shape))
+    return np.stack(rows)
+
+  def close(self) -> None:
+    """Lets the thread finish the collectives already handed to it, then stops it."""
+    if not self._closed:
+      self._closed = True
+      self._jobs.put(None)
+
+
+def _allgather(x: np.ndarray) -> np.ndarray:
+  from jax.experimental import multihost_utils
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
