@@ -289,6 +289,13 @@ class Background:
         return jitted(*args)
     return call
 
+  def compiled_text(self, name: str, branch: str, *args) -> str:
+    """The compiled HLO of the local program ``name`` (``"inner"``, ``"send"``, ``"settle"``,
+    ``"merge"``) for ``branch`` (``""`` for inner; ``"all"`` when P = 1), built by an earlier
+    step, for these arguments (nothing runs): what the tests search for collectives."""
+    with jax.set_mesh(self.local_mesh):
+      return self._programs[(name, branch)].lower(*args).compile().as_text()
+
   def _ops(self, state: DiLoCoState) -> SendOperands:
     return SendOperands(global_params=jax.tree.leaves(state.global_params),
                         outer_state=jax.tree.leaves(state.outer_state),

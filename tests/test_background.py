@@ -117,3 +117,32 @@ def test_bad_background_options_one_line(change, message):
   with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")) as e:
     TrainConfig(**cfg).validate()
   assert "\n" not in str(e.value)
+
+
+COLLECTIVES = ("all-reduce", "all-gather", "collective-permute", "all-to-all", "reduce-scatter")
+
+
+def test_the_local_programs_hold_no_collective():
+  """Two replicas on two local devices: the inner step and the payload program are compiled
+  without any collective (a cross-process one cannot even be expressed: the local mesh holds
+  this process's devices only)."""
+  from diloco_core.communication import make_communication
+  from diloco_core.model import init_model, train_loss
+  from diloco_core.programs import make_algorithm
+  from diloco_core.backend import resolve_model_config
+  cfg = tiny(communication="background", mesh="diloco=2,data=1", sync_every=1)
+  model_cfg = resolve_model_config(cfg.model_config(vocab_size=16))
+  apply_fn, params = init_model(model_cfg, 0)
+  algo = make_algorithm(cfg, lambda p, x: train_loss(apply_fn, p, x), params)
+  comm = make_communication(cfg, algo, params)
+  bg = comm.runtime
+  assert {d.process_index for d in bg.local_mesh.devices.flat} == {0} and bg.local_mesh.size == 2
+  state = comm.init(params)
+  batch = comm.place_batch(np.zeros((2, 2, 9), np.int32))
+  state, _ = comm.step(state, batch, 1)  # sends (H = 1): builds inner, send, settle, merge
+  hp = bg._hyperparams(False)
+  texts = {"inner": bg.compiled_text("inner", "", state, batch, hp),
+           "send": bg.compiled_text("send", "all", state, None, hp)}
+  for name, text in texts.items():
+    assert not [c for c in COLLECTIVES if c in text], name
+  comm.close()

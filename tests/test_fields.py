@@ -28,11 +28,11 @@ def test_the_lists_read_from_the_metadata_are_the_former_hand_kept_ones():
   assert {p for p in must if p.startswith("data.")} == {f"data.{f.name}" for f in dataclasses.fields(TrainConfig().data)
                                                        if f.name != "workers"}  # read-ahead threads: same batches
   assert fields.non_result_fields(TrainConfig) == ("nondeterministic", "out", "overwrite", "progress",
-                                                  "allow_data_change")
+                                                  "communication", "allow_data_change")
   workers = fields.spec(next(f for p, f in fields.walk(TrainConfig) if p == "data.workers"))
   assert not workers.result and not workers.must_match
   assert set(fields.result_fields(TrainConfig)) | {"nondeterministic", "out", "overwrite", "progress",
-                                                   "allow_data_change"} == {
+                                                   "communication", "allow_data_change"} == {
       f.name for f in dataclasses.fields(TrainConfig)}
   assert fields.program_fields(TrainConfig) == ("batch_size", "seq_len", "steps", "inner_optimizer", "mesh")
 

@@ -80,6 +80,71 @@ def test_two_launched_processes_are_the_two_device_run(tmp_path):
     np.testing.assert_allclose(x["replica_loss"], y["replica_loss"], rtol=1e-6)
 
 
+BACKGROUND = ["--model", "tiny", "--replicas", "2", "--algorithm", "streaming", "--fragments", "3",
+              "--sync-every", "6", "--overlap", "2", "--alpha", "0.5", "--steps", "12", "--batch-size", "2",
+              "--seq-len", "8", "--eval-every", "4", "--log-every", "2", "--warmup-steps", "1", "--no-progress",
+              "--checkpoint-every", "4"]
+
+
+def _metrics(path):
+  rows = [json.loads(line) for line in open(path)]
+  for r in rows:
+    r.pop("wall_time_s")
+  return rows
+
+
+@pytest.fixture(scope="module")
+def background_pair(tmp_path_factory):
+  """Streaming (P = 3, τ = 2, α = 0.5), M = 2: one process in-step, and two processes in the
+  background mode (one replica each)."""
+  d = tmp_path_factory.mktemp("background")
+  one = subprocess.run([sys.executable, "-m", "diloco_core.train", *BACKGROUND, "--out", str(d / "in-step")],
+                       env=ENV, capture_output=True, text=True, timeout=300)
+  assert one.returncode == 0, one.stderr[-2000:]
+  two = run_launcher("--processes", "2", "--devices-per-process", "1", "--", *BACKGROUND,
+                     "--communication", "background", "--out", str(d / "background"), timeout=300)
+  assert two.returncode == 0, two.stderr[-2000:] + two.stdout[-2000:]
+  return d
+
+
+@pytest.mark.slow
+def test_two_background_processes_give_the_in_step_numbers(background_pair):
+  from diloco_core.background import NONE_RTOL
+  a, b = (_metrics(background_pair / m / "metrics.jsonl") for m in ("in-step", "background"))
+  assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(2, 13, 2))
+  assert [r["total_bytes_sent"] for r in a] == [r["total_bytes_sent"] for r in b]
+  for key in ("eval_loss", "replica_loss"):
+    x, y = ([np.nan if r[key] is None else r[key] for r in rows] for rows in (a, b))
+    np.testing.assert_allclose(np.array(x, float), np.array(y, float), rtol=NONE_RTOL)
+  for m in ("in-step", "background"):
+    assert os.path.isdir(background_pair / m / "final_params")
+  traces = sorted(os.listdir(background_pair / "background" / "trace"))
+  assert traces == ["process-0.jsonl", "process-1.jsonl"]
+
+
+@pytest.mark.slow
+def test_a_killed_process_stops_the_other_and_the_job_resumes(background_pair, tmp_path):
+  """Process 1 is SIGKILLed after the checkpoint of step 4: process 0 is stopped within the
+  launcher's grace period, the message names the lost process and the checkpoint, nothing is
+  damaged, and ``--resume`` of the whole job ends where the uninterrupted job did."""
+  out = str(tmp_path / "job")
+  flags = ["--processes", "2", "--devices-per-process", "1"]
+  train_flags = [*BACKGROUND, "--communication", "background", "--out", out]
+  stamp = tmp_path / "killed_at"
+  killed = subprocess.run([sys.executable, "-m", "diloco_core.launch", *flags, "--module", "kill_child", "--",
+                           *train_flags], env=dict(ENV, KILL_STAMP=str(stamp)), capture_output=True,
+                          text=True, timeout=300)
+  stopped_after = time.time() - float(stamp.read_text())
+  assert killed.returncode == 128 + signal.SIGKILL, killed.stderr[-2000:]
+  line = killed.stderr.strip().splitlines()[-1]
+  assert line.startswith("launch: process 1 of 2 was lost (killed by SIGKILL); the others were stopped")
+  assert os.path.join(out, "checkpoints", "4") in line and "--resume" in line
+  assert stopped_after < 60, stopped_after  # every process gone within 60 s of the kill
+  resumed = run_launcher(*flags, "--", *train_flags, "--resume", timeout=300)
+  assert resumed.returncode == 0, resumed.stderr[-2000:]
+  assert _metrics(os.path.join(out, "metrics.jsonl")) == _metrics(background_pair / "background" / "metrics.jsonl")
+
+
 def _can_shape() -> str | None:
   if not sys.platform.startswith("linux") or os.geteuid() != 0:
     return "needs Linux and root"

@@ -1,0 +1,204 @@
+"""Measured overlap: the per-step records of a background run, summarized, beside the simulator.
+
+A run with ``communication="background"`` writes ``<out>/trace/process-<rank>.jsonl``
+(:mod:`diloco_core.background`): ``compute`` rows (a step's local programs, start and end),
+``wait`` rows (the main thread blocked on a fragment that had not arrived), ``transfer``
+rows (a collective on the link thread: launched, finished) and ``settle`` rows.
+:func:`summarize` turns them into the numbers the overlap benchmark (``benchmarks/overlap.py``)
+and the background-communication page show; :func:`simulated` asks :mod:`analysis.simulate`
+for the same setting; :func:`overlap_benchmark` runs the whole comparison.
+
+Examples:
+  >>> rows = [{"kind": "compute", "step": 1, "start": 0.0, "end": 1.0},
+  ...         {"kind": "transfer", "what": "fragment 0 @ step 1", "launched": 1.0, "finished": 2.5},
+  ...         {"kind": "compute", "step": 2, "start": 1.0, "end": 2.0},
+  ...         {"kind": "wait", "step": 3, "fragment": 0, "start": 2.0, "end": 2.5},
+  ...         {"kind": "compute", "step": 3, "start": 2.0, "end": 3.5}]
+  >>> s = summarize(rows, first_step=1)
+  >>> s["compute_s"], s["wait_s"], s["transfer_s"], s["hidden"], s["utilization"]
+  (3.0, 0.5, 1.5, 0.6666666666666666, 0.8571428571428571)
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+
+from analysis.simulate import SimModel, run_simulation
+
+
+def read_trace(out: str) -> dict[int, list[dict]]:
+  """Every process's trace rows of the run in ``out``: rank -> rows in file order."""
+  traces = {}
+  for path in sorted(glob.glob(os.path.join(out, "trace", "process-*.jsonl"))):
+    rank = int(os.path.basename(path).split("-")[1].split(".")[0])
+    traces[rank] = [json.loads(line) for line in open(path)]
+  if not traces:
+    raise ValueError(f"{out} holds no trace (trace/process-*.jsonl): was it a `communication` background run?")
+  return traces
+
+
+def summarize(rows: list[dict], first_step: int = 1) -> dict:
+  """One process's measured step time, compute, waits, transfers and utilization.
+
+  Steps before ``first_step`` (compilation, warm-up) are left out, and so are the transfers
+  launched before the first of the measured steps started.
+
+  .. math::
+     u = \\frac{\\sum_t (\\text{step}_t - \\text{wait}_t)}{\\text{end}_{last} - \\text{start}_{first}},
+     \\qquad \\text{hidden} = 1 - \\frac{\\sum \\text{wait}}{\\sum \\text{transfer}}
+
+  Args:
+    rows: a process's trace rows (:func:`read_trace`).
+    first_step: the first step measured.
+
+  Returns:
+    ``{"steps", "wall_s", "step_s" (wall per step), "compute_s", "compute_step_s" (median
+    pure compute of a step), "wait_s", "transfer_s", "transfers", "hidden", "utilization"}``.
+  """
+  steps = [r for r in rows if r["kind"] == "compute" and r["step"] >= first_step]
+  if not steps:
+    raise ValueError(f"no compute rows from step {first_step} on.")
+  waits = [r for r in rows if r["kind"] == "wait" and r["step"] >= first_step]
+  wait_of = {}
+  for r in waits:
+    wait_of[r["step"]] = wait_of.get(r["step"], 0.0) + r["end"] - r["start"]
+  t0, t1 = steps[0]["start"], steps[-1]["end"]
+  transfers = [r for r in rows if r["kind"] == "transfer" and r["what"].startswith("fragment")
+               and t0 <= r["launched"] <= t1]
+  pure = [r["end"] - r["start"] - wait_of.get(r["step"], 0.0) for r in steps]
+  wait = float(sum(wait_of.values()))
+  moved = float(sum(r["finished"] - r["launched"] for r in transfers))
+  return {"steps": len(steps), "wall_s": t1 - t0, "step_s": (t1 - t0) / len(steps),
+          "compute_s": float(sum(pure)), "compute_step_s": float(np.median(pure)), "wait_s": wait,
+          "transfer_s": moved, "transfers": len(transfers),
+          "hidden": 1.0 - wait / moved if moved > 0 else float("nan"),
+          "utilization": float(sum(pure)) / (t1 - t0)}
+
+
+def timeline(rows: list[dict], first_step: int = 1) -> pd.DataFrame:
+  """A process's measured run as the simulator's timeline
+  (:meth:`analysis.simulate.SimResult.timeline`, for :func:`analysis.plots.plot_timeline`):
+  ``kind`` "compute" (a step's local programs, less its waits), "idle" (waiting for a
+  fragment), "transfer" (a fragment's gather on the link thread); ``step``, ``start``,
+  ``end`` in seconds from the first measured step's start."""
+  steps = [r for r in rows if r["kind"] == "compute" and r["step"] >= first_step]
+  t0 = steps[0]["start"]
+  waits = [r for r in rows if r["kind"] == "wait" and r["step"] >= first_step]
+  out = []
+  for r in steps:
+    w = [x for x in waits if x["step"] == r["step"]]
+    cut = [r["start"], *[t for x in w for t in (x["start"], x["end"])], r["end"]]
+    out += [("compute", r["step"], a - t0, b - t0) for a, b in zip(cut[::2], cut[1::2]) if b > a]
+  out += [("idle", r["step"], r["start"] - t0, r["end"] - t0) for r in waits]
+  out += [("transfer", int(r["what"].split("@ step ")[1]), r["launched"] - t0, r["finished"] - t0)
+          for r in rows if r["kind"] == "transfer" and r["launched"] >= t0 and r["what"].startswith("fragment")]
+  return pd.DataFrame(out, columns=["kind", "step", "start", "end"]).sort_values("start", ignore_index=True)
+
+
+def simulated(step_s: float, payload_bytes: float, rate_mbit: float, *, processes: int = 2,
+              sync_every: int, overlap: int = 0, outer_overlap: str = "none", latency_s: float = 0.0,
+              record: bool = False):
+  """The utilization :mod:`analysis.simulate` predicts for a measured background setting.
+
+  The simulated replica computes ``step_s`` per step and sends one fragment of
+  ``payload_bytes`` per process at the end of each sync step (the background runtime hands
+  the payload over after the step: one bucket, one layer). On one machine's shaped loopback
+  both directions share the rate, and a gather over N processes moves every process's
+  payload to the N − 1 others (N (N − 1) payloads through one shared rate R), while the
+  simulator charges a payload 2 (N − 1) / N of itself: the link is simulated at
+  :math:`W = 2R / N^2` (R / 2 for N = 2). ``latency_s``: a fixed
+  cost per collective (gloo's start-up, the process's handover), added after the transfer.
+
+  Returns:
+    The utilization (float), or the :class:`~analysis.simulate.SimResult` with ``record``.
+  """
+  n = processes
+  values = payload_bytes / 4.0  # float32 on the link
+  effective = rate_mbit * 1e6 / (n * (n - 1)) * (2 * (n - 1) / n)
+  r = run_simulation(SimModel(params=values, layers=1, step_time=step_s), "diloco", effective / 1e9,
+                     replicas=n, sync_every=sync_every, fragment_layers=1, overlap=overlap, bits=32,
+                     latency=latency_s, bucket_layers=1, outer_overlap=outer_overlap)
+  return r if record else r.utilization
+
+
+def can_shape() -> str | None:
+  """None when this machine can shape a link (Linux, root, ``ip`` and ``tc``), else why not."""
+  import shutil
+  if not sys.platform.startswith("linux") or os.geteuid() != 0:
+    return "needs Linux and root"
+  if shutil.which("ip") is None or shutil.which("tc") is None:
+    return "needs iproute2 (ip, tc)"
+  return None
+
+
+def launch_run(out: str, train_args: list[str], mbit: float | None = None, processes: int = 2) -> None:
+  """Runs ``python -m diloco_core.launch`` (one device per process, over a link shaped to
+  ``mbit`` when given) with ``train_args``, writing to ``out``; a failure raises with its output."""
+  shaping = [] if mbit is None else ["--link-mbit", f"{mbit:.3f}"]
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  cmd = [sys.executable, "-m", "diloco_core.launch", "--processes", str(processes), "--devices-per-process", "1",
+         *shaping, "--", *train_args, "--no-progress", "--out", out]
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+  r = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=env)
+  if r.returncode != 0:
+    raise RuntimeError(f"a launched run failed ({' '.join(cmd[3:])}):\n{r.stderr[-3000:]}")
+
+
+def overlap_benchmark(workdir: str, *, k: int = 3, sync_every: int = 12, steps: int = 60,
+                      model: str = "small", batch_size: int = 8) -> tuple[dict, pd.DataFrame]:
+  """In-step vs background (τ = 0, τ = k + 1, eager) over a link on which one payload takes
+  about k steps, measured and simulated (``benchmarks/overlap.py`` prints it).
+
+  A calibration run (no shaping) gives the pure compute time T of a step, the payload
+  (float32) and the per-collective cost; the rate is then :math:`R = 2 \cdot 2 \cdot
+  \text{bytes} \cdot 8 / (k T)` (two payloads share the loopback). The runs stay in
+  ``workdir/<name>`` (their traces feed :func:`timeline`).
+
+  Returns:
+    ``(setting, table)``: the setting (T, payload, latency, rate, H, steps, first measured
+    step, shaped or not) and one row per run: ``run``, ``s_per_step``, ``hidden``,
+    ``measured``, ``simulated`` (utilizations), ``dir``.
+  """
+  H = sync_every
+  base = ["--model", model, "--replicas", "2", "--sync-every", str(H), "--steps", str(steps),
+          "--batch-size", str(batch_size), "--seq-len", "64", "--eval-every", str(steps),
+          "--log-every", str(H), "--warmup-steps", "1"]
+  first = H + 1  # the first period compiles
+  calib = os.path.join(workdir, "calibration")
+  launch_run(calib, [*base, "--communication", "background"])
+  c = summarize(read_trace(calib)[0], first)
+  payload = json.load(open(os.path.join(calib, "summary.json")))["params"] * 4
+  latency = c["transfer_s"] / max(c["transfers"], 1)
+  T = c["compute_step_s"]
+  why_not = can_shape()
+  mbit = 2 * 2 * payload * 8 / (k * T) / 1e6 if why_not is None else None
+  setting = {"model": model, "step_s": T, "payload_bytes": payload, "latency_s": latency, "mbit": mbit,
+             "sync_every": H, "steps": steps, "first_step": first, "k": k, "unshaped_because": why_not}
+  runs = [("in-step", ["--mesh", "diloco=2,data=1"], {}),
+          ("background τ=0", ["--communication", "background"], {}),
+          (f"background τ={k + 1}", ["--communication", "background", "--overlap", str(k + 1)],
+           {"overlap": k + 1}),
+          ("background eager", ["--communication", "background", "--outer-overlap", "eager"],
+           {"outer_overlap": "eager"})]
+  table = []
+  for name, extra, sched in runs:
+    out = os.path.join(workdir, name.replace(" ", "_").replace("=", ""))
+    launch_run(out, [*base, *extra], mbit)
+    sim = simulated(T, payload, mbit, sync_every=H, latency_s=latency, **sched) if mbit else float("nan")
+    if name == "in-step":  # no trace: wall time from the log rows, compute from the calibration
+      m = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+      step_s = (m[-1]["wall_time_s"] - m[0]["wall_time_s"]) / (m[-1]["step"] - m[0]["step"])
+      table.append({"run": name, "s_per_step": step_s, "hidden": float("nan"), "measured": T / step_s,
+                    "simulated": sim, "dir": out})
+      continue
+    s = summarize(read_trace(out)[0], first)
+    table.append({"run": name, "s_per_step": s["step_s"], "hidden": s["hidden"], "measured": s["utilization"],
+                  "simulated": sim, "dir": out})
+  return setting, pd.DataFrame(table)
