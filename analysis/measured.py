@@ -44,11 +44,12 @@ def read_trace(out: str) -> dict[int, list[dict]]:
   return traces
 
 
-def summarize(rows: list[dict], first_step: int = 1) -> dict:
+def summarize(rows: list[dict], first_step: int = 1, last_step: int | None = None) -> dict:
   """One process's measured step time, compute, waits, transfers and utilization.
 
-  Steps before ``first_step`` (compilation, warm-up) are left out, and so are the transfers
-  launched before the first of the measured steps started.
+  Only steps ``first_step`` .. ``last_step`` count (before: compilation, warm-up; after: the
+  end of the run, which settles the last sync at once), and only the transfers launched
+  while they ran.
 
   .. math::
      u = \\frac{\\sum_t (\\text{step}_t - \\text{wait}_t)}{\\text{end}_{last} - \\text{start}_{first}},
@@ -59,13 +60,15 @@ def summarize(rows: list[dict], first_step: int = 1) -> dict:
     first_step: the first step measured.
 
   Returns:
-    ``{"steps", "wall_s", "step_s" (wall per step), "compute_s", "compute_step_s" (median
-    pure compute of a step), "wait_s", "transfer_s", "transfers", "hidden", "utilization"}``.
+    ``{"steps", "wall_s", "step_s" (wall per step), "host_s" (mean time between two steps:
+    the loop's own work, data and logging), "compute_s", "compute_step_s" (median pure compute
+    of a step), "wait_s", "transfer_s", "transfers", "hidden", "utilization"}``.
   """
-  steps = [r for r in rows if r["kind"] == "compute" and r["step"] >= first_step]
+  last = float("inf") if last_step is None else last_step
+  steps = [r for r in rows if r["kind"] == "compute" and first_step <= r["step"] <= last]
   if not steps:
-    raise ValueError(f"no compute rows from step {first_step} on.")
-  waits = [r for r in rows if r["kind"] == "wait" and r["step"] >= first_step]
+    raise ValueError(f"no compute rows in steps {first_step}..{last_step}.")
+  waits = [r for r in rows if r["kind"] == "wait" and first_step <= r["step"] <= last]
   wait_of = {}
   for r in waits:
     wait_of[r["step"]] = wait_of.get(r["step"], 0.0) + r["end"] - r["start"]
@@ -75,7 +78,8 @@ def summarize(rows: list[dict], first_step: int = 1) -> dict:
   pure = [r["end"] - r["start"] - wait_of.get(r["step"], 0.0) for r in steps]
   wait = float(sum(wait_of.values()))
   moved = float(sum(r["finished"] - r["launched"] for r in transfers))
-  return {"steps": len(steps), "wall_s": t1 - t0, "step_s": (t1 - t0) / len(steps),
+  between = float(sum(b["start"] - a["end"] for a, b in zip(steps, steps[1:]))) / len(steps)
+  return {"steps": len(steps), "wall_s": t1 - t0, "step_s": (t1 - t0) / len(steps), "host_s": between,
           "compute_s": float(sum(pure)), "compute_step_s": float(np.median(pure)), "wait_s": wait,
           "transfer_s": moved, "transfers": len(transfers),
           "hidden": 1.0 - wait / moved if moved > 0 else float("nan"),
@@ -104,7 +108,7 @@ def timeline(rows: list[dict], first_step: int = 1) -> pd.DataFrame:
 
 def simulated(step_s: float, payload_bytes: float, rate_mbit: float, *, processes: int = 2,
               sync_every: int, overlap: int = 0, outer_overlap: str = "none", latency_s: float = 0.0,
-              record: bool = False):
+              host_s: float = 0.0, record: bool = False):
   """The utilization :mod:`analysis.simulate` predicts for a measured background setting.
 
   The simulated replica computes ``step_s`` per step and sends one fragment of
@@ -115,17 +119,21 @@ def simulated(step_s: float, payload_bytes: float, rate_mbit: float, *, processe
   simulator charges a payload 2 (N − 1) / N of itself: the link is simulated at
   :math:`W = 2R / N^2` (R / 2 for N = 2). ``latency_s``: a fixed
   cost per collective (gloo's start-up, the process's handover), added after the transfer.
+  ``host_s``: the process's own work between two steps (the loop, the data, the log), which
+  the simulator does not model: the simulated step lasts ``step_s + host_s``, of which
+  ``step_s`` counts as compute (the term this comparison adds to the simulator's model).
 
   Returns:
-    The utilization (float), or the :class:`~analysis.simulate.SimResult` with ``record``.
+    The utilization (float), or the :class:`~analysis.simulate.SimResult` with ``record``
+    (its step time then includes ``host_s``).
   """
   n = processes
   values = payload_bytes / 4.0  # float32 on the link
   effective = rate_mbit * 1e6 / (n * (n - 1)) * (2 * (n - 1) / n)
-  r = run_simulation(SimModel(params=values, layers=1, step_time=step_s), "diloco", effective / 1e9,
+  r = run_simulation(SimModel(params=values, layers=1, step_time=step_s + host_s), "diloco", effective / 1e9,
                      replicas=n, sync_every=sync_every, fragment_layers=1, overlap=overlap, bits=32,
                      latency=latency_s, bucket_layers=1, outer_overlap=outer_overlap)
-  return r if record else r.utilization
+  return r if record else r.utilization * step_s / (step_s + host_s)
 
 
 def can_shape() -> str | None:
@@ -139,12 +147,13 @@ def can_shape() -> str | None:
 
 
 def launch_run(out: str, train_args: list[str], mbit: float | None = None, processes: int = 2) -> None:
-  """Runs ``python -m diloco_core.launch`` (one device per process, over a link shaped to
-  ``mbit`` when given) with ``train_args``, writing to ``out``; a failure raises with its output."""
+  """Runs ``python -m diloco_core.launch`` (one device and an equal share of the CPUs per
+  process, over a link shaped to ``mbit`` when given) with ``train_args``, writing to ``out``;
+  a failure raises with its output."""
   shaping = [] if mbit is None else ["--link-mbit", f"{mbit:.3f}"]
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   cmd = [sys.executable, "-m", "diloco_core.launch", "--processes", str(processes), "--devices-per-process", "1",
-         *shaping, "--", *train_args, "--no-progress", "--out", out]
+         "--pin-cpus", *shaping, "--", *train_args, "--no-progress", "--out", out]
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
   r = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=env)
   if r.returncode != 0:
@@ -152,7 +161,7 @@ def launch_run(out: str, train_args: list[str], mbit: float | None = None, proce
 
 
 def overlap_benchmark(workdir: str, *, k: int = 3, sync_every: int = 12, steps: int = 60,
-                      model: str = "small", batch_size: int = 8) -> tuple[dict, pd.DataFrame]:
+                      model: str = "small", batch_size: int = 16) -> tuple[dict, pd.DataFrame]:
   """In-step vs background (τ = 0, τ = k + 1, eager) over a link on which one payload takes
   about k steps, measured and simulated (``benchmarks/overlap.py`` prints it).
 
@@ -162,26 +171,33 @@ def overlap_benchmark(workdir: str, *, k: int = 3, sync_every: int = 12, steps: 
   ``workdir/<name>`` (their traces feed :func:`timeline`).
 
   Returns:
-    ``(setting, table)``: the setting (T, payload, latency, rate, H, steps, first measured
-    step, shaped or not) and one row per run: ``run``, ``s_per_step``, ``hidden``,
-    ``measured``, ``simulated`` (utilizations), ``dir``.
+    ``(setting, table)``: the setting (T, the in-step step's own time, payload, latency, rate,
+    H, steps, the measured window, shaped or not) and one row per run: ``run``, ``s_per_step``,
+    ``hidden`` and ``measured`` (means over the processes), ``simulated``, ``dir``.
   """
   H = sync_every
   base = ["--model", model, "--replicas", "2", "--sync-every", str(H), "--steps", str(steps),
           "--batch-size", str(batch_size), "--seq-len", "64", "--eval-every", str(steps),
-          "--log-every", str(H), "--warmup-steps", "1"]
-  first = H + 1  # the first period compiles
+          "--log-every", str(steps), "--warmup-steps", "1"]  # one log row: no row barrier mid-run
+  first = 2 * H + 1  # the first two periods compile (the settle programs run first at step H + τ or 2H)
+  last = steps - 1  # the last step settles its sync at once: the end of the run, not training
+  in_step = ["--mesh", "diloco=2,data=1"]
   calib = os.path.join(workdir, "calibration")
   launch_run(calib, [*base, "--communication", "background"])
-  c = summarize(read_trace(calib)[0], first)
+  c = [summarize(rows, first, last) for rows in read_trace(calib).values()]
   payload = json.load(open(os.path.join(calib, "summary.json")))["params"] * 4
-  latency = c["transfer_s"] / max(c["transfers"], 1)
-  T = c["compute_step_s"]
+  latency = float(np.mean([x["transfer_s"] / max(x["transfers"], 1) for x in c]))
+  T = float(np.mean([x["compute_step_s"] for x in c]))
+  host = float(np.mean([x["host_s"] for x in c]))
+  calib_in = os.path.join(workdir, "calibration_in_step")  # the SPMD step's own time, unshaped
+  launch_run(calib_in, [*base, *in_step])
+  T_in = _wall_per_step(calib_in)
   why_not = can_shape()
-  mbit = 2 * 2 * payload * 8 / (k * T) / 1e6 if why_not is None else None
-  setting = {"model": model, "step_s": T, "payload_bytes": payload, "latency_s": latency, "mbit": mbit,
-             "sync_every": H, "steps": steps, "first_step": first, "k": k, "unshaped_because": why_not}
-  runs = [("in-step", ["--mesh", "diloco=2,data=1"], {}),
+  mbit = 2 * payload * 8 / (k * (T + host)) / 1e6 if why_not is None else None
+  setting = {"model": model, "step_s": T, "host_s": host, "in_step_s": T_in, "payload_bytes": payload, "latency_s": latency,
+             "mbit": mbit, "sync_every": H, "steps": steps, "first_step": first, "last_step": last, "k": k,
+             "unshaped_because": why_not}
+  runs = [("in-step", in_step, {}),
           ("background τ=0", ["--communication", "background"], {}),
           (f"background τ={k + 1}", ["--communication", "background", "--overlap", str(k + 1)],
            {"overlap": k + 1}),
@@ -191,14 +207,22 @@ def overlap_benchmark(workdir: str, *, k: int = 3, sync_every: int = 12, steps: 
   for name, extra, sched in runs:
     out = os.path.join(workdir, name.replace(" ", "_").replace("=", ""))
     launch_run(out, [*base, *extra], mbit)
-    sim = simulated(T, payload, mbit, sync_every=H, latency_s=latency, **sched) if mbit else float("nan")
-    if name == "in-step":  # no trace: wall time from the log rows, compute from the calibration
-      m = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
-      step_s = (m[-1]["wall_time_s"] - m[0]["wall_time_s"]) / (m[-1]["step"] - m[0]["step"])
-      table.append({"run": name, "s_per_step": step_s, "hidden": float("nan"), "measured": T / step_s,
+    if name == "in-step":  # no trace: its unshaped step time over its shaped one, from the log rows
+      sim = simulated(T_in, payload, mbit, sync_every=H, **sched) if mbit else float("nan")
+      step_s = _wall_per_step(out)
+      table.append({"run": name, "s_per_step": step_s, "hidden": float("nan"), "measured": T_in / step_s,
                     "simulated": sim, "dir": out})
       continue
-    s = summarize(read_trace(out)[0], first)
-    table.append({"run": name, "s_per_step": s["step_s"], "hidden": s["hidden"], "measured": s["utilization"],
-                  "simulated": sim, "dir": out})
+    sim = (simulated(T, payload, mbit, sync_every=H, latency_s=latency, host_s=host, **sched) if mbit
+           else float("nan"))
+    per = [summarize(rows, first, last) for rows in read_trace(out).values()]
+    table.append({"run": name, "s_per_step": float(np.mean([x["step_s"] for x in per])),
+                  "hidden": float(np.mean([x["hidden"] for x in per])),
+                  "measured": float(np.mean([x["utilization"] for x in per])), "simulated": sim, "dir": out})
   return setting, pd.DataFrame(table)
+
+
+def _wall_per_step(out: str) -> float:
+  """Wall seconds per step after the first (compiling) step, from the run's summary."""
+  summary = json.load(open(os.path.join(out, "summary.json")))
+  return (summary["wall_time_s"] - summary["compile_time_s"]) / (summary["config"]["steps"] - 1)

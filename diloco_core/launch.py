@@ -13,6 +13,8 @@ a multi-host run starts one per host with ``--coordinator/--num-processes/--proc
   :data:`GRACE_S` seconds); Ctrl-C or SIGTERM to the launcher stops them all the same way
   (the trainer finishes its step and says how to resume). The exit code is the worst one:
   that of the first process that failed, 130 for a stop request, else 0.
+* ``--pin-cpus`` gives each process an equal, disjoint share of the CPUs (as separate hosts
+  would have): the processes then do not slow each other down unevenly.
 * ``--link-mbit R`` runs every process in a new network namespace whose loopback is shaped
   to R Mbit/s (``tc qdisc ... tbf``: both directions share the rate; Linux, root, iproute2).
   The namespace is removed afterwards, also on failure or Ctrl-C.
@@ -60,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
                  help="CPU devices each process sees (XLA's host device count; default: JAX's)")
   p.add_argument("--link-mbit", type=float, default=None,
                  help="shape the processes' link to this rate, Mbit/s (Linux, root, iproute2)")
+  p.add_argument("--pin-cpus", action="store_true",
+                 help="give each process its own share of this machine's CPUs (as separate hosts would have)")
   p.add_argument("--module", default="diloco_core.train",
                  help="the module each process runs (diloco_core.train)")
   p.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then the trainer's flags")
@@ -77,11 +81,32 @@ def parse_args(argv):
     raise ValueError(f"--devices-per-process must be an integer >= 1, got {a.devices_per_process}.")
   if a.link_mbit is not None and not a.link_mbit > 0:
     raise ValueError(f"--link-mbit must be a rate > 0 (Mbit/s), got {a.link_mbit:g}.")
+  if a.pin_cpus and len(_cpus()) < a.processes:
+    raise ValueError(f"--pin-cpus needs at least one CPU per process: {len(_cpus())} CPU(s) for"
+                     f" {a.processes} processes; drop --pin-cpus or start fewer processes.")
   clash = [f for f in PROCESS_FLAGS.values() if any(x == f or x.startswith(f + "=") for x in a.train_args)]
   if clash:
     raise ValueError(f"{', '.join(clash)} is set by the launcher for each process; drop it from the"
                      " trainer's flags.")
   return a
+
+
+def _cpus() -> list[int]:
+  """The CPUs this process may run on."""
+  return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+
+
+def cpu_share(index: int, processes: int) -> list[int]:
+  """Process ``index``'s CPUs under ``--pin-cpus``: an equal, disjoint share of :func:`_cpus`.
+
+  Examples:
+    >>> share = [cpu_share(i, 2) for i in range(2)]
+    >>> set(share[0]) & set(share[1])
+    set()
+  """
+  cpus = _cpus()
+  per = max(len(cpus) // processes, 1)
+  return cpus[index * per:(index + 1) * per] or cpus[-1:]
 
 
 def free_port() -> int:
@@ -133,11 +158,12 @@ class _Child:
   """One process: its Popen and the last lines of its output (process 0's is also shown as
   it comes, carriage returns included, so its progress bar redraws in place)."""
 
-  def __init__(self, index: int, cmd: list[str], env: dict, show: bool):
+  def __init__(self, index: int, cmd: list[str], env: dict, show: bool, cpus: list[int] | None = None):
     self.index, self.cmd = index, cmd
     self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
     self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
+                                 start_new_session=True, preexec_fn=pin)
     self._reader = threading.Thread(target=self._read, args=(show,), daemon=True)
     self._reader.start()
 
@@ -190,7 +216,8 @@ def launch(argv) -> int:
         return 130
       for i in range(a.processes):
         children.append(_Child(i, [*prefix, sys.executable, "-m", a.module, *a.train_args],
-                               dict(base_env, JAX_PROCESS_ID=str(i)), show=i == 0))
+                               dict(base_env, JAX_PROCESS_ID=str(i)), show=i == 0,
+                               cpus=cpu_share(i, a.processes) if a.pin_cpus else None))
       return _supervise(children)
   except KeyboardInterrupt:  # a second stop request: no more waiting
     for c in children:
