@@ -162,12 +162,13 @@ def launch_run(out: str, train_args: list[str], mbit: float | None = None, proce
 
 def overlap_benchmark(workdir: str, *, k: int = 3, sync_every: int = 12, steps: int = 60,
                       model: str = "small", batch_size: int = 16) -> tuple[dict, pd.DataFrame]:
-  """In-step vs background (τ = 0, τ = k + 1, eager) over a link on which one payload takes
+  r"""In-step vs background (τ = 0, τ = k + 1, eager) over a link on which one payload takes
   about k steps, measured and simulated (``benchmarks/overlap.py`` prints it).
 
   A calibration run (no shaping) gives the pure compute time T of a step, the payload
-  (float32) and the per-collective cost; the rate is then :math:`R = 2 \cdot 2 \cdot
-  \text{bytes} \cdot 8 / (k T)` (two payloads share the loopback). The runs stay in
+  (float32) and the per-collective cost; the rate is then :math:`R = 2 \cdot
+  \text{bytes} \cdot 8 / (k (T + h))`, h the process's own time between steps (the two
+  payloads share the loopback). The runs stay in
   ``workdir/<name>`` (their traces feed :func:`timeline`).
 
   Returns:
