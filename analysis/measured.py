@@ -88,7 +88,7 @@ def summarize(rows: list[dict], first_step: int = 1, last_step: int | None = Non
 
 def timeline(rows: list[dict], first_step: int = 1) -> pd.DataFrame:
   """A process's measured run as the simulator's timeline
-  (:meth:`analysis.simulate.SimResult.timeline`, for :func:`analysis.plots.plot_timeline`):
+  (:meth:`analysis.simulate.SimResult.timeline`, for :func:`analysis.plots.timelines.plot_timeline`):
   ``kind`` "compute" (a step's local programs, less its waits), "idle" (waiting for a
   fragment), "transfer" (a fragment's gather on the link thread); ``step``, ``start``,
   ``end`` in seconds from the first measured step's start."""

@@ -28,7 +28,7 @@ is why metrics, checkpoints and final params equal the in-step run's bit for bit
 tests compare M = 2 and M = 4), and why checkpoints are interchangeable between the modes.
 
 **Per-step records.** Each process appends to ``<out>/trace/process-<rank>.jsonl`` (kept in
-:attr:`Background.trace` without ``out``): when each step computed (``compute``: the step's
+``Background.trace`` without ``out``): when each step computed (``compute``: the step's
 local programs, waited for), when each payload was handed over, gathered and settled
 (``transfer``), and how long the main thread waited for one (``wait``). Times are
 ``time.time()`` seconds, comparable across the processes of one machine.
@@ -151,7 +151,7 @@ class Background:
     out: the run's output directory (the trace file goes under it), or None.
     resumed: the run resumes (the trace file is appended to).
 
-  The loop calls it through :class:`~diloco_core.communication.Communication`.
+  The loop calls it through :class:`~diloco_core.communication.InBackground`.
   """
 
   replica_fields = ("params", "opt_state", "ef_residual", "participants")
@@ -399,7 +399,7 @@ class Background:
   def step(self, state: DiLoCoState, batch, t: int, last: bool = False):
     """Inner step t of the local replicas, the due send (handed to the link) and merge.
 
-    Returns ``(state, metrics)`` like :meth:`DiLoCo.step`, with this process's replicas only.
+    Returns ``(state, metrics)`` like :meth:`diloco_core.diloco.DiLoCo.step`, with this process's replicas only.
     ``last``: the run's last step with ``eval_replicas`` (α = 1 there, as in-step).
     """
     cfg, hp = self.config, self._hyperparams(last)
