@@ -137,13 +137,10 @@ def simulated(step_s: float, payload_bytes: float, rate_mbit: float, *, processe
 
 
 def can_shape() -> str | None:
-  """None when this machine can shape a link (Linux, root, ``ip`` and ``tc``), else why not."""
-  import shutil
-  if not sys.platform.startswith("linux") or os.geteuid() != 0:
-    return "needs Linux and root"
-  if shutil.which("ip") is None or shutil.which("tc") is None:
-    return "needs iproute2 (ip, tc)"
-  return None
+  """None when this machine can shape a link (:meth:`diloco_core.launch.ShapedLink.unavailable`:
+  Linux, root, iproute2, network namespaces), else why not."""
+  from diloco_core.launch import ShapedLink
+  return ShapedLink.unavailable()
 
 
 def launch_run(out: str, train_args: list[str], mbit: float | None = None, processes: int = 2) -> None:

@@ -34,7 +34,7 @@ def main(argv=None) -> None:
   a = p.parse_args(argv)
   why = can_shape()
   if why is not None:
-    sys.exit(f"overlap benchmark: a shaped link {why}; run it as root on Linux with iproute2.")
+    sys.exit(f"overlap benchmark: {why}")
   with tempfile.TemporaryDirectory() as tmp:
     s, table = overlap_benchmark(tmp, k=a.k, sync_every=a.sync_every, steps=a.steps, model=a.model,
                                  batch_size=a.batch_size)

@@ -128,6 +128,16 @@ class ShapedLink:
     self.name = f"diloco-link-{os.getpid()}"
     self.prefix: list[str] = []
 
+  @staticmethod
+  def unavailable() -> str | None:
+    """None when a shaped link can be made here (it makes one and removes it), else the
+    one-line reason entering one would raise."""
+    try:
+      with ShapedLink(1000.0):
+        return None
+    except ValueError as e:
+      return str(e)
+
   def __enter__(self) -> "ShapedLink":
     missing = [t for t in ("ip", "tc") if shutil.which(t) is None]
     if not sys.platform.startswith("linux") or missing or os.geteuid() != 0:

@@ -354,7 +354,7 @@ def train(cfg: TrainConfig) -> TrainResult:
   replica_losses = None
   if cfg.eval_replicas:
     host = comm.host_replicas(state)
-    replica_losses = [float(eval_fn(algo.place_replicated(jax.tree.map(lambda x: x[m], host)), eval_tokens))
+    replica_losses = [float(eval_fn(comm.place_replicated(jax.tree.map(lambda x: x[m], host)), eval_tokens))
                       for m in range(M)]
   floor = data.loss_floor
   tokens_per_step = log.tokens_per_step

@@ -18,7 +18,7 @@ from diloco_core.loop import train
 from tiny_run import tiny
 
 CASES = {  # the cases: DiLoCo (with 4-bit payloads and error feedback), Streaming, eager
-    "diloco": dict(compression="e3m0", error_feedback=True),
+    "diloco": dict(compression="e3m0", error_feedback=True, eval_replicas=True),
     "streaming": dict(algo="streaming", fragments=3, sync_every=6, overlap=2, alpha=0.5, steps=12),
     "eager": dict(outer_overlap="eager"),
 }
@@ -71,6 +71,8 @@ def test_background_equals_in_step(pairs, name):
     _assert_same(x, y, exact)
   sa, sb = (json.load(open(d / "summary.json")) for d in (da, db))
   _assert_same(sa["final_eval_loss"], sb["final_eval_loss"], exact)
+  if sa["final_replica_eval_losses"] is not None:  # eval_replicas: the replicas gathered at the end
+    _assert_same(np.array(sa["final_replica_eval_losses"]), np.array(sb["final_replica_eval_losses"]), exact)
   assert (sa["total_bytes_per_replica"], sa["peak_bytes_per_step"]) == (sb["total_bytes_per_replica"],
                                                                          sb["peak_bytes_per_step"])
 

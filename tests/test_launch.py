@@ -151,13 +151,7 @@ def test_a_killed_process_stops_the_other_and_the_job_resumes(background_pair, t
 
 
 def _can_shape() -> str | None:
-  if not sys.platform.startswith("linux") or os.geteuid() != 0:
-    return "needs Linux and root"
-  if shutil.which("ip") is None or shutil.which("tc") is None:
-    return "needs iproute2 (ip, tc)"
-  probe = subprocess.run(["ip", "netns", "add", "diloco-probe"], capture_output=True, text=True)
-  subprocess.run(["ip", "netns", "delete", "diloco-probe"], capture_output=True)
-  return None if probe.returncode == 0 else f"network namespaces unavailable ({probe.stderr.strip()})"
+  return launch.ShapedLink.unavailable()
 
 
 @pytest.mark.slow
@@ -166,7 +160,7 @@ def test_over_a_shaped_link_steps_run_while_a_fragment_is_in_flight(tmp_path):
   sync, settled at the end of the run, aside); τ = 0: none does (the sending step waits)."""
   why = _can_shape()
   if why is not None:
-    pytest.skip(f"a shaped link {why}")
+    pytest.skip(why)
   from analysis.measured import read_trace
   args = ["--model", "tiny", "--replicas", "2", "--sync-every", "8", "--steps", "32", "--batch-size", "2",
           "--seq-len", "8", "--eval-every", "32", "--log-every", "32", "--warmup-steps", "1", "--no-progress",
