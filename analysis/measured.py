@@ -166,10 +166,11 @@ def overlap_benchmark(workdir: str, *, k: int = 3, sync_every: int = 12, steps: 
   (float32) and the per-collective cost; the rate is then :math:`R = 2 \cdot
   \text{bytes} \cdot 8 / (k (T + h))`, h the process's own time between steps (the two
   payloads share the loopback). The runs stay in
-  ``workdir/<name>`` (their traces feed :func:`timeline`).
+  ``workdir/<name>`` (their traces feed :func:`timeline`). In-step has no trace: it logs every
+  step, and the median wall time of a step that syncs nothing is its compute.
 
   Returns:
-    ``(setting, table)``: the setting (T, the in-step step's own time, payload, latency, rate,
+    ``(setting, table)``: the setting (T, the in-step SPMD step's own time, payload, latency, rate,
     H, steps, the measured window, shaped or not) and one row per run: ``run``, ``s_per_step``,
     ``hidden`` and ``measured`` (means over the processes), ``simulated``, ``dir``.
   """
@@ -187,15 +188,12 @@ def overlap_benchmark(workdir: str, *, k: int = 3, sync_every: int = 12, steps: 
   latency = float(np.mean([x["transfer_s"] / max(x["transfers"], 1) for x in c]))
   T = float(np.mean([x["compute_step_s"] for x in c]))
   host = float(np.mean([x["host_s"] for x in c]))
-  calib_in = os.path.join(workdir, "calibration_in_step")  # the SPMD step's own time, unshaped
-  launch_run(calib_in, [*base, *in_step])
-  T_in = _wall_per_step(calib_in)
   why_not = can_shape()
   mbit = 2 * payload * 8 / (k * (T + host)) / 1e6 if why_not is None else None
-  setting = {"model": model, "step_s": T, "host_s": host, "in_step_s": T_in, "payload_bytes": payload, "latency_s": latency,
+  setting = {"model": model, "step_s": T, "host_s": host, "payload_bytes": payload, "latency_s": latency,
              "mbit": mbit, "sync_every": H, "steps": steps, "first_step": first, "last_step": last, "k": k,
              "unshaped_because": why_not}
-  runs = [("in-step", in_step, {}),
+  runs = [("in-step", [*in_step, "--log-every", "1"], {}),  # a row per step: its own step times
           ("background τ=0", ["--communication", "background"], {}),
           (f"background τ={k + 1}", ["--communication", "background", "--overlap", str(k + 1)],
            {"overlap": k + 1}),
@@ -205,9 +203,10 @@ def overlap_benchmark(workdir: str, *, k: int = 3, sync_every: int = 12, steps: 
   for name, extra, sched in runs:
     out = os.path.join(workdir, name.replace(" ", "_").replace("=", ""))
     launch_run(out, [*base, *extra], mbit)
-    if name == "in-step":  # no trace: its unshaped step time over its shaped one, from the log rows
+    if name == "in-step":  # no trace: the median step between syncs is its compute, from its rows
+      T_in, step_s = _in_step_times(out, first, last, H)
+      setting["in_step_s"] = T_in
       sim = simulated(T_in, payload, mbit, sync_every=H, **sched) if mbit else float("nan")
-      step_s = _wall_per_step(out)
       table.append({"run": name, "s_per_step": step_s, "hidden": float("nan"), "measured": T_in / step_s,
                     "simulated": sim, "dir": out})
       continue
@@ -220,7 +219,10 @@ def overlap_benchmark(workdir: str, *, k: int = 3, sync_every: int = 12, steps: 
   return setting, pd.DataFrame(table)
 
 
-def _wall_per_step(out: str) -> float:
-  """Wall seconds per step after the first (compiling) step, from the run's summary."""
-  summary = json.load(open(os.path.join(out, "summary.json")))
-  return (summary["wall_time_s"] - summary["compile_time_s"]) / (summary["config"]["steps"] - 1)
+def _in_step_times(out: str, first: int, last: int, sync_every: int) -> tuple[float, float]:
+  """(median wall time of a step that syncs nothing, mean wall time per step) over steps
+  ``first`` .. ``last`` of an in-step run logged every step."""
+  m = {r["step"]: r["wall_time_s"] for r in map(json.loads, open(os.path.join(out, "metrics.jsonl")))}
+  dt = {t: m[t] - m[t - 1] for t in range(first, last + 1)}
+  quiet = [d for t, d in dt.items() if t % sync_every]
+  return float(np.median(quiet)), (m[last] - m[first - 1]) / (last - first + 1)

@@ -57,12 +57,12 @@ FORMAT = 1
 #: (CPU runs are deterministic: a re-run gives the same bits, so any drift is a change of the
 #: trainer's numerics, which must be re-run and stored again).
 RTOL = 1e-6
-#: Runs of each experiment the docs build trains again (:func:`sample_indices`).
-SAMPLE = 2
-#: Experiments whose runs are expensive re-check fewer (``methods``: the main job's three
-#: `small` runs of about two minutes each; the first, DP, is trained again), and so do the two
-#: comparisons of 2025-26's methods (one run each), so that the build stays in its budget.
-SAMPLE_SIZES = {"methods": 1, "inner_optimizer": 1, "sparse": 1}
+#: Runs of each experiment the docs build trains again (:func:`sample_indices`): one each, so that
+#: the build stays in CI's budget (eleven experiments; ``methods``' run is one of the main job's
+#: `small` runs, about two minutes). ``python -m analysis experiments verify --sample K`` checks more.
+SAMPLE = 1
+#: Experiments that re-check another number of runs than :data:`SAMPLE` (none at present).
+SAMPLE_SIZES: dict[str, int] = {}
 #: The numbers of a run compared by :func:`verify` (wall times are not reproducible).
 CHECKED = ("final_eval_loss", "gap_to_floor", "total_bytes_per_replica", "peak_bytes_per_step",
            "tokens", "params")

@@ -40,7 +40,7 @@ def main(argv=None) -> None:
                                  batch_size=a.batch_size)
   print(f"model {s['model']}: T = {s['step_s'] * 1e3:.1f} ms of compute per local step and"
         f" {s['host_s'] * 1e3:.1f} ms of the process's own work between steps (in-step's SPMD"
-        f" step unshaped: {s['in_step_s'] * 1e3:.1f} ms), payload {s['payload_bytes'] / 1e6:.3f} MB (float32),"
+        f" step between syncs: {s['in_step_s'] * 1e3:.1f} ms), payload {s['payload_bytes'] / 1e6:.3f} MB (float32),"
         f" one collective unshaped {s['latency_s'] * 1e3:.1f} ms; link {s['mbit']:.1f} Mbit/s (one gather ≈"
         f" {s['k']} steps), H = {s['sync_every']}, steps {s['first_step']}..{s['last_step']} measured"
         " (means over the 2 processes)")

@@ -40,13 +40,12 @@ class InStep:
 
   Args:
     algo: the run's algorithm (:class:`~diloco_core.DiLoCo` or :class:`~diloco_core.DataParallel`).
-    last_algo: the algorithm of the last step (α = 1 with ``eval_replicas``), or None.
   """
 
   name = "in-step"
 
-  def __init__(self, algo, last_algo=None):
-    self.algo, self.last_algo = algo, last_algo or algo
+  def __init__(self, algo):
+    self.algo, self._last = algo, None
     self.config = algo.config
 
   def init(self, params):
@@ -59,8 +58,12 @@ class InStep:
     return self.algo.place_replicated(x)
 
   def step(self, state, batch, t: int, present=None, last: bool = False):
-    """One step of every replica (``present``: the host participation mask, or None)."""
-    algo = self.last_algo if last else self.algo
+    """One step of every replica (``present``: the host participation mask, or None; ``last``:
+    the run's last step with ``eval_replicas``, which merges nothing)."""
+    algo = self.algo
+    if last:  # α = 1 on the last step (eval_replicas): a copy sharing the compiled step
+      self._last = self._last or self.algo.with_hyperparams(alpha=1.0)
+      algo = self._last
     return algo.step(state, batch, None if present is None else self.algo.place_replicated(present))
 
   def settle(self, state, t: int):
@@ -137,8 +140,8 @@ class InBackground(InStep):
     self.runtime.close()
 
 
-def make_communication(cfg, algo, params, last_algo=None, resumed: bool = False):
+def make_communication(cfg, algo, params, resumed: bool = False):
   """The runtime ``cfg.communication`` names, for ``algo`` (:class:`InStep` or :class:`InBackground`)."""
   if cfg.communication == "background":
     return InBackground(algo, params, cfg, resumed)
-  return InStep(algo, last_algo)
+  return InStep(algo)

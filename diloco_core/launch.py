@@ -97,7 +97,7 @@ def _cpus() -> list[int]:
 
 
 def cpu_share(index: int, processes: int) -> list[int]:
-  """Process ``index``'s CPUs under ``--pin-cpus``: an equal, disjoint share of :func:`_cpus`.
+  """Process ``index``'s CPUs under ``--pin-cpus``: an equal, disjoint share of the CPUs this process may run on.
 
   Examples:
     >>> share = [cpu_share(i, 2) for i in range(2)]

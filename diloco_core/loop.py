@@ -259,8 +259,7 @@ def train(cfg: TrainConfig) -> TrainResult:
   algo, eval_fn = PROGRAMS.get(cfg, loss_fn, params, model_cfg)  # reuses an earlier run's program
   # eval_replicas: the last step merges nothing (alpha = 1 keeps every replica's own params; the
   # global params do not depend on alpha), so each replica can be evaluated beside them.
-  last_step_algo = algo.with_hyperparams(alpha=1.0) if cfg.eval_replicas else algo
-  comm = communication.make_communication(cfg, algo, params, last_step_algo, resumed=cfg.resume)
+  comm = communication.make_communication(cfg, algo, params, resumed=cfg.resume)
   state = comm.init(params)
   interrupts.check()
   resumed = None
@@ -324,6 +323,8 @@ def train(cfg: TrainConfig) -> TrainResult:
         tok_s = (t - 1) * log.tokens_per_step / max(wall - compile_time, 1e-9) if t > 1 else 0.0
         bar.set_postfix(loss=f"{losses.mean():.3f}", tok_s=f"{tok_s:,.0f}")
       done = t
+    # eval_replicas: every replica's params on the host, gathered while the link is open
+    host_replicas = comm.host_replicas(state) if cfg.eval_replicas else None
   except KeyboardInterrupt:  # Ctrl-C, or SIGTERM under the command line: one line, what to do next
     raise Interrupted(done, cfg.out, watch.last_checkpoint) from None
   except ConnectionError as e:  # background: another process was lost; nothing here is damaged
@@ -353,8 +354,8 @@ def train(cfg: TrainConfig) -> TrainResult:
   final_eval = float(metrics["eval_loss"].dropna().iloc[-1])
   replica_losses = None
   if cfg.eval_replicas:
-    host = comm.host_replicas(state)
-    replica_losses = [float(eval_fn(comm.place_replicated(jax.tree.map(lambda x: x[m], host)), eval_tokens))
+    replica_losses = [float(eval_fn(comm.place_replicated(jax.tree.map(lambda x: x[m], host_replicas)),
+                                    eval_tokens))
                       for m in range(M)]
   floor = data.loss_floor
   tokens_per_step = log.tokens_per_step

@@ -19,7 +19,8 @@ from tiny_run import tiny
 
 CASES = {  # the issue's cases: DiLoCo (with 4-bit payloads and error feedback), Streaming, eager
     "diloco": dict(compression="e3m0", error_feedback=True, eval_replicas=True),
-    "streaming": dict(algo="streaming", fragments=3, sync_every=6, overlap=2, alpha=0.5, steps=12),
+    "streaming": dict(algo="streaming", fragments=3, sync_every=6, overlap=2, alpha=0.5, steps=12,
+                      checkpoint_every=4, log_every=4),  # its checkpoints feed the resume test
     "eager": dict(outer_overlap="eager"),
 }
 
@@ -91,20 +92,19 @@ def test_every_step_and_transfer_is_recorded(pairs):
   assert settles == [(p, t, min(t + 2, -(-t // 4) * 4)) for t, p in zip(range(2, 13, 2), [0, 1, 2, 0, 1, 2])]
 
 
-def test_resume_with_a_fragment_in_flight_is_exact_and_interchangeable(tmp_path):
+def test_resume_with_a_fragment_in_flight_is_exact_and_interchangeable(pairs, tmp_path):
   """The checkpoint of step 4 is taken while fragment 1 (sent at 4, merged at 6) is in flight;
   resumed from it in either mode, the run ends where the uninterrupted one does."""
-  kw = dict(CASES["streaming"], checkpoint_every=4, log_every=4)
+  kw = dict(CASES["streaming"])
   kw.pop("algo")
-  whole = {c: train(tiny("streaming", communication=c, out=str(tmp_path / c), **kw)) for c in ("background", "in-step")}
   for first, then in (("background", "background"), ("background", "in-step"), ("in-step", "background")):
     out = tmp_path / f"{first}-{then}"
-    train(tiny("streaming", communication=first, out=str(out), **kw))
+    shutil.copytree(pairs["streaming"][first][1], out)
     for step in ("8", "12"):  # back to the checkpoint of step 4
       shutil.rmtree(out / "checkpoints" / step)
     resumed = train(tiny("streaming", communication=then, out=str(out), resume=True, **kw))
     assert resumed.summary["resumed_from"].endswith(os.path.join("checkpoints", "4"))
-    for x, y in zip(_leaves(whole[then].state), _leaves(resumed.state)):
+    for x, y in zip(_leaves(pairs["streaming"][then][0].state), _leaves(resumed.state)):
       _assert_same(x, y, exact=first == then)  # a background resume is bit-exact
 
 
