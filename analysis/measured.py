@@ -15,8 +15,8 @@ Examples:
   ...         {"kind": "wait", "step": 3, "fragment": 0, "start": 2.0, "end": 2.5},
   ...         {"kind": "compute", "step": 3, "start": 2.0, "end": 3.5}]
   >>> s = summarize(rows, first_step=1)
-  >>> s["compute_s"], s["wait_s"], s["transfer_s"], s["hidden"], s["utilization"]
-  (3.0, 0.5, 1.5, 0.6666666666666666, 0.8571428571428571)
+  >>> s["compute_s"], s["wait_s"], s["transfer_s"], round(s["hidden"], 4), round(s["utilization"], 4)
+  (3.0, 0.5, 1.5, 0.6667, 0.8571)
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ def test_a_failing_process_stops_the_others_and_sets_the_exit_code():
   assert r.returncode == 3, r.stderr
   assert time.monotonic() - start < 60  # process 0 and 2 waited 600 s: they were stopped
   assert "[process 1] error: process 1 failed on purpose" in r.stderr
-  assert "launch: process 1 of 3 exited with 3; the others were stopped." in r.stderr
+  assert "launch: process 1 of 3 exited with 3; the others were stopped (nothing was saved: no --out)." in r.stderr
   assert "child 0 stopped" in r.stdout  # process 0's output is shown (SIGTERM reached it)
 
 
