@@ -246,7 +246,7 @@ class Background:
     """This process's initial state: its local replicas, the global copy, the outer state."""
     from diloco_core.fragments import per_fragment_state
     cfg, hp = self.config, self.algo.hyperparams
-    M, m = cfg.replicas, self.local
+    m = self.local
     stack = lambda tree: jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (m, *np.shape(x))), tree)
     params = jax.tree.map(np.asarray, params)
     outer_state = per_fragment_state(resolve_optimizer(self.algo.outer_optimizer, hp), params, cfg.fragments)
@@ -260,7 +260,6 @@ class Background:
         ef_residual=zeros(stack(params)) if cfg.error_feedback else None,
         step=np.zeros((), np.int32), participants=np.ones((m, cfg.fragments), np.float32),
         in_flight=in_flight)
-    del M
     return shard_state(state, self.local_mesh, self.replica_fields)
 
   def _hyperparams(self, last: bool):

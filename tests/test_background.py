@@ -15,7 +15,7 @@ import pytest
 from diloco_core import DiLoCoConfig, TrainConfig
 from diloco_core.background import NONE_RTOL, TRACE_FILE
 from diloco_core.loop import train
-from tiny_run import tiny
+from tiny_run import metrics_rows, tiny
 
 CASES = {  # the issue's cases: DiLoCo (with 4-bit payloads and error feedback), Streaming, eager
     "diloco": dict(compression="e3m0", error_feedback=True, eval_replicas=True),
@@ -27,13 +27,6 @@ CASES = {  # the issue's cases: DiLoCo (with 4-bit payloads and error feedback),
 
 def _leaves(state):
   return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(state))]
-
-
-def _rows(path):
-  rows = [json.loads(line) for line in open(path)]
-  for r in rows:
-    r.pop("wall_time_s")
-  return rows
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +55,7 @@ def test_background_equals_in_step(pairs, name):
   """Bit for bit with a whole outer step overlapped (eager); within NONE_RTOL otherwise."""
   (a, da), (b, db) = pairs[name]["in-step"], pairs[name]["background"]
   exact = a.summary["config"]["algo"]["outer_overlap"] != "none"
-  ra, rb = _rows(da / "metrics.jsonl"), _rows(db / "metrics.jsonl")
+  ra, rb = metrics_rows(da / "metrics.jsonl"), metrics_rows(db / "metrics.jsonl")
   assert [{k: v for k, v in r.items() if "loss" not in k} for r in ra] == \
          [{k: v for k, v in r.items() if "loss" not in k} for r in rb]  # steps, tokens, bytes
   for key in ("train_loss", "replica_loss", "eval_loss"):

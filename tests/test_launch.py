@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from diloco_core import launch
+from tiny_run import metrics_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -86,13 +87,6 @@ BACKGROUND = ["--model", "tiny", "--replicas", "2", "--algorithm", "streaming", 
               "--checkpoint-every", "4"]
 
 
-def _metrics(path):
-  rows = [json.loads(line) for line in open(path)]
-  for r in rows:
-    r.pop("wall_time_s")
-  return rows
-
-
 @pytest.fixture(scope="module")
 def background_pair(tmp_path_factory):
   """Streaming (P = 3, τ = 2, α = 0.5), M = 2: one process in-step, and two processes in the
@@ -110,7 +104,7 @@ def background_pair(tmp_path_factory):
 @pytest.mark.slow
 def test_two_background_processes_give_the_in_step_numbers(background_pair):
   from diloco_core.background import NONE_RTOL
-  a, b = (_metrics(background_pair / m / "metrics.jsonl") for m in ("in-step", "background"))
+  a, b = (metrics_rows(background_pair / m / "metrics.jsonl") for m in ("in-step", "background"))
   assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(2, 13, 2))
   assert [r["total_bytes_sent"] for r in a] == [r["total_bytes_sent"] for r in b]
   for key in ("eval_loss", "replica_loss"):
@@ -147,7 +141,7 @@ def test_a_killed_process_stops_the_other_and_the_job_resumes(background_pair, t
   assert stopped_after < 60, stopped_after  # every process gone within 60 s of the kill
   resumed = run_launcher(*flags, "--", *train_flags, "--resume", timeout=300)
   assert resumed.returncode == 0, resumed.stderr[-2000:]
-  assert _metrics(os.path.join(out, "metrics.jsonl")) == _metrics(background_pair / "background" / "metrics.jsonl")
+  assert metrics_rows(os.path.join(out, "metrics.jsonl")) == metrics_rows(background_pair / "background" / "metrics.jsonl")
 
 
 def _can_shape() -> str | None:

@@ -1,5 +1,7 @@
 """The tiny training run the trainer and checkpoint tests share (a few seconds on CPU)."""
 
+import json
+
 from diloco_core import DataConfig, DiLoCoConfig
 from diloco_core.train import TrainConfig
 
@@ -13,3 +15,11 @@ def tiny(algo="diloco", **kw):
               steps=8, eval_every=4, log_every=2, warmup_steps=1, progress=False)
   base.update(kw)
   return TrainConfig(algo=DiLoCoConfig(algorithm=algo, **algo_kw), **base)
+
+
+def metrics_rows(path):
+  """The rows of a run's metrics.jsonl without their wall times (which no two runs share)."""
+  rows = [json.loads(line) for line in open(path)]
+  for r in rows:
+    r.pop("wall_time_s")
+  return rows
