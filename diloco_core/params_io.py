@@ -173,7 +173,8 @@ def load_params(path: str, like=None):
       then has its structure and shardings. A mismatch is a one-line ``ValueError``.
 
   Returns:
-    The params pytree (nested dicts of arrays).
+    The params pytree (nested dicts of arrays); without ``like``, on this process's first
+    device, also when several processes wrote the checkpoint (``--communication background``).
   """
   path = check_params_dir(path)
   _quiet_orbax_failed_reads()
@@ -186,12 +187,16 @@ def load_params(path: str, like=None):
   with ocp.StandardCheckpointer() as ckptr, _quiet_absl():
     try:
       meta = ckptr.metadata(path).item_metadata
-      whole = ckptr.restore(path) if like is None else None
+      tree = meta.tree if hasattr(meta, "tree") else meta
+      # Onto this process's first device, whatever the topology that wrote it (several processes)
+      here = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+      whole = (ckptr.restore(path, jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=here), tree))
+               if like is None else None)
     except Exception as e:  # noqa: BLE001 - damaged files: one clear line
       raise damaged(e) from None
     if like is None:
       return _verified(whole, manifest, path)
-    saved = jax.tree_util.tree_flatten_with_path(meta.tree if hasattr(meta, "tree") else meta)[0]
+    saved = jax.tree_util.tree_flatten_with_path(tree)[0]
     saved = {jax.tree_util.keystr(p): (list(m.shape), str(m.dtype)) for p, m in saved}
     if not saved:
       raise damaged(ValueError("no readable array metadata"))

@@ -158,7 +158,7 @@ class TrainConfig:
            " that sends it; background: the replicas split over the processes, each fragment's"
            " all-reduce on a communication thread while training goes on (merged at t + τ; delayed /"
            " eager: at the next send). Where it runs, not what it computes: the same numbers (bit for"
-           " bit with outer_overlap delayed/eager, within background.NONE_RTOL otherwise)")
+           " bit on CPU with every replica in one process; else within background.TOLERANCE)")
   checkpoint_every: int = field(
       0, flag="checkpoint-every", group=_C,
       help="save <out>/checkpoints/<step> every N steps (a multiple of the log interval; 0: never)")
