@@ -66,6 +66,7 @@ from analysis.simulate import fragment_layers_of
 from analysis.simulate import get_sim_model
 from analysis.simulate import paper_table
 from analysis.simulate import run_simulation
+from analysis.simulate import throughput_bound
 from analysis.simulate import utilization
 from analysis.sweeps import grid
 from analysis.sweeps import run_sweep

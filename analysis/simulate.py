@@ -41,7 +41,11 @@ steps, P times per period; DiLoCo hides once per period; DP hides behind the bac
 pass only, every step. Utilization is compute time ÷ wall time over ``periods`` whole
 sync periods (H steps; one step for DP) after ``warmup_periods`` periods, from the start
 of the first measured step to the start of the step after the window. The schedule
-repeats every period, so the run reaches a periodic steady state (tested).
+repeats every period, so the run reaches a periodic steady state (tested). With outer overlap
+a payload may arrive a whole period late, and a link slower than the payload rate fills its
+queue for more periods than a short window shows, so every utilization is also capped by the
+link's throughput, :func:`throughput_bound` (tested: 3 periods after 2 then read what 10
+after 10 do).
 
 The event loop (:mod:`analysis.sim_events`) visits only the steps that send or wait,
 and serves a step's chunks in one vectorized pass (a FIFO queue's finish time is a
@@ -199,12 +203,32 @@ def _prepare(model, method, *, replicas=2, sync_every=100, fragment_layers=3,
   return m, period, plan, eps, phi, warm * period + 1, (warm + meas) * period + 1
 
 
+def throughput_bound(period: int, plan: dict, step_time: float, w_bps):
+  r"""The utilization a link of ``w_bps`` bit/s allows in steady state, whatever the deadlines.
+
+  .. math::
+     u \le \frac{H\,T\,W}{V_\text{period}}
+
+  (:math:`V_\text{period}`: the bits every send of one period puts on the link). A finite
+  window can miss it: with outer overlap a payload may arrive a whole period late, so a link
+  slower than this fills its queue period after period and stalls only once the queue
+  outgrows the slack, after more periods than are simulated. Utilizations here are capped by it.
+
+  Examples:
+    >>> throughput_bound(100, {}, 0.1, 1e9)  # nothing to send
+    inf
+  """
+  bits = sum(float(np.sum(send.sizes)) for send in plan.values())
+  return np.inf if bits == 0 else period * step_time * np.asarray(w_bps, dtype=float) / bits
+
+
 def _utilizations(model, method, bandwidth_gbps, **kwargs) -> np.ndarray:
   """Utilization at each bandwidth of an array (one vectorized simulation)."""
   w = _checks.positive("bandwidth_gbps", bandwidth_gbps).ravel() * 1e9
   m, period, plan, eps, _, first, n_steps = _prepare(model, method, **kwargs)
   starts, _ = run_events(period, plan, m.step_time, w, eps, n_steps, first)
-  return (n_steps - first) * m.step_time / (starts[n_steps] - starts[first])
+  u = (n_steps - first) * m.step_time / (starts[n_steps] - starts[first])
+  return np.minimum(u, throughput_bound(period, plan, m.step_time, w))
 
 
 def run_simulation(model: str | SimModel, method: str, bandwidth_gbps: float, *,
@@ -277,7 +301,8 @@ def run_simulation(model: str | SimModel, method: str, bandwidth_gbps: float, *,
   wall = starts[n_steps - 1] - starts[first - 1]
   transfers = pd.DataFrame(rec, columns=["step", "fragment", "ready", "start", "end", "arrival",
                                          "bits", "needed_by"])
-  return SimResult(utilization=float(compute / wall), compute_time=float(compute),
+  u = min(float(compute / wall), float(throughput_bound(period, plan, t, w)))
+  return SimResult(utilization=u, compute_time=float(compute),
                    wall_time=float(wall), window=(first, n_steps - 1), step_start=starts,
                    step_end=starts + t, transfers=transfers, step_time=t, layers=m.layers,
                    forward_fraction=phi)
