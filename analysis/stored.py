@@ -25,11 +25,13 @@ File format (``format`` 1), every float as Python writes it (exact round trip)::
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import datetime
 import hashlib
 import json
 import math
+import multiprocessing
 import os
 import pathlib
 import platform
@@ -405,7 +407,34 @@ def sample_size(name: str) -> int:
   return SAMPLE_SIZES.get(name, SAMPLE)
 
 
-def verify_all(names: Sequence[str] | None = None) -> pd.DataFrame:
-  """:func:`verify` for every stored experiment (or ``names``), :func:`sample_size` runs each."""
+def _verify_sample(name: str) -> pd.DataFrame:
+  return verify(name, k=sample_size(name))
+
+
+def _cost(name: str) -> float:
+  """A stored experiment's seconds per run (its provenance), to hand out the longest first."""
+  p = load(name).provenance
+  return float(p.get("wall_time_s", 0.0)) / max(int(p.get("runs", 1)), 1)
+
+
+def verify_all(names: Sequence[str] | None = None, *, workers: int = 1) -> pd.DataFrame:
+  """:func:`verify` for every stored experiment (or ``names``), :func:`sample_size` runs each.
+
+  Args:
+    names: the experiments (default: every stored one).
+    workers: processes that re-train at once (``spawn``ed, so JAX starts afresh in each; the
+      numbers do not depend on it). The longest experiments (stored seconds per run) are
+      handed out first. A difference raises :class:`StoredResultError` as with one worker.
+
+  Returns:
+    :func:`verify`'s rows for every experiment, in the order of ``names``.
+  """
   names = stored_names() if names is None else list(names)
-  return pd.concat([verify(n, k=sample_size(n)) for n in names], ignore_index=True)
+  workers = check_int("workers", workers, low=1)
+  if workers == 1 or len(names) < 2:
+    return pd.concat([_verify_sample(n) for n in names], ignore_index=True)
+  order = sorted(names, key=_cost, reverse=True)
+  ctx = multiprocessing.get_context("spawn")
+  with concurrent.futures.ProcessPoolExecutor(min(workers, len(names)), mp_context=ctx) as pool:
+    done = dict(zip(order, pool.map(_verify_sample, order)))
+  return pd.concat([done[n] for n in names], ignore_index=True)

@@ -90,6 +90,12 @@ def test_verify_retrains_the_sample_and_catches_a_changed_trainer(toy, monkeypat
     stored.verify("toy", k=1)
 
 
+def test_verify_all_refuses_a_bad_worker_count_before_training():
+  # workers > 1 (spawned processes) is what the docs build runs on every stored experiment
+  with pytest.raises(ValueError, match="workers must be an integer >= 1, got 0"):
+    stored.verify_all(["toy"], workers=0)
+
+
 def test_sample_indices_are_fixed_and_spread():
   assert stored.sample_indices(144, 2) == [0, 143]
   assert stored.sample_indices(144, 3) == [0, 72, 143]
