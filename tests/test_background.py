@@ -21,8 +21,8 @@ from tiny_run import metrics_rows, tiny
 CASES = {  # DiLoCo (4-bit payloads, error feedback), Streaming, eager: M = 2, and M = 4 (M > 2)
     "diloco": dict(compression="e3m0", error_feedback=True, eval_replicas=True),
     "streaming": dict(algo="streaming", fragments=3, sync_every=6, overlap=2, alpha=0.5, steps=12,
-                      checkpoint_every=4, log_every=4, replicas=4),  # its checkpoints feed the resume test
-    "eager": dict(outer_overlap="eager"),
+                      checkpoint_every=4, log_every=4),  # its checkpoints feed the resume test
+    "eager": dict(outer_overlap="eager", replicas=4),
     "diloco-m4": dict(compression="e3m0", replicas=4),  # within TOLERANCE (see background.py)
 }
 
