@@ -422,7 +422,7 @@ def verify_all(names: Sequence[str] | None = None, *, workers: int = 1) -> pd.Da
 
   Args:
     names: the experiments (default: every stored one).
-    workers: processes that re-train at once (``spawn``ed, so JAX starts afresh in each; the
+    workers: processes that re-train at once (started with ``spawn``, so JAX starts afresh in each; the
       numbers do not depend on it). The longest experiments (stored seconds per run) are
       handed out first. A difference raises :class:`StoredResultError` as with one worker.
 
