@@ -71,13 +71,13 @@ from diloco_core.state import DiLoCoState, MergeOperands, SendOperands
 #: How far (relative, and absolute near 0) a background run may be from the in-step run where
 #: they are not equal bit for bit, in two cases. (1) The replicas split over several processes:
 #: each process's inner step is compiled for its M / N replicas, and XLA's kernels for that
-#: shape round differently from the in-step program's (measured without any sync: after 4 inner
-#: steps, up to 964 elements per leaf differ by an ulp), as the in-step runtime's numbers differ
+#: shape round differently from the in-step program's (without any sync, a few inner steps
+#: already differ by an ulp in many elements), as the in-step runtime's numbers differ
 #: from one device mesh to another. (2) More than two replicas sending a compressed format
 #: (``compression`` other than ``"none"``): the in-step program lets XLA fuse the quantizer into
-#: the average's reduction, and there a few values round to the neighbouring code (measured: 2
-#: to 72 of 256 to 1024 sums differ from the sum of the same quantized values computed on their
-#: own). One process with M = 2, or with float32 payloads, is equal bit for bit.
+#: the average's reduction, and there a few values round to the neighbouring code (a fused sum
+#: differs in a few elements from the sum of the same quantized values computed on their own).
+#: Otherwise, in one process, the runs are equal bit for bit.
 TOLERANCE = 1e-5
 #: The trace file of process r under ``<out>``.
 TRACE_FILE = os.path.join("trace", "process-{rank}.jsonl")
@@ -143,7 +143,7 @@ def _split(flat: np.ndarray, like: list) -> list[np.ndarray]:
   in the shape the in-step program reads the replicas' leaves, so XLA fuses the mean and the
   outer step into the same kernels (a buffer sliced inside the program fuses otherwise, and XLA
   on CPU then contracts a different product of the Nesterov update into a fused multiply-add:
-  1 ulp per outer step, measured).
+  an ulp per outer step).
   """
   out, at = [], 0
   for x in like:
