@@ -5,6 +5,7 @@ PYTEST_ARGS ?=
 
 .PHONY: demo test test-fast docs experiments bench bench-accel clean
 EXPERIMENTS ?= --all
+WORKERS ?= 2
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	python3 -m venv $(VENV)
@@ -27,7 +28,7 @@ docs: $(VENV)/.installed  ## the site from scratch, every notebook executed, war
 	$(PY) docs/build.py
 
 experiments: $(VENV)/.installed  ## train and store the docs' experiments (analysis/results/*.json)
-	$(PY) -m analysis experiments run $(EXPERIMENTS)
+	$(PY) -m analysis experiments run $(EXPERIMENTS) --workers $(WORKERS)
 
 bench: $(VENV)/.installed  ## benchmarks that print measured ratios
 	$(PY) benchmarks/step_time.py

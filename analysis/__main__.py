@@ -255,6 +255,7 @@ def _experiments(a) -> None:
   if not names:
     raise ValueError("experiments: name at least one experiment (one of "
                      f"{sorted(experiments.SWEEPS)}) or pass --all.")
+  check_int("--workers", a.workers, low=1)
   for name in names:  # unknown names or scales: one line, before anything trains
     stored.path_of(name)
     experiments.named_sweep(name, a.scale)
@@ -269,7 +270,7 @@ def _experiments(a) -> None:
     return
   for name in names:
     if a.action == "run":
-      path = stored.run_experiment(name, scale=a.scale, progress=not a.quiet)
+      path = stored.run_experiment(name, scale=a.scale, progress=not a.quiet, workers=a.workers)
       print(f"{name}: stored {path}")
     else:
       report = stored.verify(name, k=a.sample, scale=a.scale)
@@ -289,6 +290,8 @@ def _add_experiments(sub) -> None:
   e.add_argument("--scale", default="cpu", help="cpu or accelerator (cpu)")
   e.add_argument("--sample", type=int, default=2, help="verify: runs trained again (2)")
   e.add_argument("--quiet", action="store_true", help="run: no progress bar")
+  e.add_argument("--workers", type=int, default=1,
+                 help="run: processes that train at once (1); the numbers do not depend on it")
   e.set_defaults(func=_experiments)
 
 

@@ -70,12 +70,17 @@ def seeds(scale: str, minimum: int = 0) -> list[int]:
 
 
 #: Seeds of every arm of the claims experiment (paired: the same seeds in every arm).
-CLAIM_SEEDS = 6
+CLAIM_SEEDS = 8
 #: Inner steps of the claims runs: twice the sweeps' 1,200, so that DiLoCo, which converges
-#: more slowly than DP per step, is near convergence too (100 outer steps at H = 24). At
-#: 1,200 steps its final loss was still falling and a paired difference between two DiLoCo
-#: variants varied about 2% from seed to seed, more than every effect of findings 1-3.
+#: more slowly than DP per step, is near convergence too (100 outer steps at H = 24).
 CLAIM_STEPS = 2400
+#: The claims runs' model and peak inner learning rate. Measured on 5 seeds (2,400 steps):
+#: with the sweeps' ``tiny`` at 1e-2 (or 3e-2) some seeds stayed on a slow path to the floor
+#: for the whole run, so that a paired difference between two DiLoCo variants had a standard
+#: deviation of 0.3-0.9% of the loss, more than findings 1-3's effects; ``mini`` (twice as
+#: wide) at 2e-2 converged on every seed, and the same differences varied 0.06-0.4%.
+CLAIM_MODEL = "mini"
+CLAIM_INNER_LR = 2e-2
 
 
 def methods_configs(scale: str = "cpu") -> list:
@@ -97,8 +102,9 @@ def methods_configs(scale: str = "cpu") -> list:
 
 def claims_arms(scale: str = "cpu") -> dict[str, Any]:
   """The arms of the claims experiment (docs/claims.md), by name; each is trained with
-  :data:`CLAIM_SEEDS` seeds. Around :func:`base_config` with :data:`CLAIM_STEPS` steps on CPU
-  (DiLoCo, M = 4, H = 24, η = 0.5):
+  :data:`CLAIM_SEEDS` seeds. Around :func:`base_config` with :data:`CLAIM_STEPS` steps, the
+  :data:`CLAIM_MODEL` preset and peak inner LR :data:`CLAIM_INNER_LR` on CPU (DiLoCo, M = 4,
+  H = 24, η = 0.5):
 
   ``dp``; ``diloco``; ``replica`` (``diloco`` with ``eval_replicas``: the last step merges
   nothing, so replica 0 can be evaluated beside the global params); ``streaming`` (P = 3,
@@ -107,7 +113,8 @@ def claims_arms(scale: str = "cpu") -> dict[str, Any]:
   ``delayed`` / ``eager`` (whole outer step overlapped); ``eta_h{12,48}_{η}``, the outer-LR
   grid η ∈ {0.1, 0.3, 0.5, 0.7, 0.9, 1.2} at H = 12 and H = 48.
   """
-  base = base_config(scale, steps=CLAIM_STEPS) if scale == "cpu" else base_config(scale)
+  base = (base_config(scale, steps=CLAIM_STEPS, model=CLAIM_MODEL, inner_lr=CLAIM_INNER_LR)
+          if scale == "cpu" else base_config(scale))
   b = base.batch_size * base.algo.replicas  # DP's global batch, kept fixed over M
   arms = {
       "dp": {"algorithm": "dp"},

@@ -59,9 +59,9 @@ FORMAT = 1
 #: (CPU runs are deterministic: a re-run gives the same bits, so any drift is a change of the
 #: trainer's numerics, which must be re-run and stored again).
 RTOL = 1e-6
-#: Runs of each experiment the docs build trains again (:func:`sample_indices`): one each, so that
-#: the build stays in CI's budget (eleven experiments; ``methods``' run is one of the main job's
-#: `small` runs, about two minutes). ``python -m analysis experiments verify --sample K`` checks more.
+#: Runs of each experiment the docs build trains again (:func:`sample_indices`): one each, the
+#: cheapest, so that the build stays in CI's budget (twelve experiments; ``methods``' runs are
+#: the main job's `small` runs, about two and a half minutes each). ``python -m analysis experiments verify --sample K`` checks more.
 SAMPLE = 1
 #: Experiments that re-check another number of runs than :data:`SAMPLE` (none at present).
 SAMPLE_SIZES: dict[str, int] = {}
@@ -141,7 +141,8 @@ def content_hash(doc: dict) -> str:
   return hashlib.sha256(text.encode()).hexdigest()
 
 
-def provenance(wall_time_s: float, runs: int, scale: str, elapsed_s: float | None = None) -> dict:
+def provenance(wall_time_s: float, runs: int, scale: str, elapsed_s: float | None = None,
+               workers: int = 1) -> dict:
   """Where and how a stored experiment was computed (versions, platform, date, code hash)."""
   import importlib.metadata
 
@@ -162,6 +163,7 @@ def provenance(wall_time_s: float, runs: int, scale: str, elapsed_s: float | Non
       "wall_time_s": round(wall_time_s, 1),  # the runs' own training wall times, summed
       "elapsed_s": None if elapsed_s is None else round(elapsed_s, 1),  # this command (cached runs: read)
       "runs": runs,
+      "workers": workers,  # processes that trained at once (the numbers do not depend on it)
       "scale": scale,
       "command": f"python -m analysis experiments run {{name}} --scale {scale}",
   }
@@ -171,8 +173,52 @@ def _metrics_columns(metrics: pd.DataFrame) -> dict[str, list]:
   return {c: _plain(metrics[c].tolist()) for c in METRIC_COLUMNS if c in metrics.columns}
 
 
+def _train_group(configs: list, cache: str) -> int:
+  """Trains ``configs`` into the sweep cache ``cache`` (a worker of :func:`train_parallel`)."""
+  run_sweep(configs, cache=cache, progress=False)
+  return len(configs)
+
+
+def train_parallel(configs: Sequence, *, workers: int, cache: str | os.PathLike | None = None,
+                   progress: bool = True, desc: str = "sweep") -> None:
+  """Trains ``configs`` into the sweep cache with ``workers`` processes at once.
+
+  The runs are split into groups that share a compiled program
+  (:func:`~analysis.sweeps.program_groups`), so each group compiles once, and a group of more
+  than a ``2 * workers``-th of the runs into equal parts (one compile more each, so that no
+  worker is left with most of the runs); the groups go to ``workers`` processes started with
+  ``spawn`` (JAX starts afresh in each), the largest first. Runs already in the cache are read, not trained. CPU runs are deterministic, so the
+  numbers do not depend on ``workers`` (the docs build's re-check of every stored experiment
+  trains its sample in one process and compares).
+
+  Args:
+    configs: TrainConfigs.
+    workers: processes that train at once (>= 1).
+    cache: the sweep cache folder (default: :func:`~analysis.sweep_cache.cache_dir`).
+    progress: a progress bar over the runs (advanced as each group finishes).
+    desc: the progress bar's label.
+  """
+  # here: only this function needs the program keys and the progress bar
+  from tqdm.auto import tqdm
+
+  from analysis.sweep_cache import cache_dir
+  from analysis.sweeps import program_groups
+  workers = check_int("workers", workers, low=1)
+  root = str(cache_dir(cache))
+  most = max(1, -(-len(configs) // (2 * workers)))
+  groups = sorted((g[k::-(-len(g) // most)] for g in program_groups(configs)
+                   for k in range(-(-len(g) // most))), key=len, reverse=True)
+  ctx = multiprocessing.get_context("spawn")
+  with tqdm(total=len(configs), desc=desc, unit="run", disable=not progress) as bar, \
+      concurrent.futures.ProcessPoolExecutor(min(workers, len(groups)), mp_context=ctx) as pool:
+    futures = [pool.submit(_train_group, [configs[i] for i in g], root) for g in groups]
+    for done in concurrent.futures.as_completed(futures):
+      bar.update(done.result())
+
+
 def run_experiment(name: str, *, scale: str = "cpu", cache: str | os.PathLike | None = None,
-                   progress: bool = True, out_dir: str | os.PathLike | None = None) -> pathlib.Path:
+                   progress: bool = True, out_dir: str | os.PathLike | None = None,
+                   workers: int = 1) -> pathlib.Path:
   """Trains every run of experiment ``name`` and writes its stored file; returns the path.
 
   Finished runs are read from the sweep cache (:mod:`analysis.sweep_cache`, keyed by config
@@ -185,13 +231,17 @@ def run_experiment(name: str, *, scale: str = "cpu", cache: str | os.PathLike | 
     cache: the sweep cache folder (default: :func:`~analysis.sweep_cache.cache_dir`).
     progress: show a progress bar over the runs.
     out_dir: where to write (default :data:`RESULTS_DIR`).
+    workers: processes that train at once (:func:`train_parallel`; 1 trains in this process).
 
   Returns:
     The path of the stored file.
   """
   configs = experiments.named_sweep(name, scale)
+  workers = check_int("workers", workers, low=1)
   start = time.perf_counter()
-  df = run_sweep(configs, cache=cache, progress=progress, desc=name)
+  if workers > 1:
+    train_parallel(configs, workers=workers, cache=cache, progress=progress, desc=name)
+  df = run_sweep(configs, cache=cache, progress=progress and workers == 1, desc=name)
   curves = sweep_curves(df, cache=cache)
   runs = []
   for cfg, (_, row) in zip(configs, df.iterrows()):
@@ -201,7 +251,7 @@ def run_experiment(name: str, *, scale: str = "cpu", cache: str | os.PathLike | 
                  "row": _plain({k: v for k, v in row.items() if k not in ("cached", "run_s")}),
                  "metrics": _metrics_columns(metrics)})
   trained_s = float(df["wall_time_s"].sum())  # each run's wall time, whether cached or trained now
-  prov = provenance(trained_s, len(runs), scale, elapsed_s=time.perf_counter() - start)
+  prov = provenance(trained_s, len(runs), scale, elapsed_s=time.perf_counter() - start, workers=workers)
   prov["command"] = prov["command"].format(name=name)
   doc = {"name": name, "scale": scale, "format": FORMAT, "provenance": prov, "runs": runs}
   doc["sha256"] = content_hash(doc)
@@ -329,19 +379,27 @@ def results(name: str, scale: str = "cpu", *, live: bool | None = None, curves: 
   return (e.frame, e.curves) if curves else e.frame
 
 
-def sample_indices(n: int, k: int = SAMPLE) -> list[int]:
-  """``k`` run indices out of ``n``, spread evenly and fixed (first and last included).
+def sample_indices(costs: Sequence[float], k: int = SAMPLE) -> list[int]:
+  """``k`` run indices spread evenly over the runs ordered by cost, cheapest first (fixed).
+
+  ``costs`` are the stored runs' wall times: one run is the cheapest, two are the cheapest and
+  the dearest, three add the median, and so on. The choice depends on the stored file only,
+  so every build checks the same runs; the cheapest first keeps the docs build's re-check of
+  every experiment within CI's budget.
 
   Examples:
-    >>> sample_indices(10, 2), sample_indices(10, 3), sample_indices(1, 2)
-    ([0, 9], [0, 4, 9], [0])
+    >>> sample_indices([5.0, 1.0, 9.0, 3.0], 1), sample_indices([5.0, 1.0, 9.0, 3.0], 2)
+    ([1], [1, 2])
+    >>> sample_indices([5.0, 1.0, 9.0, 3.0], 3), sample_indices([2.0], 2)
+    ([1, 0, 2], [0])
   """
   check_int("sample size", k, low=1)
-  if n <= k:
-    return list(range(n))
+  order = sorted(range(len(costs)), key=lambda i: (costs[i], i))
+  if len(order) <= k:
+    return order
   if k == 1:
-    return [0]
-  return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
+    return order[:1]
+  return [order[j] for j in sorted({round(i * (len(order) - 1) / (k - 1)) for i in range(k)})]
 
 
 def _rel(a, b) -> float:
@@ -357,8 +415,8 @@ def verify(name: str, *, k: int = SAMPLE, scale: str = "cpu", rtol: float = RTOL
            path: str | os.PathLike | None = None, raise_on_error: bool = True) -> pd.DataFrame:
   """Trains ``k`` runs of a stored experiment again and compares them with the stored numbers.
 
-  The runs are :func:`sample_indices` of the stored list, trained from scratch (no sweep
-  cache). Compared: the :data:`CHECKED` summary numbers and the logged eval losses.
+  The runs are :func:`sample_indices` of the stored runs' wall times, trained from scratch
+  (no sweep cache). Compared: the :data:`CHECKED` summary numbers and the logged eval losses.
 
   Args:
     name: the experiment.
@@ -375,7 +433,7 @@ def verify(name: str, *, k: int = SAMPLE, scale: str = "cpu", rtol: float = RTOL
   stored = load(name, scale=scale, path=path)
   configs = experiments.named_sweep(name, scale)
   out = []
-  for i in sample_indices(len(stored.runs), k):
+  for i in sample_indices([float(r["row"].get("wall_time_s") or 0.0) for r in stored.runs], k):
     run = stored.runs[i]
     summary, metrics, _ = run_one(configs[i], cache=False)
     diffs = {c: _rel(run["row"].get(c), _plain(summary.get(c))) for c in CHECKED}

@@ -215,6 +215,22 @@ def run_sweep(configs: Iterable, *, cache: str | os.PathLike | None | bool = Non
   return pd.DataFrame(rows)
 
 
+def program_groups(configs: Sequence) -> list[list[int]]:
+  """Indices of ``configs`` grouped by the compiled program they share, in order of first use.
+
+  Examples:
+    >>> from diloco_core.train import TrainConfig
+    >>> cfgs = grid(TrainConfig(model="tiny"), replicas=[2, 4], sync_every=[2, 4])
+    >>> program_groups([cfgs[0], cfgs[2], cfgs[1], cfgs[3]])  # M is a shape, H an input
+    [[0, 2], [1, 3]]
+  """
+  train = _train_module()
+  groups: dict[str, list[int]] = {}
+  for i, cfg in enumerate(configs):
+    groups.setdefault(train.program_key(cfg, cfg.model_config()), []).append(i)
+  return list(groups.values())
+
+
 def training_order(configs: Sequence) -> list[int]:
   """Indices of ``configs`` with runs sharing a compiled program next to each other.
 
@@ -229,11 +245,7 @@ def training_order(configs: Sequence) -> list[int]:
     >>> training_order(mixed)  # both M = 2 runs, then both M = 4 runs
     [0, 2, 1, 3]
   """
-  train = _train_module()
-  groups: dict[str, list[int]] = {}
-  for i, cfg in enumerate(configs):
-    groups.setdefault(train.program_key(cfg, cfg.model_config()), []).append(i)
-  return [i for members in groups.values() for i in members]
+  return [i for members in program_groups(configs) for i in members]
 
 
 def sweep_curves(df: pd.DataFrame, configs: Iterable | None = None, *,

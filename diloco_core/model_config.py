@@ -98,6 +98,9 @@ class ModelConfig:
 PRESETS: dict[str, ModelConfig] = {
     # A few thousand parameters: the unit tests' model (compiles in about a second).
     "tiny": ModelConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, d_ff=32, max_seq_len=32),
+    # `tiny` twice as wide (about 4x the parameters): the claims experiment's model, wide enough
+    # that every seed converges near the data's floor on CPU (docs/claims.md).
+    "mini": ModelConfig(vocab_size=32, d_model=32, n_layers=2, n_heads=2, d_ff=64, max_seq_len=32),
     # The README demo and notebook model: trains to near the data's floor in minutes on CPU.
     "small": ModelConfig(vocab_size=64, d_model=64, n_layers=4, n_heads=4, d_ff=192, max_seq_len=128),
     # For accelerators (notebooks pick it on TPU/GPU).

@@ -17,11 +17,13 @@ _TINY = TrainConfig(model="tiny", steps=8, batch_size=2, seq_len=8, eval_every=4
 
 @pytest.fixture(scope="module")
 def toy_trained(tmp_path_factory):
-  """The two-run experiment 'toy' trained and stored once for the module (shared runs)."""
+  """The two-run experiment 'toy' trained and stored once for the module (shared runs), by two
+  worker processes."""
   root = tmp_path_factory.mktemp("toy")
   with pytest.MonkeyPatch.context() as mp:
     mp.setitem(experiments.SWEEPS, "toy", _toy)
-    path = stored.run_experiment("toy", cache=root / "cache", progress=False, out_dir=root / "stored")
+    path = stored.run_experiment("toy", cache=root / "cache", progress=False, out_dir=root / "stored",
+                                 workers=2)  # the two runs trained by two spawned processes
   return path
 
 
@@ -79,14 +81,17 @@ def test_missing_and_wrong_scale(toy, monkeypatch):
 
 
 def test_verify_retrains_the_sample_and_catches_a_changed_trainer(toy, monkeypatch):
+  # The file was trained by two spawned workers (`run --workers 2`); trained again here, in one
+  # process, every run gives its numbers (the curve passes through the cache's JSON lines).
+  assert stored.load("toy").provenance["workers"] == 2
   report = stored.verify("toy", k=2)
-  assert report["index"].tolist() == [0, 1]
+  assert sorted(report["index"]) == [0, 1]
   assert report["ok"].all() and (report["max_rel_diff"] < 1e-9).all()  # CPU: the same losses
   # A trainer whose numbers changed: the run now trains with another inner LR.
   real = stored.run_one
   monkeypatch.setattr(stored, "run_one", lambda cfg, cache=None: real(
       cfg.__class__(**{**cfg.__dict__, "inner_lr": cfg.inner_lr * 1.01}), cache=cache))
-  with pytest.raises(stored.StoredResultError, match=r"run 0 .* differs in .* allowed 1e-06"):
+  with pytest.raises(stored.StoredResultError, match=r"run [01] .* differs in .* allowed 1e-06"):
     stored.verify("toy", k=1)
 
 
@@ -97,9 +102,11 @@ def test_verify_all_refuses_a_bad_worker_count_before_training():
 
 
 def test_sample_indices_are_fixed_and_spread():
-  assert stored.sample_indices(144, 2) == [0, 143]
-  assert stored.sample_indices(144, 3) == [0, 72, 143]
-  assert stored.sample_indices(3, 5) == [0, 1, 2]
+  costs = [float(c) for c in range(144, 0, -1)]  # run i costs 144 - i: the last is the cheapest
+  assert stored.sample_indices(costs, 1) == [143]
+  assert stored.sample_indices(costs, 2) == [143, 0]
+  assert stored.sample_indices(costs, 3) == [143, 71, 0]  # the 72nd cheapest is run 71
+  assert stored.sample_indices([1.0, 1.0, 0.5], 5) == [2, 0, 1]  # ties: the lower index first
 
 
 @pytest.mark.parametrize("name", sorted(experiments.SWEEPS))
@@ -125,6 +132,7 @@ def test_experiments_cli_lists_runs_stores_and_verifies(toy, capsys):
     (["experiments", "run", "nope"], "experiment must be one of"),
     (["experiments", "run"], "name at least one experiment"),
     (["experiments", "verify", "claims", "--scale", "gpu"], "scale must be one of"),
+    (["experiments", "run", "claims", "--workers", "0"], "--workers must be an integer >= 1, got 0"),
 ])
 def test_experiments_cli_bad_input_is_one_line_before_any_training(argv, message, capsys):
   from analysis import __main__ as cli
