@@ -10,7 +10,7 @@ WORKERS ?= 2
 $(VENV)/.installed: requirements.txt pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-compile -r requirements.txt  # .pyc written on first import
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 
