@@ -65,6 +65,15 @@ RTOL = 1e-6
 SAMPLE = 1
 #: Experiments that re-check another number of runs than :data:`SAMPLE` (none at present).
 SAMPLE_SIZES: dict[str, int] = {}
+#: Across CPUs the runs are not bit-reproducible: XLA compiles for the host's instruction set and
+#: rounds differently, and over thousands of steps a run drifts to another realization (measured:
+#: up to about half a percent of the final loss, the size of the seed-to-seed spread). A run
+#: re-trained on another CPU than the stored file's (:func:`cpu_fingerprint`), or on a file
+#: stored before the fingerprint was recorded, must give the same counts exactly and a final
+#: eval loss within this relative tolerance; on the same CPU, :data:`RTOL` holds.
+CROSS_CPU_RTOL = 2e-2
+#: The counts of a run, equal on every CPU.
+COUNTS = ("total_bytes_per_replica", "peak_bytes_per_step", "tokens", "params")
 #: The numbers of a run compared by :func:`verify` (wall times are not reproducible).
 CHECKED = ("final_eval_loss", "gap_to_floor", "total_bytes_per_replica", "peak_bytes_per_step",
            "tokens", "params")
@@ -141,6 +150,26 @@ def content_hash(doc: dict) -> str:
   return hashlib.sha256(text.encode()).hexdigest()
 
 
+#: The CPU flags that change what XLA's CPU backend compiles (its instruction sets).
+ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512dq", "avx512bw",
+             "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
+
+
+def cpu_fingerprint() -> str:
+  """The CPU's model name and the instruction sets XLA may compile for (Linux: /proc/cpuinfo).
+
+  Two machines with the same fingerprint give the same bits for a CPU run; others may not.
+  """
+  try:
+    info = pathlib.Path("/proc/cpuinfo").read_text()
+  except OSError:
+    return f"{platform.machine()} {platform.processor()}".strip()
+  fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+  fields = {k.strip(): v.strip() for k, v in fields.items()}
+  flags = set(fields.get("flags", "").split())
+  return f"{fields.get('model name', platform.machine())}; " + " ".join(f for f in ISA_FLAGS if f in flags)
+
+
 def provenance(wall_time_s: float, runs: int, scale: str, elapsed_s: float | None = None,
                workers: int = 1) -> dict:
   """Where and how a stored experiment was computed (versions, platform, date, code hash)."""
@@ -159,6 +188,7 @@ def provenance(wall_time_s: float, runs: int, scale: str, elapsed_s: float | Non
       "device_kind": device.device_kind,
       "devices": jax.device_count(),
       "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs",
+      "cpu": cpu_fingerprint(),
       "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
       "wall_time_s": round(wall_time_s, 1),  # the runs' own training wall times, summed
       "elapsed_s": None if elapsed_s is None else round(elapsed_s, 1),  # this command (cached runs: read)
@@ -426,11 +456,17 @@ def verify(name: str, *, k: int = SAMPLE, scale: str = "cpu", rtol: float = RTOL
     path: read this file instead of :func:`path_of` (tests).
     raise_on_error: raise :class:`StoredResultError` on a difference (else only report it).
 
+  On another CPU than the file's (or a file without a CPU record) a run that is not the same
+  to ``rtol`` passes when its counts are equal and its final eval loss is within
+  :data:`CROSS_CPU_RTOL` (``check`` says which test it passed).
+
   Returns:
     One row per re-trained run: ``experiment``, ``index``, ``key``, ``max_rel_diff``,
-    ``worst`` (the field with the largest difference), ``ok``.
+    ``worst`` (the field with the largest difference), ``check`` (``"exact"`` or
+    ``"another CPU"``), ``ok``.
   """
   stored = load(name, scale=scale, path=path)
+  same_cpu = stored.provenance.get("cpu") == cpu_fingerprint()
   configs = experiments.named_sweep(name, scale)
   out = []
   for i in sample_indices([float(r["row"].get("wall_time_s") or 0.0) for r in stored.runs], k):
@@ -442,15 +478,21 @@ def verify(name: str, *, k: int = SAMPLE, scale: str = "cpu", rtol: float = RTOL
     diffs["eval_loss curve"] = (math.inf if len(was) != len(now)
                                 else max((_rel(a, b) for a, b in zip(was, now)), default=0.0))
     worst = max(diffs, key=diffs.get)
-    out.append({"experiment": name, "index": i, "key": run["key"],
-                "max_rel_diff": diffs[worst], "worst": worst, "ok": diffs[worst] <= rtol})
+    row = {"experiment": name, "index": i, "key": run["key"], "max_rel_diff": diffs[worst],
+           "worst": worst, "check": "exact", "ok": diffs[worst] <= rtol}
+    if not row["ok"] and not same_cpu:
+      row.update(check="another CPU", worst="final_eval_loss", max_rel_diff=diffs["final_eval_loss"],
+                 ok=diffs["final_eval_loss"] <= CROSS_CPU_RTOL and all(diffs[c] == 0.0 for c in COUNTS))
+    out.append(row)
   report = pd.DataFrame(out)
   bad = report[~report["ok"]]
   if raise_on_error and len(bad):
     r = bad.iloc[0]
+    allowed = rtol if r["check"] == "exact" else CROSS_CPU_RTOL
     raise StoredResultError(
         f"stored experiment {name!r}: run {r['index']} ({r['key']}) trained again differs in"
-        f" {r['worst']} by {r['max_rel_diff']:.3g} (relative; allowed {rtol:g}); the trainer's"
+        f" {r['worst']} by {r['max_rel_diff']:.3g} (relative; allowed {allowed:g}"
+        f"{'' if r['check'] == 'exact' else ' on another CPU than the stored one'}); the trainer's"
         f" numbers changed: run `python -m analysis experiments run {name}` and commit the result.")
   return report
 

@@ -95,6 +95,23 @@ def test_verify_retrains_the_sample_and_catches_a_changed_trainer(toy, monkeypat
     stored.verify("toy", k=1)
 
 
+def test_on_another_cpu_verify_checks_the_counts_and_the_final_loss_within_the_cross_cpu_bound(toy, monkeypatch):
+  assert stored.load("toy").provenance["cpu"] == stored.cpu_fingerprint()
+  monkeypatch.setattr(stored, "cpu_fingerprint", lambda: "another CPU; avx2")
+  real = stored.run_one
+  # other rounding (a 1% larger inner LR stands for it): not exact, but the same counts and a close loss
+  monkeypatch.setattr(stored, "run_one", lambda cfg, cache=None: real(
+      cfg.__class__(**{**cfg.__dict__, "inner_lr": cfg.inner_lr * 1.01}), cache=cache))
+  report = stored.verify("toy", k=1)
+  assert report["check"].tolist() == ["another CPU"] and report["ok"].all()
+  assert 0 < report["max_rel_diff"].iloc[0] <= stored.CROSS_CPU_RTOL
+  # a changed count (another sequence length: other tokens) fails on any CPU
+  monkeypatch.setattr(stored, "run_one", lambda cfg, cache=None: real(
+      cfg.__class__(**{**cfg.__dict__, "seq_len": cfg.seq_len // 2}), cache=cache))
+  with pytest.raises(stored.StoredResultError, match="on another CPU than the stored one"):
+    stored.verify("toy", k=1)
+
+
 def test_verify_all_refuses_a_bad_worker_count_before_training():
   # workers > 1 (spawned processes) is what the docs build runs on every stored experiment
   with pytest.raises(ValueError, match="workers must be an integer >= 1, got 0"):
