@@ -80,6 +80,7 @@ CLAIM_STEPS = 2400
 #: deviation of 0.3-0.9% of the loss, more than findings 1-3's effects; ``mini`` (twice as
 #: wide) at 2e-2 converged on every seed, and the same differences varied 0.06-0.4%.
 CLAIM_MODEL = "mini"
+#: The claims runs' peak inner learning rate (twice the sweeps'; see :data:`CLAIM_MODEL`).
 CLAIM_INNER_LR = 2e-2
 
 
