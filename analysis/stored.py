@@ -12,7 +12,9 @@ refuses a file whose hash does not match, and a test checks every stored file.
 Pages and notebooks read the stored results (:func:`load`, :func:`frame`) instead of
 training; the docs build re-trains a deterministic sample of every experiment's runs
 (:func:`sample_indices`, :func:`verify`) and fails when any checked number differs from the
-stored one by more than :data:`RTOL` (relative). :func:`load` also refuses a file whose configs
+stored one by more than :data:`RTOL` (relative) on the kind of CPU that stored it
+(:func:`cpu_fingerprint`), or, on another, when a count differs or the final loss moves by more
+than :data:`CROSS_CPU_RTOL`. :func:`load` also refuses a file whose configs
 are not the ones the registry gives now (the experiment was changed but not re-run), naming
 the command that brings it up to date.
 
@@ -56,12 +58,14 @@ RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
 #: The format of the stored files; :func:`load` refuses any other.
 FORMAT = 1
 #: Largest relative difference allowed between a stored number and the same run trained again
-#: (CPU runs are deterministic: a re-run gives the same bits, so any drift is a change of the
-#: trainer's numerics, which must be re-run and stored again).
+#: on the kind of CPU that stored the file (CPU runs are deterministic there: a re-run gives the
+#: same bits, so any drift is a change of the trainer's numerics, which must be re-run and
+#: stored again; another kind of CPU: :data:`CROSS_CPU_RTOL`).
 RTOL = 1e-6
 #: Runs of each experiment the docs build trains again (:func:`sample_indices`): one each, the
 #: cheapest, so that the build stays in CI's budget (twelve experiments; ``methods``' runs are
-#: the main job's `small` runs, about two and a half minutes each). ``python -m analysis experiments verify --sample K`` checks more.
+#: the main job's `small` runs, about two and a half minutes each).
+#: ``python -m analysis experiments verify --sample K`` checks more.
 SAMPLE = 1
 #: Experiments that re-check another number of runs than :data:`SAMPLE` (none at present).
 SAMPLE_SIZES: dict[str, int] = {}
@@ -217,9 +221,10 @@ def train_parallel(configs: Sequence, *, workers: int, cache: str | os.PathLike 
   (:func:`~analysis.sweeps.program_groups`), so each group compiles once, and a group of more
   than a ``2 * workers``-th of the runs into equal parts (one compile more each, so that no
   worker is left with most of the runs); the groups go to ``workers`` processes started with
-  ``spawn`` (JAX starts afresh in each), the largest first. Runs already in the cache are read, not trained. CPU runs are deterministic, so the
-  numbers do not depend on ``workers`` (the docs build's re-check of every stored experiment
-  trains its sample in one process and compares).
+  ``spawn`` (JAX starts afresh in each), the largest first. Runs already in the cache are
+  read, not trained. CPU runs are deterministic, so the numbers do not depend on ``workers``
+  (the docs build's re-check of every stored experiment trains its sample in one process and
+  compares).
 
   Args:
     configs: TrainConfigs.
@@ -235,9 +240,12 @@ def train_parallel(configs: Sequence, *, workers: int, cache: str | os.PathLike 
   from analysis.sweeps import program_groups
   workers = check_int("workers", workers, low=1)
   root = str(cache_dir(cache))
-  most = max(1, -(-len(configs) // (2 * workers)))
-  groups = sorted((g[k::-(-len(g) // most)] for g in program_groups(configs)
-                   for k in range(-(-len(g) // most))), key=len, reverse=True)
+  most = max(1, -(-len(configs) // (2 * workers)))  # the most runs one part may hold
+  groups = []
+  for group in program_groups(configs):
+    parts = -(-len(group) // most)
+    groups += [group[k::parts] for k in range(parts)]
+  groups.sort(key=len, reverse=True)
   ctx = multiprocessing.get_context("spawn")
   with tqdm(total=len(configs), desc=desc, unit="run", disable=not progress) as bar, \
       concurrent.futures.ProcessPoolExecutor(min(workers, len(groups)), mp_context=ctx) as pool:
