@@ -3,6 +3,11 @@
 - 8 fake CPU devices (``JAX_PLATFORMS=cpu`` unless the caller picks a platform).
 - The model computes in float32 (``DILOCO_COMPUTE_DTYPE``) on every backend, so exact-number
   tests mean the same on a GPU; bfloat16 is tested on purpose (tests/test_precision.py).
+- JAX's persistent compilation cache in ``.cache/jax-tests`` (unless the caller names one):
+  the suite's many subprocess runs (CLI, launcher, kill and resume tests) and both xdist
+  workers compile each program once. A cached executable is the one XLA compiled, so no
+  number depends on it; a test that must compile afresh removes the two variables from its
+  subprocess's environment (tests/test_checkpoint.py). ``make clean`` removes the cache.
 - ``@pytest.mark.needs_cpu_devices(n)``: the test needs n devices (a mesh of n, as the 8 fake
   CPU devices give). With fewer, e.g. ``JAX_PLATFORMS=cuda`` on one GPU, it is skipped and
   the reason says so. Doctests that need devices are listed in ``_DOCTESTS_NEEDING_DEVICES``.
@@ -17,6 +22,10 @@ _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
   os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("DILOCO_COMPUTE_DTYPE", "float32")
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                         ".cache", "jax-tests")
+  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 
 _DOCTESTS_NEEDING_DEVICES = {"diloco_core.mesh.make_mesh": 8}
 

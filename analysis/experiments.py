@@ -23,11 +23,16 @@ SCALES = ("cpu", "accelerator")
 def base_config(scale: str = "cpu", **changes):
   """The run every docs sweep and the claims experiment vary around.
 
-  On ``"cpu"``: the ``tiny`` preset (L = 2, about 7,000 parameters) on the synthetic language
-  with V = 8 (order 2, 4 successors per context), M = 4 replicas × 8 sequences × 32 tokens,
-  1,200 inner steps (about 1.2 M tokens: some 170 tokens per parameter, so that DP ends
-  within about 2% of the data's entropy floor), peak inner LR 1e-2, DiLoCo with H = 24 (50 outer
-  steps), η = 0.5 and μ = 0.9. A run takes about 10 s on 2 CPU cores.
+  On ``"cpu"``: the ``mini`` preset (L = 2, d = 32, about 21,000 parameters) on the synthetic
+  language with V = 8 (order 2, 4 successors per context), M = 4 replicas × 8 sequences × 32
+  tokens, 1,200 inner steps (about 1.2 M tokens: some 60 tokens per parameter, so that DP ends
+  within about 2% of the data's entropy floor), peak inner LR 2e-2, DiLoCo with H = 24 (50 outer
+  steps), η = 0.5 and μ = 0.9. A run takes about 20 s on 2 CPU cores. Why this model and LR:
+  measured on 5 seeds (2,400 steps), the narrower ``tiny`` at 1e-2 (or 3e-2) left some seeds
+  on a slow path to the floor for the whole run, so that a paired difference between two
+  DiLoCo variants had a seed-to-seed standard deviation of 0.3-0.9% of the loss, as large as
+  the effects the sweeps look for; ``mini`` at 2e-2 converged on every seed, and the same
+  differences varied 0.06-0.4%.
   On ``"accelerator"``: the ``base`` preset (7 M parameters, bfloat16 compute by the
   backend's default) on the trainer's default language, 16 × 64 tokens per replica,
   1,500 steps.
@@ -46,8 +51,8 @@ def base_config(scale: str = "cpu", **changes):
   if scale == "cpu":
     algo = DiLoCoConfig(algorithm="diloco", replicas=4, sync_every=24, outer_lr=0.5)
     base = TrainConfig(
-        algo=algo, data=DataConfig(vocab_size=8), model="tiny", batch_size=8, seq_len=32,
-        steps=1200, inner_lr=1e-2, eval_every=100, log_every=20, progress=False)
+        algo=algo, data=DataConfig(vocab_size=8), model="mini", batch_size=8, seq_len=32,
+        steps=1200, inner_lr=2e-2, eval_every=100, log_every=20, progress=False)
   else:
     algo = DiLoCoConfig(algorithm="diloco", replicas=4, sync_every=24)
     base = TrainConfig(
@@ -71,17 +76,12 @@ def seeds(scale: str, minimum: int = 0) -> list[int]:
 
 #: Seeds of every arm of the claims experiment (paired: the same seeds in every arm).
 CLAIM_SEEDS = 8
-#: Inner steps of the claims runs: twice the sweeps' 1,200, so that DiLoCo, which converges
-#: more slowly than DP per step, is near convergence too (100 outer steps at H = 24).
+#: Inner steps of the claims runs and of the H × M and outer-LR sweeps: twice the other sweeps'
+#: 1,200, so that DiLoCo, which converges more slowly than DP per step, is near convergence too
+#: (100 outer steps at H = 24). At 1,200 steps those two sweeps had a paired seed noise of
+#: 1.3-1.5% of the loss (a seed of M = 2 or H = 96 still on a slow path), as large as their
+#: effects; the other sweeps, 0.2-0.3%.
 CLAIM_STEPS = 2400
-#: The claims runs' model and peak inner learning rate. Measured on 5 seeds (2,400 steps):
-#: with the sweeps' ``tiny`` at 1e-2 (or 3e-2) some seeds stayed on a slow path to the floor
-#: for the whole run, so that a paired difference between two DiLoCo variants had a standard
-#: deviation of 0.3-0.9% of the loss, more than findings 1-3's effects; ``mini`` (twice as
-#: wide) at 2e-2 converged on every seed, and the same differences varied 0.06-0.4%.
-CLAIM_MODEL = "mini"
-#: The claims runs' peak inner learning rate (twice the sweeps'; see :data:`CLAIM_MODEL`).
-CLAIM_INNER_LR = 2e-2
 
 
 def methods_configs(scale: str = "cpu") -> list:
@@ -103,9 +103,8 @@ def methods_configs(scale: str = "cpu") -> list:
 
 def claims_arms(scale: str = "cpu") -> dict[str, Any]:
   """The arms of the claims experiment (docs/claims.md), by name; each is trained with
-  :data:`CLAIM_SEEDS` seeds. Around :func:`base_config` with :data:`CLAIM_STEPS` steps, the
-  :data:`CLAIM_MODEL` preset and peak inner LR :data:`CLAIM_INNER_LR` on CPU (DiLoCo, M = 4,
-  H = 24, η = 0.5):
+  :data:`CLAIM_SEEDS` seeds. Around :func:`base_config` with :data:`CLAIM_STEPS` steps on CPU
+  (DiLoCo, M = 4, H = 24, η = 0.5):
 
   ``dp``; ``diloco``; ``replica`` (``diloco`` with ``eval_replicas``: the last step merges
   nothing, so replica 0 can be evaluated beside the global params); ``streaming`` (P = 3,
@@ -114,8 +113,7 @@ def claims_arms(scale: str = "cpu") -> dict[str, Any]:
   ``delayed`` / ``eager`` (whole outer step overlapped); ``eta_h{12,48}_{η}``, the outer-LR
   grid η ∈ {0.1, 0.3, 0.5, 0.7, 0.9, 1.2} at H = 12 and H = 48.
   """
-  base = (base_config(scale, steps=CLAIM_STEPS, model=CLAIM_MODEL, inner_lr=CLAIM_INNER_LR)
-          if scale == "cpu" else base_config(scale))
+  base = base_config(scale, steps=CLAIM_STEPS) if scale == "cpu" else base_config(scale)
   b = base.batch_size * base.algo.replicas  # DP's global batch, kept fixed over M
   arms = {
       "dp": {"algorithm": "dp"},
@@ -176,7 +174,7 @@ def _claims(scale):
 
 @_register("non_iid")
 def _non_iid(scale):
-  """The three methods on i.i.d. and non-i.i.d. shards (tiny; Streaming P = 3, τ = 1; one seed)."""
+  """The three methods on i.i.d. and non-i.i.d. shards (mini; Streaming P = 3, τ = 1; one seed)."""
   out = []
   for dist in ("iid", "non-iid"):
     for seed in seeds(scale)[:1]:
@@ -186,23 +184,23 @@ def _non_iid(scale):
 
 @_register("h_m")
 def _h_m(scale):
-  """DiLoCo over H ∈ {6, 24, 96} × M ∈ {2, 4, 8}, and DP for each M."""
-  base = base_config(scale)
+  """DiLoCo over H ∈ {6, 24, 96} × M ∈ {2, 4, 8}, and DP for each M (:data:`CLAIM_STEPS` on CPU)."""
+  base = base_config(scale, steps=CLAIM_STEPS) if scale == "cpu" else base_config(scale)
   dp = grid(base, {"algorithm": ["dp"], "replicas": [2, 4, 8], "seed": seeds(scale)})
   return dp + grid(base, replicas=[2, 4, 8], sync_every=[6, 24, 96], seed=seeds(scale))
 
 
 @_register("outer_lr")
 def _outer_lr(scale):
-  """Outer LR η ∈ {0.1, 0.3, 0.7, 1.2} × inner LR ∈ {3e-3, 1e-2, 3e-2} (H = 24): inside and
-  on both sides of MaxText's advice (0.3–0.9)."""
-  base = base_config(scale)
-  inner = [1e-3, 3e-3, 1e-2] if scale == "accelerator" else [3e-3, 1e-2, 3e-2]
+  """Outer LR η ∈ {0.1, 0.3, 0.7, 1.2} (inside and on both sides of MaxText's advice, 0.3–0.9)
+  × the base run's inner LR halved, as is, and doubled (H = 24; :data:`CLAIM_STEPS` on CPU)."""
+  base = base_config(scale, steps=CLAIM_STEPS) if scale == "cpu" else base_config(scale)
+  inner = [base.inner_lr * f for f in (0.5, 1.0, 2.0)]
   return grid(base, inner_lr=inner, outer_lr=[0.1, 0.3, 0.7, 1.2], seed=seeds(scale))
 
 
 def streaming_base(scale: str = "cpu"):
-  """Streaming sweeps need layers to split: ``tiny`` with L = 4 (P ∈ {1, 2, 3, 5}), H = 30."""
+  """Streaming sweeps need layers to split: ``mini`` with L = 4 (P ∈ {1, 2, 3, 5}), H = 30."""
   if scale == "cpu":
     return base_config(scale, n_layers=4, sync_every=30)
   return base_config(scale, sync_every=30)  # small: L = 4 already
@@ -254,7 +252,7 @@ def _outer_overlap(scale):
 #: Seeds of the two paired comparisons of the methods of 2025-26 (the ``inner_optimizer`` and
 #: ``sparse`` experiments): the same seeds in every arm, so each difference is taken seed by seed.
 PAIRED_SEEDS = 6
-#: The top-k setting of the ``sparse`` experiment on the ``tiny`` preset: 8 of every 256
+#: The top-k setting of the ``sparse`` experiment on the ``mini`` preset: 8 of every 256
 #: entries (3.1%, SparseLoCo's 1-3% range; the preset's tensors are smaller than 4,096).
 SPARSE_TOPK, SPARSE_CHUNK = 8, 256
 

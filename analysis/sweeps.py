@@ -336,6 +336,43 @@ def compare(df: pd.DataFrame, where_a: Mapping[str, Any], where_b: Mapping[str, 
   return {"a": a, "b": b, "diff": b - a, "better": better, "wins_b": wins, "pairs": pairs}
 
 
+def paired_noise(df: pd.DataFrame, *, metric: str = "final_eval_loss", pair_on: str = "seed") -> float:
+  r"""The seed noise of a paired difference in a sweep: the median, over every two
+  configurations A and B, of the standard deviation over their shared seeds of
+  :math:`m_{A,s} - m_{B,s}`.
+
+  This is the noise :func:`compare` faces (it pairs runs by seed): a seed that is good
+  for every configuration cancels out of it. The median keeps a few diverged
+  configurations from deciding it.
+
+  Args:
+    df: one row per run; configurations are told apart by :func:`varying_columns`.
+    metric: the column compared.
+    pair_on: the column that pairs runs (the seed).
+
+  Returns:
+    The median standard deviation (NaN with fewer than two configurations sharing two
+    seeds).
+
+  Examples:
+    >>> df = pd.DataFrame({"H": [1, 1, 2, 2, 4, 4], "seed": [0, 1] * 3,
+    ...                    "final_eval_loss": [2.0, 3.0, 2.5, 3.5, 2.0, 3.5]})
+    >>> round(paired_noise(df), 4)  # pairs (1,2): 0; (1,4): 0.5/√2; (2,4): 0.5/√2
+    0.3536
+  """
+  cols = [c for c in varying_columns(df) if c != pair_on]
+  if not cols:
+    return float("nan")
+  key = df[cols].apply(lambda r: json.dumps(list(r), default=str), axis=1)
+  table = df.assign(_config=key).pivot_table(index=pair_on, columns="_config", values=metric)
+  sds = []
+  for a, b in itertools.combinations(table.columns, 2):
+    diff = (table[a] - table[b]).dropna()
+    if len(diff) >= 2:
+      sds.append(float(diff.std()))
+  return float(pd.Series(sds).median()) if sds else float("nan")
+
+
 def best(df: pd.DataFrame, by: str | Sequence[str], x: str,
          metric: str = "final_eval_loss") -> pd.DataFrame:
   """For each group of ``by``, the value of ``x`` with the lowest mean ``metric`` (over seeds).

@@ -41,12 +41,15 @@ from __future__ import annotations
 
 import math
 import sys
+from typing import TYPE_CHECKING
 
-import grain
 import numpy as np
 
 from diloco_core.dataset import _TRAIN_STREAM, Dataset, check_step
 from diloco_core.files import TokenStore, open_tokens
+
+if TYPE_CHECKING:  # imported where a pipeline is built: synthetic runs never load Grain
+  import grain
 
 EVAL_FRACTION = 0.1  # share of a file's tokens held out for evaluation
 
@@ -125,6 +128,7 @@ class FileDataset(Dataset):
 
   def _pipeline(self, replica: int) -> tuple[grain.MapDataset, int, int]:
     """(batches of ``replica``'s stream, its batch index at step 0, batches per step)."""
+    import grain  # pylint: disable=import-outside-toplevel,redefined-outer-name
     shared = self.config.distribution != "non-iid"
     lo, hi = self._bounds[replica]
     ds = (grain.MapDataset.range(lo, hi)
@@ -155,6 +159,7 @@ class FileDataset(Dataset):
     if workers == 0:
       return self._batch_at(step)
     if self._ahead is None or self._ahead[0] != step:  # first call, or a jump: restart there
+      import grain  # pylint: disable=import-outside-toplevel,redefined-outer-name
       steps = grain.MapDataset.range(step, sys.maxsize).map(self._batch_at)
       options = grain.ReadOptions(num_threads=workers, prefetch_buffer_size=2 * workers)
       self._ahead = [step, iter(steps.to_iter_dataset(options))]

@@ -11,6 +11,11 @@ first and the test suite checks that very build instead of executing every noteb
 The digest covers every file git tracks or would track (``git ls-files -co
 --exclude-standard``; without git, every file outside the ignored folders), by path and
 content, so any change to the code, pages or notebooks makes an older build stale.
+
+The pages' kernels share a JAX persistent compilation cache that each build starts empty
+(``_build/jax-cache``, unless the environment names one): runs of the same program on
+several pages, or in several processes of one page, compile it once. A cached executable is
+the one XLA compiled, so no number depends on it.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import hashlib
 import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -72,9 +78,14 @@ def build(echo: bool = False, timeout: float | None = None) -> subprocess.Comple
   STAMP.unlink(missing_ok=True)
   digest = source_digest()
   cmd = [sys.executable] + COMMAND
+  env = dict(os.environ)
+  if "JAX_COMPILATION_CACHE_DIR" not in env:  # the test suite names its own (conftest.py)
+    cache = OUT / "jax-cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    env.update(JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
   lines = []
   with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                        text=True, start_new_session=True) as proc:
+                        text=True, start_new_session=True, env=env) as proc:
     expired = threading.Event()
 
     def kill():  # the whole group: Sphinx and the notebook kernels it started
