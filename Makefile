@@ -7,11 +7,15 @@ PYTEST_ARGS ?=
 EXPERIMENTS ?= --all
 WORKERS ?= 2
 
+# The bytecode is compiled once, on every core (compileall): where PYTHONDONTWRITEBYTECODE=1 is set
+# (as on the development machine), imports never write it, and every process (notebook kernels, subprocess
+# runs, workers) would compile JAX's sources again (about 6 s each on 2 cores).
 $(VENV)/.installed: requirements.txt pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q --no-compile -r requirements.txt  # .pyc written on first import
+	$(PY) -m pip install -q --no-compile -r requirements.txt
 	$(PY) -m pip install -q --no-deps -e .
+	$(PY) -m compileall -q -j 0 $(VENV)/lib diloco_core analysis > /dev/null
 	touch $@
 
 demo: $(VENV)/.installed  ## the main job: DP vs DiLoCo vs Streaming on the built-in data
