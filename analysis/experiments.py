@@ -28,11 +28,10 @@ def base_config(scale: str = "cpu", **changes):
   tokens, 1,200 inner steps (about 1.2 M tokens: some 60 tokens per parameter, so that DP ends
   within about 2% of the data's entropy floor), peak inner LR 2e-2, DiLoCo with H = 24 (50 outer
   steps), η = 0.5 and μ = 0.9. A run takes about 20 s on 2 CPU cores. Why this model and LR:
-  measured on 5 seeds (2,400 steps), the narrower ``tiny`` at 1e-2 (or 3e-2) left some seeds
-  on a slow path to the floor for the whole run, so that a paired difference between two
-  DiLoCo variants had a seed-to-seed standard deviation of 0.3-0.9% of the loss, as large as
-  the effects the sweeps look for; ``mini`` at 2e-2 converged on every seed, and the same
-  differences varied 0.06-0.4%.
+  in a probe on 5 seeds, the narrower ``tiny`` at 1e-2 (or 3e-2) left some seeds on a slow
+  path to the floor for the whole run, so that the seed noise of a paired difference between
+  two DiLoCo variants was as large as the effects the sweeps look for; ``mini`` at 2e-2
+  converged on every seed (the noise now measured is on the claims and tuning pages).
   On ``"accelerator"``: the ``base`` preset (7 M parameters, bfloat16 compute by the
   backend's default) on the trainer's default language, 16 × 64 tokens per replica,
   1,500 steps.
@@ -78,10 +77,15 @@ def seeds(scale: str, minimum: int = 0) -> list[int]:
 CLAIM_SEEDS = 8
 #: Inner steps of the claims runs and of the H × M and outer-LR sweeps: twice the other sweeps'
 #: 1,200, so that DiLoCo, which converges more slowly than DP per step, is near convergence too
-#: (100 outer steps at H = 24). At 1,200 steps those two sweeps had a paired seed noise of
-#: 1.3-1.5% of the loss (a seed of M = 2 or H = 96 still on a slow path), as large as their
-#: effects; the other sweeps, 0.2-0.3%.
+#: (100 outer steps at H = 24). At 1,200 steps a seed of M = 2 or H = 96 was still on a slow
+#: path to the floor, which made those two sweeps' seed noise as large as their effects.
 CLAIM_STEPS = 2400
+
+
+def long_base(scale: str = "cpu"):
+  """:func:`base_config` with :data:`CLAIM_STEPS` steps on CPU (as is on an accelerator): the
+  base of the claims and of the H × M and outer-LR sweeps."""
+  return base_config(scale, steps=CLAIM_STEPS) if scale == "cpu" else base_config(scale)
 
 
 def methods_configs(scale: str = "cpu") -> list:
@@ -113,7 +117,7 @@ def claims_arms(scale: str = "cpu") -> dict[str, Any]:
   ``delayed`` / ``eager`` (whole outer step overlapped); ``eta_h{12,48}_{η}``, the outer-LR
   grid η ∈ {0.1, 0.3, 0.5, 0.7, 0.9, 1.2} at H = 12 and H = 48.
   """
-  base = base_config(scale, steps=CLAIM_STEPS) if scale == "cpu" else base_config(scale)
+  base = long_base(scale)
   b = base.batch_size * base.algo.replicas  # DP's global batch, kept fixed over M
   arms = {
       "dp": {"algorithm": "dp"},
@@ -185,7 +189,7 @@ def _non_iid(scale):
 @_register("h_m")
 def _h_m(scale):
   """DiLoCo over H ∈ {6, 24, 96} × M ∈ {2, 4, 8}, and DP for each M (:data:`CLAIM_STEPS` on CPU)."""
-  base = base_config(scale, steps=CLAIM_STEPS) if scale == "cpu" else base_config(scale)
+  base = long_base(scale)
   dp = grid(base, {"algorithm": ["dp"], "replicas": [2, 4, 8], "seed": seeds(scale)})
   return dp + grid(base, replicas=[2, 4, 8], sync_every=[6, 24, 96], seed=seeds(scale))
 
@@ -194,7 +198,7 @@ def _h_m(scale):
 def _outer_lr(scale):
   """Outer LR η ∈ {0.1, 0.3, 0.7, 1.2} (inside and on both sides of MaxText's advice, 0.3–0.9)
   × the base run's inner LR halved, as is, and doubled (H = 24; :data:`CLAIM_STEPS` on CPU)."""
-  base = base_config(scale, steps=CLAIM_STEPS) if scale == "cpu" else base_config(scale)
+  base = long_base(scale)
   inner = [base.inner_lr * f for f in (0.5, 1.0, 2.0)]
   return grid(base, inner_lr=inner, outer_lr=[0.1, 0.3, 0.7, 1.2], seed=seeds(scale))
 
