@@ -2,9 +2,10 @@
 
 The in-step runtime (:class:`~diloco_core.communication.InStep`) runs every replica in one SPMD
 program, and a fragment's all-reduce inside the step that sends it. Here the replicas are
-split over processes (M / N per process, kept batched on the process's local mesh) and the
-step of :class:`~diloco_core.DiLoCo` runs as its phases, each a local program with no
-cross-process collective:
+split over processes (M / N per process, kept batched on the process's devices) and the
+step of :class:`~diloco_core.DiLoCo` runs as its phases, each a program with no collective
+(compiled over the run's mesh like the in-step program, so each process runs its own part
+alone, without waiting for the others):
 
 1. ``inner``: one inner step of the local replicas;
 2. ``send`` (fragment p due): the local replicas' payloads
@@ -26,19 +27,26 @@ of different fragments commute (each touches its own slices of θ_g and of the o
 settling early changes no number, and the state then *is* the SPMD state of that step. That
 is why checkpoints are interchangeable between the modes.
 
-**Same numbers, bit for bit (CPU).** With every replica in one process, metrics, checkpoints
-and final params equal the in-step run's for every ``outer_overlap`` (tested: M = 2 and M = 4),
-except with M > 2 and a compressed wire format; replicas split over several processes agree to
-within :data:`TOLERANCE` (each process's inner step is compiled for its own replicas). Two
-things make the equality hold: the mean is the same reduction in replica order (the link moves
-the payloads, not a partial sum), and the settle program reads the gathered payloads as leaves
-shaped like the in-step program's (split on the host, before the program), so XLA fuses the
-outer step into the same kernels and contracts the same products into fused multiply-adds.
-On GPU this is not measured (its fusion decisions are its own).
+**Same numbers, bit for bit (CPU).** The phases are compiled over the run's mesh (every
+process's devices, the replica fields sharded along ``diloco``), as the in-step program is, so
+XLA partitions them into the same per-device kernels; none of them holds a collective (tested
+on the compiled HLO), the link alone moves data. A background run therefore equals the in-step
+run *on the same mesh* bit for bit: metrics, checkpoints, final params and summary, with the
+replicas split over processes or not (tested: two processes with one replica each against one
+process with two devices, for DiLoCo with 4-bit payloads and error feedback, Streaming and
+eager; one process and one device with M = 2 and M = 4), except with M > 2 replicas sending
+a compressed format. Two more things make the equality hold: the mean is the same reduction
+in replica order (the link moves the payloads, not a partial sum), and the settle program reads
+the gathered payloads as leaves shaped like the in-step program's (split on the host, before
+the program), so XLA fuses the outer step into the same kernels and contracts the same
+products into fused multiply-adds. What differs from one mesh to another (both replicas
+batched on one device, or one per device) is the in-step runtime's own numbers: those runs
+agree within :data:`TOLERANCE` (tested). On GPU this is not measured (its fusion decisions are
+its own).
 
 **Per-step records.** Each process appends to ``<out>/trace/process-<rank>.jsonl`` (kept in
 ``Background.trace`` without ``out``): when each step computed (``compute``: the step's
-local programs, waited for), when each payload was handed over, gathered and settled
+programs, waited for), when each payload was handed over, gathered and settled
 (``transfer``), and how long the main thread waited for one (``wait``). Times are
 ``time.time()`` seconds, comparable across the processes of one machine.
 
@@ -58,26 +66,26 @@ import drjax
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh
 
 from diloco_core import eager
 from diloco_core.diloco import DiLoCo, inner_update
 from diloco_core.hyperparams import resolve_optimizer
 from diloco_core.link import Link, wait
-from diloco_core.mesh import AXES, parse_mesh, shard_state
+from diloco_core.mesh import AXES, global_array, parse_mesh, replica_sharding, replicated, shard_batch
 from diloco_core.schedule import merged_fragment, sent_fragment
 from diloco_core.state import DiLoCoState, MergeOperands, SendOperands
 
-#: How far (relative, and absolute near 0) a background run may be from the in-step run where
-#: they are not equal bit for bit, in two cases. (1) The replicas split over several processes:
-#: each process's inner step is compiled for its M / N replicas, and XLA's kernels for that
-#: shape round differently from the in-step program's (without any sync, a few inner steps
-#: already differ by an ulp in many elements), as the in-step runtime's numbers differ
-#: from one device mesh to another. (2) More than two replicas sending a compressed format
-#: (``compression`` other than ``"none"``): the in-step program lets XLA fuse the quantizer into
-#: the average's reduction, and there a few values round to the neighbouring code (a fused sum
-#: differs in a few elements from the sum of the same quantized values computed on their own).
-#: Otherwise, in one process, the runs are equal bit for bit.
+#: How far (relative, and absolute near 0) two runs of one config may be where they are not
+#: equal bit for bit, in two cases. (1) Different meshes (both replicas batched on one device,
+#: or one replica per device or per process), in either runtime: XLA compiles the inner step
+#: for each device's replicas, and its kernels for another shape round differently (without any
+#: sync, a few inner steps already differ by an ulp in many elements). (2) More than two
+#: replicas sending a compressed format (``compression`` other than ``"none"``): the in-step
+#: program lets XLA fuse the quantizer into the average's reduction, and there a few values
+#: round to the neighbouring code (a fused sum differs in a few elements from the sum of the
+#: same quantized values computed on their own). Otherwise a background run equals the in-step
+#: run on the same mesh bit for bit.
 TOLERANCE = 1e-5
 #: The trace file of process r under ``<out>``.
 TRACE_FILE = os.path.join("trace", "process-{rank}.jsonl")
@@ -106,13 +114,14 @@ def check_background(cfg) -> None:
     raise ValueError(f"`communication` background splits the replicas over the processes: replicas"
                      f" (M={M}) must be divisible by the process count ({n}); choose M among"
                      f" {[n * i for i in range(1, 5)]}.")
-  _meshes(cfg.mesh, M)
+  _mesh(cfg.mesh, M)
 
 
-def _meshes(spec: str | None, replicas: int) -> tuple[Mesh, Mesh]:
-  """(this process's local mesh, the global mesh of every process's local mesh stacked along
-  ``diloco``): ``mesh`` describes the global mesh (None: one device per process)."""
-  n, rank = jax.process_count(), jax.process_index()
+def _mesh(spec: str | None, replicas: int) -> Mesh:
+  """The run's mesh: every process's devices, each process's block of rows contiguous along
+  ``diloco`` (process r holds replicas ``[r M / N, (r + 1) M / N)``); ``mesh`` describes it
+  (None: one device per process)."""
+  n = jax.process_count()
   shape = parse_mesh(spec) or {"diloco": n, "data": 1}
   d, b = shape["diloco"], shape["data"]
   if d % n or replicas % d:
@@ -126,8 +135,7 @@ def _meshes(spec: str | None, replicas: int) -> tuple[Mesh, Mesh]:
     raise ValueError(f"`mesh` {spec!r} needs {per_process} devices per process, but a process has"
                      f" {min(len(devs) for devs in by_process)}.")
   rows = [np.array(devs[:per_process]).reshape(d // n, b) for devs in by_process]
-  types = (AxisType.Auto, AxisType.Auto)
-  return Mesh(rows[rank], AXES, axis_types=types), Mesh(np.concatenate(rows), AXES, axis_types=types)
+  return Mesh(np.concatenate(rows), AXES, axis_types=(AxisType.Auto, AxisType.Auto))
 
 
 def _flat(leaves: list) -> jax.Array:
@@ -184,7 +192,7 @@ class Background:
     self.processes, self.rank = jax.process_count(), jax.process_index()
     self.local = cfg.replicas // self.processes
     self.offset = self.rank * self.local
-    self.local_mesh, self.global_mesh = _meshes(mesh, cfg.replicas)
+    self.mesh = _mesh(mesh, cfg.replicas)
     if cfg.outer_overlap == "eager":
       self.replica_fields = Background.replica_fields + ("in_flight",)
     algo.prepare(params)
@@ -208,35 +216,41 @@ class Background:
     return tuple(range(self.offset, self.offset + self.local))
 
   def place_batch(self, batch: np.ndarray):
-    """This process's rows of a host batch ``[M, b, ...]``, on the local mesh."""
-    rows = np.asarray(batch)[self.offset:self.offset + self.local]
-    return jax.device_put(rows, NamedSharding(self.local_mesh, P("diloco", "data")))
+    """A host batch ``[M, b, ...]`` as a global array on the mesh (only this process's rows are
+    read)."""
+    return shard_batch(np.asarray(batch), self.mesh)
 
   def place_replicated(self, x):
-    return jax.device_put(x, NamedSharding(self.local_mesh, P()))
+    """A host value (pytree) every process holds, copied to every device of the mesh."""
+    return jax.tree.map(lambda v: global_array(v, replicated(self.mesh)), x)
 
   def local_state(self, state: DiLoCoState) -> DiLoCoState:
-    """This process's part of a global (or host) state, placed on the local mesh."""
+    """A state restored from a checkpoint (either mode's, or host values) in this runtime's
+    placement."""
     changes = {}
     for name in state.__dataclass_fields__:
       own = name in self.replica_fields
-      changes[name] = jax.tree.map(lambda x: self._own_rows(x) if own else _any_copy(x), getattr(state, name))
-    return shard_state(state.replace(**changes), self.local_mesh, self.replica_fields)
+      changes[name] = jax.tree.map(lambda x: self.own_rows(x) if own else _any_copy(x), getattr(state, name))
+    return self._place(state.replace(**changes))
 
-  def _own_rows(self, x) -> np.ndarray:
+  def own_rows(self, x) -> np.ndarray:
+    """This process's rows ``[M / N, ...]`` of a per-replica array ``[M, ...]`` (global or host),
+    on the host."""
     if not isinstance(x, jax.Array) or x.is_fully_addressable:
       return np.asarray(x)[self.offset:self.offset + self.local]
     out = np.empty((self.local, *x.shape[1:]), x.dtype)
-    for shard in x.addressable_shards:
+    lo, hi = self.offset, self.offset + self.local
+    for shard in x.addressable_shards:  # a shard may hold more rows than this process's (replicated)
       rows = range(x.shape[0])[shard.index[0]]
-      out[rows.start - self.offset:rows.stop - self.offset] = np.asarray(shard.data)
+      a, b = max(rows.start, lo), min(rows.stop, hi)
+      if a < b:
+        out[a - lo:b - lo] = np.asarray(shard.data)[a - rows.start:b - rows.start]
     return out
 
-  def global_state(self, state: DiLoCoState) -> DiLoCoState:
-    """The state as global arrays on the global mesh, the SPMD run's placement (settle first)."""
-    if self.processes == 1:
-      return state
-    rs, rep = NamedSharding(self.global_mesh, P("diloco")), NamedSharding(self.global_mesh, P())
+  def _place(self, state: DiLoCoState) -> DiLoCoState:
+    """Host values (this process's rows of the replica fields, full copies of the rest) as
+    global arrays on the mesh: the in-step run's placement of the same mesh."""
+    rs, rep = replica_sharding(self.mesh), replicated(self.mesh)
     M, off = self.config.replicas, self.offset
     changes = {}
     for name in state.__dataclass_fields__:
@@ -246,20 +260,24 @@ class Background:
         host = np.asarray(x)
         if not own:
           return jax.make_array_from_callback(host.shape, rep, lambda idx: host[idx])
-        shape = (M, *host.shape[1:])
 
         def rows(idx):
           r = range(M)[idx[0]]
           return host[(slice(r.start - off, r.stop - off), *idx[1:])]
-        return jax.make_array_from_callback(shape, rs, rows)
+        return jax.make_array_from_callback((M, *host.shape[1:]), rs, rows)
 
       changes[name] = jax.tree.map(to_global, getattr(state, name))
     return state.replace(**changes)
 
+  def global_state(self, state: DiLoCoState) -> DiLoCoState:
+    """The state as the in-step run holds it (settle first): it already is (global arrays on
+    the mesh)."""
+    return state
+
   def host_replicas(self, state: DiLoCoState) -> Any:
     """Every replica's params on the host (gathered over the processes; after :meth:`settle`)."""
     leaves, treedef = jax.tree.flatten(state.params)
-    flat = np.asarray(_flat(leaves))
+    flat = self.own_rows(_flat(leaves))
     full = wait(self.link.gather(flat, "replica params"), "gathering the replicas' params")
     return jax.tree.unflatten(treedef, [x.astype(y.dtype) for x, y in zip(_split(np.asarray(full), leaves), leaves)])
 
@@ -282,7 +300,7 @@ class Background:
         ef_residual=zeros(stack(params)) if cfg.error_feedback else None,
         step=np.zeros((), np.int32), participants=np.ones((m, cfg.fragments), np.float32),
         in_flight=in_flight)
-    return shard_state(state, self.local_mesh, self.replica_fields)
+    return self._place(state)
 
   def _hyperparams(self, last: bool):
     if self._hp is None:
@@ -298,15 +316,14 @@ class Background:
     key = (name, branch)
     if key not in self._programs:
       state_sh = jax.tree.map(lambda x: x.sharding, state)
-      shardings = {"replica": NamedSharding(self.local_mesh, P("diloco")),
-                   "replicated": NamedSharding(self.local_mesh, P())}
+      shardings = {"replica": replica_sharding(self.mesh), "replicated": replicated(self.mesh)}
       out = (state_sh, *(shardings[e] for e in extra_out)) if extra_out else state_sh
-      program = drjax.program(diloco=self.local)(fn)
+      program = drjax.program(diloco=self.config.replicas)(fn)
       self._programs[key] = jax.jit(program, donate_argnums=0, out_shardings=out)
     jitted = self._programs[key]
 
     def call(*args):
-      with jax.set_mesh(self.local_mesh):
+      with jax.set_mesh(self.mesh):
         return jitted(*args)
     return call
 
@@ -314,7 +331,7 @@ class Background:
     """The compiled HLO of the local program ``name`` (``"inner"``, ``"send"``, ``"settle"``,
     ``"merge"``) for ``branch`` (``""`` for inner; ``"all"`` when P = 1), built by an earlier
     step, for these arguments (nothing runs): what the tests search for collectives."""
-    with jax.set_mesh(self.local_mesh):
+    with jax.set_mesh(self.mesh):
       return self._programs[(name, branch)].lower(*args).compile().as_text()
 
   def _ops(self, state: DiLoCoState) -> SendOperands:
@@ -389,7 +406,8 @@ class Background:
     if ("take", branch) not in self._programs:
       self._programs[("take", branch)] = jax.jit(
           lambda fl, k: _flat(algo.fragments.take(jax.tree.leaves(fl), algo._kinds, branch, k, axis=1)))
-    mine = np.asarray(self._programs[("take", branch)](state.in_flight.outer_params, k))
+    with jax.set_mesh(self.mesh):
+      mine = self.own_rows(self._programs[("take", branch)](state.in_flight.outer_params, k))
     gathered = wait(self.link.gather(mine, f"outer params of fragment {p}"),
                     f"gathering the replicas' outer params of fragment {p}")
 
@@ -430,7 +448,7 @@ class Background:
       if p in self._in_flight:  # delayed / eager: the previous sync of p arrives now (H steps on)
         state = self._settle(state, p, t)
       state, flat = self._send(state, p, hp)
-      flat = np.asarray(flat)  # waits for the payload program
+      flat = self.own_rows(flat)  # waits for the payload program
       self._in_flight[p] = _InFlight(t, self.link.gather(flat, f"fragment {p} @ step {t}"), time.time())
       if cfg.outer_overlap == "eager":
         self._stale_global.add(p)
@@ -461,7 +479,7 @@ class Background:
     if branch not in self._shapes:  # the leaves' shapes do not depend on k (a layer's slice)
       take = lambda params, k: self.algo.fragments.take(jax.tree.leaves(params), self.algo._kinds, branch, k, axis=1)
       self._shapes[branch] = jax.eval_shape(take, state.params, 0 if k is None else k)
-    return [jnp.asarray(x) for x in _split(np.asarray(gathered), self._shapes[branch])]
+    return self.place_replicated(_split(np.asarray(gathered), self._shapes[branch]))
 
   def settle(self, state, t: int):
     """Settles every fragment in flight (and, eager, refreshes θ_g): the state is then the SPMD

@@ -124,7 +124,7 @@ class InBackground(InStep):
     return self.runtime.local_state(state)
 
   def gather_rows(self, values: list) -> np.ndarray:
-    local = np.asarray(jax.device_get(jnp.stack(values)))  # [steps, M / N]
+    local = np.stack([self.runtime.own_rows(v) for v in values])  # [steps, M / N]
     every = self.runtime.link.exchange(f"rows/{next(self._keys)}", local)  # [N, steps, M / N]
     return np.concatenate(list(every), axis=1)
 
@@ -133,7 +133,7 @@ class InBackground(InStep):
 
   def finite_flags(self, state):
     replicas, glob = self.algo.finite_flags(state)
-    every = self.runtime.link.exchange(f"flags/{next(self._keys)}", np.asarray(replicas))
+    every = self.runtime.link.exchange(f"flags/{next(self._keys)}", self.runtime.own_rows(replicas))
     return jnp.asarray(every.reshape(-1)), glob
 
   def close(self) -> None:

@@ -135,7 +135,7 @@ class MeshPlacement:
 
   def place_replicated(self, x):
     """A host value copied to every device of the mesh."""
-    return jax.tree.map(lambda v: _global_array(v, replicated(self.mesh)), x)
+    return jax.tree.map(lambda v: global_array(v, replicated(self.mesh)), x)
 
 
 def replica_sharding(mesh: Mesh) -> NamedSharding:
@@ -163,7 +163,7 @@ def local_replicas(mesh: Mesh, replicas: int) -> tuple[int, ...]:
   return tuple(sorted({r for idx in index.values() for r in range(replicas)[idx[0]]}))
 
 
-def _global_array(x: Any, sharding: NamedSharding) -> jax.Array:
+def global_array(x: Any, sharding: NamedSharding) -> jax.Array:
   """Builds a (possibly multi-process) global array from a host value every process holds."""
   if jax.process_count() == 1:
     return jax.device_put(x, sharding)
@@ -181,13 +181,13 @@ def shard_state(state: Any, mesh: Mesh, replica_fields: tuple[str, ...]) -> Any:
   for field in state.__dataclass_fields__:
     value = getattr(state, field)
     sharding = rs if field in replica_fields else rep
-    changes[field] = jax.tree.map(lambda x: _global_array(x, sharding), value)
+    changes[field] = jax.tree.map(lambda x: global_array(x, sharding), value)
   return state.replace(**changes)
 
 
 def shard_batch(batch: np.ndarray, mesh: Mesh) -> jax.Array:
   """Places a host batch ``[M, b, ...]`` on the mesh (replicas x sequences)."""
-  return _global_array(batch, batch_sharding(mesh))
+  return global_array(batch, batch_sharding(mesh))
 
 
 def fetch(x: Any) -> np.ndarray:

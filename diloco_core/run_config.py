@@ -157,8 +157,8 @@ class TrainConfig:
       help="in-step: every replica in one SPMD program, a fragment's all-reduce inside the step"
            " that sends it; background: the replicas split over the processes, each fragment's"
            " all-reduce on a communication thread while training goes on (merged at t + τ; delayed /"
-           " eager: at the next send). Where it runs, not what it computes: the same numbers (bit for"
-           " bit on CPU with every replica in one process; else within background.TOLERANCE)")
+           " eager: at the next send). Where it runs, not what it computes: the same numbers as in-step on"
+           " the same mesh (bit for bit on CPU; M > 2 with a compressed format within background.TOLERANCE)")
   checkpoint_every: int = field(
       0, flag="checkpoint-every", group=_C,
       help="save <out>/checkpoints/<step> every N steps (a multiple of the log interval; 0: never)")

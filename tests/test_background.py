@@ -120,10 +120,10 @@ def test_bad_background_options_one_line(change, message):
 COLLECTIVES = ("all-reduce", "all-gather", "collective-permute", "all-to-all", "reduce-scatter")
 
 
-def test_the_local_programs_hold_no_collective():
-  """Two replicas on two local devices: the inner step and the payload program are compiled
-  without any collective (a cross-process one cannot even be expressed: the local mesh holds
-  this process's devices only)."""
+def test_the_phases_hold_no_collective():
+  """Two replicas on a mesh of two devices: the inner step, the payload, settle and merge
+  programs are compiled over the run's mesh, as the in-step program is, but hold no collective,
+  so a process runs its part of each without waiting for the others (only the link moves data)."""
   from diloco_core.communication import make_communication
   from diloco_core.model import init_model, train_loss
   from diloco_core.programs import make_algorithm
@@ -134,13 +134,20 @@ def test_the_local_programs_hold_no_collective():
   algo = make_algorithm(cfg, lambda p, x: train_loss(apply_fn, p, x), params)
   comm = make_communication(cfg, algo, params)
   bg = comm.runtime
-  assert {d.process_index for d in bg.local_mesh.devices.flat} == {0} and bg.local_mesh.size == 2
+  assert bg.mesh.shape == {"diloco": 2, "data": 1}
   state = comm.init(params)
   batch = comm.place_batch(np.zeros((2, 2, 9), np.int32))
   state, _ = comm.step(state, batch, 1)  # sends (H = 1): builds inner, send, settle, merge
   hp = bg._hyperparams(False)
+  payload = sum(int(np.prod(x.shape[1:])) for x in jax.tree.leaves(state.params))
+  gathered = bg._leaves_of(state, 0, np.zeros((2, payload), np.float32))
   texts = {"inner": bg.compiled_text("inner", "", state, batch, hp),
-           "send": bg.compiled_text("send", "all", state, None, hp)}
+           "send": bg.compiled_text("send", "all", state, None, hp),
+           "settle": bg.compiled_text("settle", "all", state, gathered, None, hp),
+           "merge": bg.compiled_text("merge", "all", state, None, np.int32(0), hp)}
   for name, text in texts.items():
     assert not [c for c in COLLECTIVES if c in text], name
+  # the search finds one where there is one: the in-step program of the same run all-reduces
+  in_step = algo.lower(algo.init(params), algo.place_batch(np.zeros((2, 2, 9), np.int32))).compile().as_text()
+  assert "all-reduce" in in_step
   comm.close()

@@ -61,58 +61,103 @@ def test_a_stop_request_stops_every_process_with_130():
   assert "launch: stopped on request; every process ended (130, " in err
 
 
-BACKGROUND = ["--model", "tiny", "--replicas", "2", "--algorithm", "streaming", "--fragments", "3",
-              "--sync-every", "6", "--overlap", "2", "--alpha", "0.5", "--steps", "12", "--batch-size", "2",
-              "--seq-len", "8", "--eval-every", "4", "--log-every", "2", "--warmup-steps", "1", "--no-progress",
-              "--checkpoint-every", "4"]
+COMMON = ["--model", "tiny", "--replicas", "2", "--sync-every", "6", "--steps", "12", "--batch-size", "2",
+          "--seq-len", "8", "--eval-every", "4", "--log-every", "2", "--warmup-steps", "1", "--no-progress"]
+CASES = {  # M = 2 (one replica per process): Streaming, DiLoCo with 4-bit payloads, eager
+    "streaming": ["--algorithm", "streaming", "--fragments", "3", "--overlap", "2", "--alpha", "0.5",
+                  "--checkpoint-every", "4"],  # the kill test resumes from its checkpoints
+    "diloco": ["--compression", "e3m0", "--error-feedback", "--eval-replicas"],
+    "eager": ["--outer-overlap", "eager"],
+}
+BACKGROUND = [*COMMON, *CASES["streaming"]]
+SAME_MESH = ["--mesh", "diloco=2,data=1"]  # one replica per device, as in the background runs
+GROUP = pytest.mark.xdist_group("launched-runs")  # one worker runs the module's launches once
 
 
 @pytest.fixture(scope="module")
-def background_pair(tmp_path_factory):
-  """Streaming (P = 3, τ = 2, α = 0.5), M = 2: one process in-step (the reference), and two
-  processes (one replica each) in-step (the SPMD program over two processes) and background."""
-  d = tmp_path_factory.mktemp("background")
-  one = subprocess.run([sys.executable, "-m", "diloco_core.train", *BACKGROUND, "--out", str(d / "in-step")],
+def launched(tmp_path_factory):
+  """Per case: the in-step run in one process on two devices (the reference) and the background
+  run over two processes (one replica each); for Streaming also the in-step run over two
+  processes (the SPMD program across them) and the in-step run on one device."""
+  d = tmp_path_factory.mktemp("launched")
+  for case, flags in CASES.items():
+    one, two = ["--processes", "1", "--devices-per-process", "2"], ["--processes", "2", "--devices-per-process", "1"]
+    runs = {"in-step": (one, SAME_MESH), "background": (two, ["--communication", "background"])}
+    if case == "streaming":
+      runs["in-step-2"] = (two, SAME_MESH)
+    for name, (launcher, extra) in runs.items():
+      r = run_launcher(*launcher, "--", *COMMON, *flags, *extra, "--out", str(d / case / name), timeout=300)
+      assert r.returncode == 0, r.stderr[-2000:] + r.stdout[-2000:]
+    assert "final eval loss" in r.stdout  # process 0's result line is shown
+  one = subprocess.run([sys.executable, "-m", "diloco_core.train", *BACKGROUND, "--out", str(d / "streaming" / "one-device")],
                        env=ENV, capture_output=True, text=True, timeout=300)
   assert one.returncode == 0, one.stderr[-2000:]
-  for name, extra in (("in-step-2", ["--mesh", "diloco=2,data=1"]), ("background", ["--communication", "background"])):
-    two = run_launcher("--processes", "2", "--devices-per-process", "1", "--", *BACKGROUND, *extra,
-                       "--out", str(d / name), timeout=300)
-    assert two.returncode == 0, two.stderr[-2000:] + two.stdout[-2000:]
-  assert "final eval loss" in two.stdout  # process 0's result line is shown
   return d
 
 
-def _close(a, b):
-  from diloco_core.background import TOLERANCE  # one replica per process: see its comment
-  np.testing.assert_allclose(np.array(a, float), np.array(b, float), rtol=TOLERANCE, atol=TOLERANCE)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("run", ["in-step-2", "background"])
-def test_two_launched_processes_give_the_one_process_numbers(background_pair, run):
-  """Every metrics row, the final params and the summary's results, within TOLERANCE of one
-  process holding both replicas; steps, tokens and bytes exactly."""
+def _outputs(run):
+  """(metrics rows, final params' leaves, summary) of a run directory."""
   from diloco_core.params_io import load_params
-  a, b = (metrics_rows(background_pair / m / "metrics.jsonl") for m in ("in-step", run))
-  assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(2, 13, 2))
-  for x, y in zip(a, b):
+  params = [np.asarray(x) for x in jax.tree.leaves(load_params(str(run / "final_params")))]
+  return metrics_rows(run / "metrics.jsonl"), params, json.load(open(run / "summary.json"))
+
+
+SUMMARY_RESULTS = ("final_eval_loss", "final_replica_eval_losses", "total_bytes_per_replica", "peak_bytes_per_step")
+
+
+@GROUP
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_background_over_two_processes_equals_in_step_on_the_same_mesh_bit_for_bit(launched, case):
+  """Every metrics row, every final param and the summary's results: equal, bit for bit."""
+  (ra, pa, sa), (rb, pb, sb) = (_outputs(launched / case / m) for m in ("in-step", "background"))
+  assert ra == rb and [r["step"] for r in ra] == list(range(2, 13, 2))
+  assert len(pa) == len(pb)
+  for x, y in zip(pa, pb):
+    np.testing.assert_array_equal(x, y)
+  assert {k: sa[k] for k in SUMMARY_RESULTS} == {k: sb[k] for k in SUMMARY_RESULTS}
+  if case == "diloco":
+    assert len(sb["final_replica_eval_losses"]) == 2  # eval_replicas: the replicas gathered at the end
+  assert sorted(os.listdir(launched / case / "background" / "trace")) == ["process-0.jsonl", "process-1.jsonl"]
+
+
+@GROUP
+@pytest.mark.slow
+def test_in_step_over_two_processes_equals_one_process_on_two_devices(launched):
+  """The SPMD program split over two processes: the same numbers as on two devices of one."""
+  (ra, pa, sa), (rb, pb, sb) = (_outputs(launched / "streaming" / m) for m in ("in-step", "in-step-2"))
+  assert ra == rb
+  for x, y in zip(pa, pb):
+    np.testing.assert_array_equal(x, y)
+  assert {k: sa[k] for k in SUMMARY_RESULTS} == {k: sb[k] for k in SUMMARY_RESULTS}
+
+
+@GROUP
+@pytest.mark.slow
+def test_another_mesh_agrees_within_tolerance(launched):
+  """Both replicas on one device (the in-step program batches them) against one replica per
+  device: XLA compiles other kernels, so the numbers agree within TOLERANCE only; steps,
+  tokens and bytes exactly."""
+  from diloco_core.background import TOLERANCE
+
+  def close(a, b):
+    np.testing.assert_allclose(np.array(a, float), np.array(b, float), rtol=TOLERANCE, atol=TOLERANCE)
+  (ra, pa, sa), (rb, pb, sb) = (_outputs(launched / "streaming" / m) for m in ("one-device", "in-step"))
+  assert [r["step"] for r in ra] == [r["step"] for r in rb]
+  for x, y in zip(ra, rb):
     assert {k: v for k, v in x.items() if "loss" not in k} == {k: v for k, v in y.items() if "loss" not in k}
     for key in (k for k in x if "loss" in k):
-      _close(x[key], y[key])
-  pa, pb = (load_params(str(background_pair / m / "final_params")) for m in ("in-step", run))
-  for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb), strict=True):
-    _close(np.asarray(x), np.asarray(y))
-  sa, sb = (json.load(open(background_pair / m / "summary.json")) for m in ("in-step", run))
-  _close(sa["final_eval_loss"], sb["final_eval_loss"])
+      close(x[key], y[key])
+  for x, y in zip(pa, pb, strict=True):
+    close(x, y)
+  close(sa["final_eval_loss"], sb["final_eval_loss"])
   assert (sa["total_bytes_per_replica"], sa["peak_bytes_per_step"]) == (sb["total_bytes_per_replica"],
                                                                          sb["peak_bytes_per_step"])
-  if run == "background":
-    assert sorted(os.listdir(background_pair / run / "trace")) == ["process-0.jsonl", "process-1.jsonl"]
 
 
+@GROUP
 @pytest.mark.slow
-def test_a_killed_process_stops_the_other_and_the_job_resumes(background_pair, tmp_path):
+def test_a_killed_process_stops_the_other_and_the_job_resumes(launched, tmp_path):
   """Process 1 is SIGKILLed as it sends the fragment of step 10 (process 0 is then in, or
   entering, that all-reduce): every process is gone within 60 s, the message names the lost
   process and the newest finalized checkpoint, and ``--resume`` of the whole job ends where the
@@ -136,7 +181,7 @@ def test_a_killed_process_stops_the_other_and_the_job_resumes(background_pair, t
   assert stopped_after < 60, stopped_after  # every process gone within 60 s of the kill
   resumed = run_launcher(*flags, "--", *train_flags, "--resume", timeout=300)
   assert resumed.returncode == 0, resumed.stderr[-2000:]
-  assert metrics_rows(os.path.join(out, "metrics.jsonl")) == metrics_rows(background_pair / "background" / "metrics.jsonl")
+  assert metrics_rows(os.path.join(out, "metrics.jsonl")) == metrics_rows(launched / "streaming" / "background" / "metrics.jsonl")
 
 
 def _can_shape() -> str | None:
