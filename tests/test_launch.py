@@ -121,6 +121,25 @@ def test_background_over_two_processes_equals_in_step_on_the_same_mesh_bit_for_b
   assert sorted(os.listdir(launched / case / "background" / "trace")) == ["process-0.jsonl", "process-1.jsonl"]
 
 
+@pytest.mark.slow
+def test_a_process_takes_its_inner_steps_without_waiting_for_a_late_one(tmp_path):
+  """Process 1 starts its steps 8 s late: process 0 has taken its inner steps 1..5 before
+  (none of its programs waits for another process), and waits only for the payload of step 6."""
+  from analysis.measured import read_trace
+  out = tmp_path / "late"
+  flags = [*COMMON, "--steps", "6", "--log-every", "6", "--eval-every", "6", "--communication", "background"]
+  r = subprocess.run([sys.executable, "-m", "diloco_core.launch", "--processes", "2", "--devices-per-process", "1",
+                      "--module", "late_child", "--", *flags, "--out", str(out)],
+                     env=dict(ENV, LATE_S="8"), capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stderr[-2000:]
+  early, late = read_trace(str(out))[0], read_trace(str(out))[1]
+  late_start = min(x["start"] for x in late if x["kind"] == "compute")
+  inner = [x["end"] for x in early if x["kind"] == "compute" and x["step"] < 6]
+  assert len(inner) == 5 and max(inner) < late_start, (inner, late_start)
+  waited = [x for x in early if x["kind"] == "wait"]
+  assert waited and waited[0]["step"] == 6  # τ = 0: step 6 waits for process 1's payload
+
+
 @GROUP
 @pytest.mark.slow
 def test_in_step_over_two_processes_equals_one_process_on_two_devices(launched):
