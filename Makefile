@@ -22,11 +22,11 @@ demo: $(VENV)/.installed  ## the main job: DP vs DiLoCo vs Streaming on the buil
 	$(PY) -m diloco_core.compare --out runs/compare --overwrite
 
 test: $(VENV)/.installed  ## the whole test suite (doctests included), 2 workers
-	$(PY) -m pytest -n 2 --dist loadgroup -q $(PYTEST_ARGS); rc=$$?; \
+	$(PY) -m pytest -n 2 -q $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
 
 test-fast: $(VENV)/.installed  ## everything but the tests marked slow
-	$(PY) -m pytest -n 2 --dist loadgroup -q -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 -q -m "not slow" $(PYTEST_ARGS)
 
 docs: $(VENV)/.installed  ## the site from scratch, every notebook executed, warnings are errors
 	$(PY) docs/build.py

@@ -29,6 +29,28 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 
 _DOCTESTS_NEEDING_DEVICES = {"diloco_core.mesh.make_mesh": 8}
 
+#: Test files whose tests share an expensive module fixture (launched multi-process runs, the
+#: background pairs, the stored toy experiment): under ``pytest -n`` each file runs in one
+#: worker, as a module fixture used in two workers is set up in both. (pytest-xdist's
+#: ``--dist loadgroup`` with ``xdist_group`` marks would say this per test, but with pytest 9.2
+#: it silently stops grouping: pytest-xdist issue 1386.)
+ONE_WORKER_FILES = ("tests/test_launch.py", "tests/test_background.py", "tests/test_stored.py")
+
+
+def pytest_xdist_make_scheduler(config, log):
+  """``-n`` with the default ``--dist load``: every test its own unit of work, handed to the
+  next free worker, except the files of :data:`ONE_WORKER_FILES`, each one unit."""
+  if config.getoption("dist") != "load":
+    return None
+  from xdist.scheduler import LoadScopeScheduling  # pylint: disable=import-outside-toplevel
+
+  class FilesTogether(LoadScopeScheduling):
+    def _split_scope(self, nodeid: str) -> str:
+      path = nodeid.split("::", 1)[0]
+      return path if path in ONE_WORKER_FILES else nodeid
+
+  return FilesTogether(config, log)
+
 
 def pytest_configure(config):
   config.addinivalue_line(

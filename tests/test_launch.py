@@ -71,7 +71,6 @@ CASES = {  # M = 2 (one replica per process): Streaming, DiLoCo with 4-bit paylo
 }
 BACKGROUND = [*COMMON, *CASES["streaming"]]
 SAME_MESH = ["--mesh", "diloco=2,data=1"]  # one replica per device, as in the background runs
-GROUP = pytest.mark.xdist_group("launched-runs")  # one worker runs the module's launches once
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +104,6 @@ def _outputs(run):
 SUMMARY_RESULTS = ("final_eval_loss", "final_replica_eval_losses", "total_bytes_per_replica", "peak_bytes_per_step")
 
 
-@GROUP
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_background_over_two_processes_equals_in_step_on_the_same_mesh_bit_for_bit(launched, case):
@@ -140,7 +138,6 @@ def test_a_process_takes_its_inner_steps_without_waiting_for_a_late_one(tmp_path
   assert waited and waited[0]["step"] == 6  # τ = 0: step 6 waits for process 1's payload
 
 
-@GROUP
 @pytest.mark.slow
 def test_in_step_over_two_processes_equals_one_process_on_two_devices(launched):
   """The SPMD program split over two processes: the same numbers as on two devices of one."""
@@ -151,7 +148,6 @@ def test_in_step_over_two_processes_equals_one_process_on_two_devices(launched):
   assert {k: sa[k] for k in SUMMARY_RESULTS} == {k: sb[k] for k in SUMMARY_RESULTS}
 
 
-@GROUP
 @pytest.mark.slow
 def test_another_mesh_agrees_within_tolerance(launched):
   """Both replicas on one device (the in-step program batches them) against one replica per
@@ -174,7 +170,6 @@ def test_another_mesh_agrees_within_tolerance(launched):
                                                                          sb["peak_bytes_per_step"])
 
 
-@GROUP
 @pytest.mark.slow
 def test_a_killed_process_stops_the_other_and_the_job_resumes(launched, tmp_path):
   """Process 1 is SIGKILLed as it sends the fragment of step 10 (process 0 is then in, or
