@@ -166,8 +166,10 @@ def _free_port():
 @pytest.mark.slow
 def test_two_processes_match_one_process(tmp_path):
   # With a file, each process reads only its two replicas' shards (the other rows stay zero):
-  # the same numbers as one process show the mesh never reads another process's rows. (The
-  # built-in data over two processes: test_launch.py's in-step-2 run, through the launcher.)
+  # the same numbers as one process on the same mesh of 4 devices, bit for bit (every metrics
+  # row but the wall time), show the mesh never reads another process's rows and that the SPMD
+  # program split over processes computes what it computes in one. (The built-in data over two
+  # processes, background and in-step: test_launch.py, through the launcher.)
   np.save(tmp_path / "ids.npy", (np.arange(4000) * 5) % 16)
   data = ["--data", str(tmp_path / "ids.npy"), "--distribution", "non-iid", "--vocab-size", "16"]
   args = data + ["--model", "tiny", "--replicas", "4", "--sync-every", "4", "--steps", "8", "--batch-size", "2",
@@ -190,7 +192,5 @@ def test_two_processes_match_one_process(tmp_path):
   a = [json.loads(l) for l in open(tmp_path / "one" / "metrics.jsonl")]
   b = [json.loads(l) for l in open(tmp_path / "two" / "metrics.jsonl")]
   assert len(a) == len(b) == 4
-  for x, y in zip(a, b):
-    np.testing.assert_allclose(x["replica_loss"], y["replica_loss"], rtol=1e-5)
-    if x["eval_loss"] is not None:
-      np.testing.assert_allclose(x["eval_loss"], y["eval_loss"], rtol=1e-5)
+  drop = lambda row: {k: v for k, v in row.items() if k != "wall_time_s"}
+  assert [drop(x) for x in a] == [drop(y) for y in b]
