@@ -72,7 +72,7 @@ from diloco_core import eager
 from diloco_core.diloco import DiLoCo, inner_update
 from diloco_core.hyperparams import resolve_optimizer
 from diloco_core.link import Link, wait
-from diloco_core.mesh import AXES, global_array, parse_mesh, replica_sharding, replicated, shard_batch
+from diloco_core.mesh import AXES, MeshPlacement, global_array, parse_mesh, replica_sharding, replicated
 from diloco_core.schedule import merged_fragment, sent_fragment
 from diloco_core.state import DiLoCoState, MergeOperands, SendOperands
 
@@ -170,7 +170,7 @@ class _InFlight:
   handed: float  # time.time() when handed to the link
 
 
-class Background:
+class Background(MeshPlacement):
   """The background runtime of one process: its local replicas' programs, the link, the trace.
 
   Args:
@@ -215,15 +215,6 @@ class Background:
     """The replicas this process trains."""
     return tuple(range(self.offset, self.offset + self.local))
 
-  def place_batch(self, batch: np.ndarray):
-    """A host batch ``[M, b, ...]`` as a global array on the mesh (only this process's rows are
-    read)."""
-    return shard_batch(np.asarray(batch), self.mesh)
-
-  def place_replicated(self, x):
-    """A host value (pytree) every process holds, copied to every device of the mesh."""
-    return jax.tree.map(lambda v: global_array(v, replicated(self.mesh)), x)
-
   def local_state(self, state: DiLoCoState) -> DiLoCoState:
     """A state restored from a checkpoint (either mode's, or host values) in this runtime's
     placement."""
@@ -259,7 +250,7 @@ class Background:
       def to_global(x, own=own):
         host = np.asarray(x)
         if not own:
-          return jax.make_array_from_callback(host.shape, rep, lambda idx: host[idx])
+          return global_array(host, rep)
 
         def rows(idx):
           r = range(M)[idx[0]]

@@ -103,7 +103,8 @@ def make_mesh(shape: dict[str, int] | None = None) -> Mesh:
 
 
 class MeshPlacement:
-  """Where an algorithm's state and batches live: the base of :class:`~diloco_core.algorithm.AlgorithmBase`.
+  """Where an algorithm's state and batches live: the base of :class:`~diloco_core.algorithm.AlgorithmBase`
+  and of the background runtime (:class:`~diloco_core.background.Background`).
 
   ``replica_fields`` names the state fields with a leading replica axis (sharded over
   ``diloco``); every other field is replicated.
