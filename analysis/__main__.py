@@ -35,6 +35,7 @@ from analysis.models import model_table
 from diloco_core.sparse import DEFAULT_CHUNK
 from diloco_core.sparse import bits_per_element as sparse_bits_per_element
 from diloco_core.validity import FRAGMENT_PATTERNS
+from diloco_core.validity import check_choice
 from diloco_core.validity import check_int
 from diloco_core.validity import check_real
 from diloco_core.validity import check_schedule
@@ -242,14 +243,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _experiments(a) -> None:
+  import os
+  if a.isa is not None:  # before JAX starts: XLA reads its flags once
+    from analysis.cpu_kind import ISA_LEVELS
+    check_choice("--isa", a.isa.upper(), ISA_LEVELS)
+    if a.scale != "cpu":
+      raise ValueError("--isa: only with --scale cpu (it caps the instruction sets of XLA's CPU backend).")
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_cpu_max_isa={a.isa.upper()}").strip()
   if a.scale == "cpu":  # the docs build's environment (conf.py), which re-checks the results
-    import os
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_force_host_platform_device_count" not in flags:
       os.environ["XLA_FLAGS"] = (flags + " --xla_force_host_platform_device_count=8").strip()
   # Imported here: the experiments train with JAX, which the other commands never start.
   from analysis import experiments
+  from analysis import recheck
   from analysis import stored
   names = list(experiments.SWEEPS) if a.all or a.action == "list" else a.names
   if not names:
@@ -268,14 +276,18 @@ def _experiments(a) -> None:
         state = str(err).split(": ", 2)[-1]
       print(f"{name:15s} {len(experiments.named_sweep(name, a.scale)):4d} runs  {state}")
     return
-  for name in names:
-    if a.action == "run":
-      path = stored.run_experiment(name, scale=a.scale, progress=not a.quiet, workers=a.workers)
+  if a.action == "run":
+    for name in names:
+      path = stored.run_experiment(name, scale=a.scale, progress=not a.quiet, workers=a.workers,
+                                   realization=None if a.isa is None else stored.realization_name(a.isa))
       print(f"{name}: stored {path}")
-    else:
-      report = stored.verify(name, k=a.sample, scale=a.scale)
-      print(f"{name}: {len(report)} runs trained again, largest relative difference "
-            f"{report['max_rel_diff'].max():.3g} (allowed {stored.RTOL:g})")
+    return
+  check_int("--sample", a.sample, low=1)
+  if a.scale != "cpu":
+    raise ValueError("experiments verify: only stored CPU experiments are re-checked (--scale cpu).")
+  report = recheck.verify_all(names, workers=a.workers, k=a.sample)
+  for name in names:
+    print(recheck.summary_line(report[report["experiment"] == name]))
 
 
 def _add_experiments(sub) -> None:
@@ -291,7 +303,11 @@ def _add_experiments(sub) -> None:
   e.add_argument("--sample", type=int, default=2, help="verify: runs trained again (2)")
   e.add_argument("--quiet", action="store_true", help="run: no progress bar")
   e.add_argument("--workers", type=int, default=1,
-                 help="run: processes that train at once (1); the numbers do not depend on it")
+                 help="processes that train at once (1); the numbers do not depend on it")
+  e.add_argument("--isa", default=None,
+                 help="run or verify as on a CPU with at most this instruction set (XLA's "
+                      "--xla_cpu_max_isa: SSE4_2, AVX, AVX2, AVX512, ...); `run` stores a second "
+                      "realization, analysis/results/NAME@ISA.json")
   e.set_defaults(func=_experiments)
 
 

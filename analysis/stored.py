@@ -43,11 +43,13 @@ from typing import Any, Sequence
 import pandas as pd
 
 from analysis import experiments
+from analysis.cpu_kind import ISA_LEVELS
+from analysis.cpu_kind import cpu_fingerprint
+from analysis.cpu_kind import max_isa
 from analysis.sweep_cache import code_version
 from analysis.sweep_cache import config_dict
 from analysis.sweep_cache import config_key
 from analysis.sweeps import SUMMARY_COLUMNS
-from analysis.sweeps import run_one
 from analysis.sweeps import run_sweep
 from analysis.sweeps import sweep_curves
 from diloco_core.validity import check_choice
@@ -57,30 +59,6 @@ from diloco_core.validity import check_int
 RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
 #: The format of the stored files; :func:`load` refuses any other.
 FORMAT = 1
-#: Largest relative difference allowed between a stored number and the same run trained again
-#: on the kind of CPU that stored the file (CPU runs are deterministic there: a re-run gives the
-#: same bits, so any drift is a change of the trainer's numerics, which must be re-run and
-#: stored again; another kind of CPU: :data:`CROSS_CPU_RTOL`).
-RTOL = 1e-6
-#: Runs of each experiment the docs build trains again (:func:`sample_indices`): one each, the
-#: cheapest, so that the build stays in CI's budget (twelve experiments; ``methods``' runs are
-#: the main job's `small` runs, about two and a half minutes each).
-#: ``python -m analysis experiments verify --sample K`` checks more.
-SAMPLE = 1
-#: Experiments that re-check another number of runs than :data:`SAMPLE` (none at present).
-SAMPLE_SIZES: dict[str, int] = {}
-#: Across CPUs the runs are not bit-reproducible: XLA compiles for the host's instruction set and
-#: rounds differently, and over thousands of steps a run drifts to another realization (measured:
-#: up to about half a percent of the final loss, the size of the seed-to-seed spread). A run
-#: re-trained on another CPU than the stored file's (:func:`cpu_fingerprint`), or on a file
-#: stored before the fingerprint was recorded, must give the same counts exactly and a final
-#: eval loss within this relative tolerance; on the same CPU, :data:`RTOL` holds.
-CROSS_CPU_RTOL = 2e-2
-#: The counts of a run, equal on every CPU.
-COUNTS = ("total_bytes_per_replica", "peak_bytes_per_step", "tokens", "params")
-#: The numbers of a run compared by :func:`verify` (wall times are not reproducible).
-CHECKED = ("final_eval_loss", "gap_to_floor", "total_bytes_per_replica", "peak_bytes_per_step",
-           "tokens", "params")
 #: The logged metrics kept per run (wall time stays out: it is the machine's, not the run's).
 METRIC_COLUMNS = ("step", "train_loss", "eval_loss", "tokens", "bytes_sent", "total_bytes_sent")
 
@@ -89,18 +67,41 @@ class StoredResultError(ValueError):
   """A stored experiment is missing, edited by hand, stale, or no longer reproduced."""
 
 
-def path_of(name: str) -> pathlib.Path:
-  """The stored file of experiment ``name``: ``analysis/results/NAME.json``."""
+def path_of(name: str, realization: str | None = None) -> pathlib.Path:
+  """The stored file of experiment ``name``: ``analysis/results/NAME.json``, or a second
+  realization of it (the same runs trained on another kind of CPU): ``NAME@REALIZATION.json``.
+
+  Examples:
+    >>> path_of("claims").name, path_of("claims", "avx2").name
+    ('claims.json', 'claims@avx2.json')
+  """
   check_choice("experiment", name, sorted(experiments.SWEEPS))
-  return RESULTS_DIR / f"{name}.json"
+  return RESULTS_DIR / (f"{name}.json" if realization is None else f"{name}@{realization}.json")
 
 
-def _plain(value: Any) -> Any:
+def realization_name(isa: str) -> str:
+  """The realization a run under ``--xla_cpu_max_isa=ISA`` is stored as (``"AVX2"`` -> ``"avx2"``)."""
+  check_choice("--isa", isa.upper(), ISA_LEVELS)
+  return isa.lower()
+
+
+def realizations(name: str, path: str | os.PathLike | None = None) -> list[str]:
+  """The second realizations stored for ``name`` (files ``NAME@R.json`` beside its file).
+
+  Args:
+    name: the experiment.
+    path: the experiment's main file, when it is not :func:`path_of` (tests).
+  """
+  main = pathlib.Path(path) if path is not None else path_of(name)
+  return sorted(p.stem.split("@", 1)[1] for p in main.parent.glob(f"{name}@*.json"))
+
+
+def plain(value: Any) -> Any:
   """JSON-safe Python: NaN becomes None, numpy scalars become Python numbers."""
   if isinstance(value, dict):
-    return {str(k): _plain(v) for k, v in value.items()}
+    return {str(k): plain(v) for k, v in value.items()}
   if isinstance(value, (list, tuple)):
-    return [_plain(v) for v in value]
+    return [plain(v) for v in value]
   if hasattr(value, "item") and not isinstance(value, (str, bytes)):
     value = value.item()
   if isinstance(value, float) and not math.isfinite(value):
@@ -116,7 +117,7 @@ def default_config() -> dict:
 
 def plain_config(cfg) -> dict:
   """A config as it is stored: :func:`~analysis.sweep_cache.config_dict` in plain JSON values."""
-  return json.loads(json.dumps(_plain(config_dict(cfg)), allow_nan=False))
+  return json.loads(json.dumps(plain(config_dict(cfg)), allow_nan=False))
 
 
 def with_defaults(stored: dict, defaults: dict) -> dict:
@@ -154,26 +155,6 @@ def content_hash(doc: dict) -> str:
   return hashlib.sha256(text.encode()).hexdigest()
 
 
-#: The CPU flags that change what XLA's CPU backend compiles (its instruction sets).
-ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512dq", "avx512bw",
-             "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
-
-
-def cpu_fingerprint() -> str:
-  """The CPU's model name and the instruction sets XLA may compile for (Linux: /proc/cpuinfo).
-
-  Two machines with the same fingerprint give the same bits for a CPU run; others may not.
-  """
-  try:
-    info = pathlib.Path("/proc/cpuinfo").read_text()
-  except OSError:
-    return f"{platform.machine()} {platform.processor()}".strip()
-  fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
-  fields = {k.strip(): v.strip() for k, v in fields.items()}
-  flags = set(fields.get("flags", "").split())
-  return f"{fields.get('model name', platform.machine())}; " + " ".join(f for f in ISA_FLAGS if f in flags)
-
-
 def provenance(wall_time_s: float, runs: int, scale: str, elapsed_s: float | None = None,
                workers: int = 1) -> dict:
   """Where and how a stored experiment was computed (versions, platform, date, code hash)."""
@@ -193,6 +174,7 @@ def provenance(wall_time_s: float, runs: int, scale: str, elapsed_s: float | Non
       "devices": jax.device_count(),
       "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs",
       "cpu": cpu_fingerprint(),
+      "max_isa": max_isa(),  # --xla_cpu_max_isa in effect (None: the CPU's own sets)
       "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
       "wall_time_s": round(wall_time_s, 1),  # the runs' own training wall times, summed
       "elapsed_s": None if elapsed_s is None else round(elapsed_s, 1),  # this command (cached runs: read)
@@ -204,7 +186,7 @@ def provenance(wall_time_s: float, runs: int, scale: str, elapsed_s: float | Non
 
 
 def _metrics_columns(metrics: pd.DataFrame) -> dict[str, list]:
-  return {c: _plain(metrics[c].tolist()) for c in METRIC_COLUMNS if c in metrics.columns}
+  return {c: plain(metrics[c].tolist()) for c in METRIC_COLUMNS if c in metrics.columns}
 
 
 def _train_group(configs: list, cache: str) -> int:
@@ -256,7 +238,7 @@ def train_parallel(configs: Sequence, *, workers: int, cache: str | os.PathLike 
 
 def run_experiment(name: str, *, scale: str = "cpu", cache: str | os.PathLike | None = None,
                    progress: bool = True, out_dir: str | os.PathLike | None = None,
-                   workers: int = 1) -> pathlib.Path:
+                   workers: int = 1, realization: str | None = None) -> pathlib.Path:
   """Trains every run of experiment ``name`` and writes its stored file; returns the path.
 
   Finished runs are read from the sweep cache (:mod:`analysis.sweep_cache`, keyed by config
@@ -270,12 +252,20 @@ def run_experiment(name: str, *, scale: str = "cpu", cache: str | os.PathLike | 
     progress: show a progress bar over the runs.
     out_dir: where to write (default :data:`RESULTS_DIR`).
     workers: processes that train at once (:func:`train_parallel`; 1 trains in this process).
+    realization: store a second realization (:func:`path_of`), trained under
+      ``--xla_cpu_max_isa`` set to it (:func:`realization_name`); the flag must be in
+      ``$XLA_FLAGS`` before JAX starts (``python -m analysis experiments run NAME --isa AVX2``
+      sets it).
 
   Returns:
     The path of the stored file.
   """
   configs = experiments.named_sweep(name, scale)
   workers = check_int("workers", workers, low=1)
+  if realization is not None and max_isa() != realization_name(realization).upper():
+    raise ValueError(f"realization {realization!r}: XLA_FLAGS must hold --xla_cpu_max_isa="
+                     f"{realization.upper()} before JAX starts (it holds {max_isa()!r}); use"
+                     f" `python -m analysis experiments run {name} --isa {realization.upper()}`.")
   start = time.perf_counter()
   if workers > 1:
     train_parallel(configs, workers=workers, cache=cache, progress=progress, desc=name)
@@ -286,16 +276,17 @@ def run_experiment(name: str, *, scale: str = "cpu", cache: str | os.PathLike | 
     key = config_key(cfg)
     metrics = curves[curves["key"] == key] if "key" in curves.columns else curves.iloc[0:0]
     runs.append({"key": key, "config": plain_config(cfg),
-                 "row": _plain({k: v for k, v in row.items() if k not in ("cached", "run_s")}),
+                 "row": plain({k: v for k, v in row.items() if k not in ("cached", "run_s")}),
                  "metrics": _metrics_columns(metrics)})
   trained_s = float(df["wall_time_s"].sum())  # each run's wall time, whether cached or trained now
   prov = provenance(trained_s, len(runs), scale, elapsed_s=time.perf_counter() - start, workers=workers)
-  prov["command"] = prov["command"].format(name=name)
+  prov["command"] = prov["command"].format(name=name) + (
+      "" if realization is None else f" --isa {realization.upper()}")
   doc = {"name": name, "scale": scale, "format": FORMAT, "provenance": prov, "runs": runs}
   doc["sha256"] = content_hash(doc)
   folder = pathlib.Path(out_dir) if out_dir is not None else RESULTS_DIR
   folder.mkdir(parents=True, exist_ok=True)
-  path = folder / f"{name}.json"
+  path = folder / path_of(name, None if realization is None else realization_name(realization)).name
   tmp = path.with_suffix(".json.tmp")
   tmp.write_text(json.dumps(doc, indent=None, sort_keys=True, allow_nan=False) + "\n")
   os.replace(tmp, path)
@@ -336,7 +327,7 @@ class StoredExperiment:
     p = self.provenance
     return (f"`{self.name}`: {p['runs']} runs trained {p['date']} on {p['device_kind']} "
             f"({p['platform']}, {p['machine']}) in {p['wall_time_s'] / 60:.1f} min with JAX "
-            f"{p['jax']}, trainer code {p['code']}; stored in `analysis/results/{self.name}.json`, "
+            f"{p['jax']}, trainer code {p['code']}; stored in `analysis/results/{self.path.name}`, "
             f"regenerate with `{p['command']}`.")
 
 
@@ -347,14 +338,16 @@ def _refuse(name: str, why: str) -> StoredResultError:
 
 
 def load(name: str, *, scale: str = "cpu", check_configs: bool = True,
-         path: str | os.PathLike | None = None) -> StoredExperiment:
+         path: str | os.PathLike | None = None, realization: str | None = None) -> StoredExperiment:
   """Reads a stored experiment, checking its hash and (by default) that it is up to date.
 
   Args:
     name: one of :data:`analysis.experiments.SWEEPS`.
     scale: the scale it must have been run at.
     check_configs: refuse a file whose configs differ from ``named_sweep(name, scale)``.
-    path: read this file instead of :func:`path_of` (tests).
+    path: read this file instead of :func:`path_of` (tests); with ``realization``, the
+      realization's file beside it.
+    realization: read a second realization (:func:`realizations`).
 
   Returns:
     A :class:`StoredExperiment`.
@@ -364,8 +357,10 @@ def load(name: str, *, scale: str = "cpu", check_configs: bool = True,
       stale (its configs are not the registry's).
   """
   p = pathlib.Path(path) if path is not None else path_of(name)
+  if realization is not None:
+    p = p.parent / path_of(name, realization).name
   if not p.exists():
-    raise _refuse(name, "no stored file")
+    raise _refuse(name, f"no stored file {p.name}")
   try:
     doc = json.loads(p.read_text())
   except ValueError as e:
@@ -417,132 +412,6 @@ def results(name: str, scale: str = "cpu", *, live: bool | None = None, curves: 
   return (e.frame, e.curves) if curves else e.frame
 
 
-def sample_indices(costs: Sequence[float], k: int = SAMPLE) -> list[int]:
-  """``k`` run indices spread evenly over the runs ordered by cost, cheapest first (fixed).
-
-  ``costs`` are the stored runs' wall times: one run is the cheapest, two are the cheapest and
-  the dearest, three add the median, and so on. The choice depends on the stored file only,
-  so every build checks the same runs; the cheapest first keeps the docs build's re-check of
-  every experiment within CI's budget.
-
-  Examples:
-    >>> sample_indices([5.0, 1.0, 9.0, 3.0], 1), sample_indices([5.0, 1.0, 9.0, 3.0], 2)
-    ([1], [1, 2])
-    >>> sample_indices([5.0, 1.0, 9.0, 3.0], 3), sample_indices([2.0], 2)
-    ([1, 0, 2], [0])
-  """
-  check_int("sample size", k, low=1)
-  order = sorted(range(len(costs)), key=lambda i: (costs[i], i))
-  if len(order) <= k:
-    return order
-  if k == 1:
-    return order[:1]
-  return [order[j] for j in sorted({round(i * (len(order) - 1) / (k - 1)) for i in range(k)})]
-
-
-def _rel(a, b) -> float:
-  if a is None or b is None:
-    return 0.0 if a is None and b is None else math.inf
-  a, b = float(a), float(b)
-  if a == b:
-    return 0.0
-  return abs(a - b) / max(abs(a), abs(b), 1e-300)
-
-
-def verify(name: str, *, k: int = SAMPLE, scale: str = "cpu", rtol: float = RTOL,
-           path: str | os.PathLike | None = None, raise_on_error: bool = True) -> pd.DataFrame:
-  """Trains ``k`` runs of a stored experiment again and compares them with the stored numbers.
-
-  The runs are :func:`sample_indices` of the stored runs' wall times, trained from scratch
-  (no sweep cache). Compared: the :data:`CHECKED` summary numbers and the logged eval losses.
-
-  Args:
-    name: the experiment.
-    k: how many runs to re-train.
-    scale: its scale.
-    rtol: the largest relative difference accepted.
-    path: read this file instead of :func:`path_of` (tests).
-    raise_on_error: raise :class:`StoredResultError` on a difference (else only report it).
-
-  On another CPU than the file's (or a file without a CPU record) a run that is not the same
-  to ``rtol`` passes when its counts are equal and its final eval loss is within
-  :data:`CROSS_CPU_RTOL` (``check`` says which test it passed).
-
-  Returns:
-    One row per re-trained run: ``experiment``, ``index``, ``key``, ``max_rel_diff``,
-    ``worst`` (the field with the largest difference), ``check`` (``"exact"`` or
-    ``"another CPU"``), ``ok``.
-  """
-  stored = load(name, scale=scale, path=path)
-  same_cpu = stored.provenance.get("cpu") == cpu_fingerprint()
-  configs = experiments.named_sweep(name, scale)
-  out = []
-  for i in sample_indices([float(r["row"].get("wall_time_s") or 0.0) for r in stored.runs], k):
-    run = stored.runs[i]
-    summary, metrics, _ = run_one(configs[i], cache=False)
-    diffs = {c: _rel(run["row"].get(c), _plain(summary.get(c))) for c in CHECKED}
-    was = run["metrics"].get("eval_loss", [])
-    now = _plain(metrics["eval_loss"].tolist())
-    diffs["eval_loss curve"] = (math.inf if len(was) != len(now)
-                                else max((_rel(a, b) for a, b in zip(was, now)), default=0.0))
-    worst = max(diffs, key=diffs.get)
-    row = {"experiment": name, "index": i, "key": run["key"], "max_rel_diff": diffs[worst],
-           "worst": worst, "check": "exact", "ok": diffs[worst] <= rtol}
-    if not row["ok"] and not same_cpu:
-      row.update(check="another CPU", worst="final_eval_loss", max_rel_diff=diffs["final_eval_loss"],
-                 ok=diffs["final_eval_loss"] <= CROSS_CPU_RTOL and all(diffs[c] == 0.0 for c in COUNTS))
-    out.append(row)
-  report = pd.DataFrame(out)
-  bad = report[~report["ok"]]
-  if raise_on_error and len(bad):
-    r = bad.iloc[0]
-    allowed = rtol if r["check"] == "exact" else CROSS_CPU_RTOL
-    raise StoredResultError(
-        f"stored experiment {name!r}: run {r['index']} ({r['key']}) trained again differs in"
-        f" {r['worst']} by {r['max_rel_diff']:.3g} (relative; allowed {allowed:g}"
-        f"{'' if r['check'] == 'exact' else ' on another CPU than the stored one'}); the trainer's"
-        f" numbers changed: run `python -m analysis experiments run {name}` and commit the result.")
-  return report
-
-
 def stored_names() -> list[str]:
   """The experiments that have a stored file."""
   return sorted(n for n in experiments.SWEEPS if path_of(n).exists())
-
-
-def sample_size(name: str) -> int:
-  """How many runs of ``name`` the docs build trains again (:data:`SAMPLE_SIZES`, else :data:`SAMPLE`)."""
-  return SAMPLE_SIZES.get(name, SAMPLE)
-
-
-def _verify_sample(name: str) -> pd.DataFrame:
-  return verify(name, k=sample_size(name))
-
-
-def _cost(name: str) -> float:
-  """A stored experiment's seconds per run (its provenance), to hand out the longest first."""
-  p = load(name).provenance
-  return float(p.get("wall_time_s", 0.0)) / max(int(p.get("runs", 1)), 1)
-
-
-def verify_all(names: Sequence[str] | None = None, *, workers: int = 1) -> pd.DataFrame:
-  """:func:`verify` for every stored experiment (or ``names``), :func:`sample_size` runs each.
-
-  Args:
-    names: the experiments (default: every stored one).
-    workers: processes that re-train at once (started with ``spawn``, so JAX starts afresh in each; the
-      numbers do not depend on it). The longest experiments (stored seconds per run) are
-      handed out first. A difference raises :class:`StoredResultError` as with one worker.
-
-  Returns:
-    :func:`verify`'s rows for every experiment, in the order of ``names``.
-  """
-  names = stored_names() if names is None else list(names)
-  workers = check_int("workers", workers, low=1)
-  if workers == 1 or len(names) < 2:
-    return pd.concat([_verify_sample(n) for n in names], ignore_index=True)
-  order = sorted(names, key=_cost, reverse=True)
-  ctx = multiprocessing.get_context("spawn")
-  with concurrent.futures.ProcessPoolExecutor(min(workers, len(names)), mp_context=ctx) as pool:
-    done = dict(zip(order, pool.map(_verify_sample, order)))
-  return pd.concat([done[n] for n in names], ignore_index=True)

@@ -23,6 +23,7 @@ from typing import Any
 
 import pandas as pd
 
+from analysis.cpu_kind import max_isa
 from diloco_core.fields import non_result_fields
 
 #: The environment variable that names the cache folder (the docs build sets it).
@@ -32,7 +33,9 @@ DEFAULT_CACHE_DIR = ".cache/sweeps"
 
 
 def cache_dir(path: str | os.PathLike | None = None) -> pathlib.Path:
-  """The sweep cache folder: ``path``, else ``$DILOCO_SWEEPS_CACHE``, else ``.cache/sweeps``.
+  """The sweep cache folder: ``path``, else ``$DILOCO_SWEEPS_CACHE``, else ``.cache/sweeps``;
+  under ``--xla_cpu_max_isa=ISA`` (:func:`~analysis.cpu_kind.max_isa`) the latter two end in
+  ``-isa``, so that runs of another realization never mix with the CPU's own.
 
   Examples:
     >>> str(cache_dir("/tmp/my-sweeps"))
@@ -40,6 +43,9 @@ def cache_dir(path: str | os.PathLike | None = None) -> pathlib.Path:
   """
   if path is None:
     path = os.environ.get(CACHE_ENV) or DEFAULT_CACHE_DIR
+    isa = max_isa()
+    if isa is not None:  # runs compiled for fewer instruction sets round differently: kept apart
+      path = f"{path}-{isa.lower()}"
   return pathlib.Path(path)
 
 

@@ -15,6 +15,7 @@ import pytest
 from diloco_core import DataConfig, DiLoCo, DiLoCoConfig
 from diloco_core.mesh import check_mesh, make_mesh, parse_mesh
 from diloco_core.train import TrainConfig, train
+from tiny_run import xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -176,12 +177,12 @@ def test_two_processes_match_one_process(tmp_path):
           "--seq-len", "8", "--eval-every", "4", "--log-every", "2", "--warmup-steps", "1",
           "--data-vocab", "16", "--data-order", "1", "--no-progress", "--mesh", "diloco=4,data=1"]
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-  env1 = dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  env1 = dict(env, XLA_FLAGS=xla_flags(4))
   one = subprocess.run([sys.executable, "-m", "diloco_core.train", *args, "--out", str(tmp_path / "one")],
                        env=env1, capture_output=True, text=True, timeout=300)
   assert one.returncode == 0, one.stderr[-2000:]
   port = _free_port()
-  env2 = dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  env2 = dict(env, XLA_FLAGS=xla_flags(2))
   procs = [subprocess.Popen([sys.executable, "-m", "diloco_core.train", *args, "--out", str(tmp_path / "two"),
                              "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
                              "--process-id", str(i)], env=env2, stdout=subprocess.PIPE,

@@ -22,6 +22,7 @@ from flax import nnx
 from diloco_core import DiLoCo, DiLoCoConfig, ModelConfig, get_preset, init_model, layer_mask, lm_loss
 from diloco_core import compression as C
 from diloco_core.model import Transformer, split_params
+from tiny_run import xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BF16 = dataclasses.replace(get_preset("tiny"), compute_dtype="bfloat16")
@@ -237,7 +238,7 @@ _EXCESS_PRECISION_SCRIPT = textwrap.dedent("""
 
 def test_quantize_is_exact_when_xla_may_use_excess_precision():
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT),
-             XLA_FLAGS="--xla_allow_excess_precision=true --xla_force_host_platform_device_count=8")
+             XLA_FLAGS=xla_flags(8, "--xla_allow_excess_precision=true"))
   proc = subprocess.run([sys.executable, "-c", _EXCESS_PRECISION_SCRIPT], env=env, cwd=ROOT,
                         capture_output=True, text=True, timeout=300, check=True)
   out = json.loads(proc.stdout.strip().splitlines()[-1])

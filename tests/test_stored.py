@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
-from analysis import experiments, stored
+from analysis import cpu_kind, experiments, recheck, stored
+from analysis.sweep_cache import cache_dir
+from analysis.sweeps import run_one
 from analysis.sweeps import grid
 from diloco_core.data import DataConfig
 from diloco_core.train import TrainConfig
@@ -17,8 +20,8 @@ _TINY = TrainConfig(model="tiny", steps=8, batch_size=2, seq_len=8, eval_every=4
 
 @pytest.fixture(scope="module")
 def toy_trained(tmp_path_factory):
-  """The two-run experiment 'toy' trained and stored once for the module (shared runs), by two
-  worker processes."""
+  """The experiment 'toy' (two configs x two seeds) trained and stored once for the module
+  (shared runs), by two worker processes."""
   root = tmp_path_factory.mktemp("toy")
   with pytest.MonkeyPatch.context() as mp:
     mp.setitem(experiments.SWEEPS, "toy", _toy)
@@ -28,7 +31,7 @@ def toy_trained(tmp_path_factory):
 
 
 def _toy(scale):
-  return grid(_TINY, sync_every=[2, 4])
+  return grid(_TINY, sync_every=[2, 4], seed=[0, 1])
 
 
 @pytest.fixture
@@ -44,7 +47,7 @@ def toy(toy_trained, monkeypatch, tmp_path):
 
 def test_stored_file_holds_runs_provenance_and_a_matching_hash(toy):
   doc = json.loads(toy.read_text())
-  assert doc["name"] == "toy" and doc["format"] == stored.FORMAT and len(doc["runs"]) == 2
+  assert doc["name"] == "toy" and doc["format"] == stored.FORMAT and len(doc["runs"]) == 4
   prov = doc["provenance"]
   for k in ("code", "jax", "jaxlib", "numpy", "python", "platform", "device_kind", "date",
             "wall_time_s", "command"):
@@ -52,7 +55,7 @@ def test_stored_file_holds_runs_provenance_and_a_matching_hash(toy):
   assert prov["command"] == "python -m analysis experiments run toy --scale cpu"
   assert doc["sha256"] == stored.content_hash(doc)
   e = stored.load("toy")
-  assert e.frame["sync_every"].tolist() == [2, 4]
+  assert e.frame["sync_every"].tolist() == [2, 2, 4, 4] and e.frame["seed"].tolist() == [0, 1, 0, 1]
   assert e.frame["final_eval_loss"].notna().all()
   assert set(e.curves["step"]) == {0, 4, 8}
   assert "toy" in e.provenance_line() and prov["code"] in e.provenance_line()
@@ -67,8 +70,8 @@ def test_an_edited_number_is_refused(toy):
 
 
 def test_a_changed_experiment_is_stale(toy, monkeypatch):
-  monkeypatch.setitem(experiments.SWEEPS, "toy", lambda scale: grid(_TINY, sync_every=[2, 8]))  # changed
-  with pytest.raises(stored.StoredResultError, match=r"stale: 1 of its 2 configs differ.*experiments run toy"):
+  monkeypatch.setitem(experiments.SWEEPS, "toy", lambda scale: grid(_TINY, sync_every=[2, 8], seed=[0, 1]))
+  with pytest.raises(stored.StoredResultError, match=r"stale: 2 of its 4 configs differ.*experiments run toy"):
     stored.load("toy")
 
 
@@ -80,50 +83,149 @@ def test_missing_and_wrong_scale(toy, monkeypatch):
     stored.load("toy")
 
 
+def _perturbed(monkeypatch, summary=None, cfg_change=None, scale_metrics=None):
+  """run_one of the re-check, with the trained run changed: its config (a changed trainer), its
+  summary numbers (another rounding) or its logged losses after ``scale_metrics = (step, f)``."""
+  real = run_one  # the trainer itself (not an earlier patch)
+
+  def fake(cfg, cache=None):
+    if cfg_change:
+      cfg = cfg.__class__(**{**cfg.__dict__, **cfg_change(cfg)})
+    s, m, c = real(cfg, cache=cache)
+    s = {**s, **(summary(s) if summary else {})}
+    if scale_metrics:
+      step, f = scale_metrics
+      m = m.copy()
+      for col in ("train_loss", "eval_loss"):
+        m.loc[m["step"] > step, col] *= f
+    return s, m, c
+  monkeypatch.setattr(recheck, "run_one", fake)
+
+
 def test_verify_retrains_the_sample_and_catches_a_changed_trainer(toy, monkeypatch):
   # The file was trained by two spawned workers (`run --workers 2`); trained again here, in one
   # process, every run gives its numbers (the curve passes through the cache's JSON lines).
   assert stored.load("toy").provenance["workers"] == 2
-  report = stored.verify("toy", k=2)
-  assert sorted(report["index"]) == [0, 1]
+  report = recheck.verify("toy", k=2)
+  costs = [r["row"]["wall_time_s"] for r in stored.load("toy").runs]
+  cheapest, dearest = min(range(4), key=costs.__getitem__), max(range(4), key=costs.__getitem__)
+  assert sorted(report["index"]) == sorted([cheapest, dearest])  # by stored wall time
   assert report["ok"].all() and (report["max_rel_diff"] < 1e-9).all()  # CPU: the same losses
+  assert (report["check"] == "exact").all() and (report["against"] == "toy.json").all()
   # A trainer whose numbers changed: the run now trains with another inner LR.
-  real = stored.run_one
-  monkeypatch.setattr(stored, "run_one", lambda cfg, cache=None: real(
-      cfg.__class__(**{**cfg.__dict__, "inner_lr": cfg.inner_lr * 1.01}), cache=cache))
-  with pytest.raises(stored.StoredResultError, match=r"run [01] .* differs in .* allowed 1e-06"):
-    stored.verify("toy", k=1)
+  _perturbed(monkeypatch, cfg_change=lambda c: {"inner_lr": c.inner_lr * 1.01})
+  with pytest.raises(stored.StoredResultError, match=r"run \d .* differs from toy.json in .* allowed 1e-06"):
+    recheck.verify("toy", k=1)
 
 
-def test_on_another_cpu_verify_checks_the_counts_and_the_final_loss_within_the_cross_cpu_bound(toy, monkeypatch):
-  assert stored.load("toy").provenance["cpu"] == stored.cpu_fingerprint()
-  monkeypatch.setattr(stored, "cpu_fingerprint", lambda: "another CPU; avx2")
-  real = stored.run_one
-  # other rounding (a 1% larger inner LR stands for it): not exact, but the same counts and a close loss
-  monkeypatch.setattr(stored, "run_one", lambda cfg, cache=None: real(
-      cfg.__class__(**{**cfg.__dict__, "inner_lr": cfg.inner_lr * 1.01}), cache=cache))
-  report = stored.verify("toy", k=1)
+def _another_cpu(monkeypatch):
+  assert stored.load("toy").provenance["cpu"] == cpu_kind.cpu_fingerprint()
+  monkeypatch.setattr(recheck, "cpu_fingerprint", lambda: "another CPU; sse4_2 avx avx2")
+
+
+def test_on_another_cpu_the_counts_the_prefix_and_the_seed_spread_decide(toy, monkeypatch):
+  _another_cpu(monkeypatch)
+  e = stored.load("toy")
+  _, sigma = recheck.seed_spread(e.runs)
+  assert sigma > 0
+  # Another rounding: the losses after the prefix and the final loss moved by one seed spread.
+  moved = lambda s: {"final_eval_loss": s["final_eval_loss"] + sigma}
+  _perturbed(monkeypatch, summary=moved, scale_metrics=(recheck.PREFIX_STEPS, 1.01))
+  report = recheck.verify("toy", k=1)
   assert report["check"].tolist() == ["another CPU"] and report["ok"].all()
-  assert 0 < report["max_rel_diff"].iloc[0] <= stored.CROSS_CPU_RTOL
-  # a changed count (another sequence length: other tokens) fails on any CPU
-  monkeypatch.setattr(stored, "run_one", lambda cfg, cache=None: real(
-      cfg.__class__(**{**cfg.__dict__, "seq_len": cfg.seq_len // 2}), cache=cache))
-  with pytest.raises(stored.StoredResultError, match="on another CPU than the stored one"):
-    stored.verify("toy", k=1)
+  assert report["spread_z"].iloc[0] == pytest.approx(1 / 2 ** 0.5)
+  assert report["prefix_rel_diff"].iloc[0] < 1e-9  # the toy's 8 steps are all in the prefix: unchanged
+  # The final loss beyond SPREAD_Z standard deviations of two realizations: not the same experiment.
+  far = lambda s: {"final_eval_loss": s["final_eval_loss"] + 6 * sigma}
+  _perturbed(monkeypatch, summary=far)
+  with pytest.raises(stored.StoredResultError, match=r"on another CPU than toy.json's: its final eval loss moved by"
+                                                     r" 4.24 standard deviations .* \(allowed 4 on another CPU\)"):
+    recheck.verify("toy", k=1)
+
+
+def test_on_another_cpu_a_changed_count_still_fails(toy, monkeypatch):
+  _another_cpu(monkeypatch)
+  _perturbed(monkeypatch, cfg_change=lambda c: {"seq_len": c.seq_len // 2})
+  with pytest.raises(stored.StoredResultError, match="its total_bytes_per_replica differs|its tokens differ"):
+    recheck.verify("toy", k=1)
+
+
+def test_on_another_cpu_the_prefix_catches_a_one_percent_change_of_the_inner_lr(monkeypatch):
+  """The power of check 1 on a stored experiment's own sampled run (h_m's, about 10 s): a trainer
+  whose inner LR is 1% off moves the losses of the first PREFIX_STEPS steps past PREFIX_RTOL,
+  on any CPU (its final loss alone, within the seed spread, would not tell)."""
+  monkeypatch.setattr(recheck, "cpu_fingerprint", lambda: "another CPU; sse4_2 avx avx2")
+  _perturbed(monkeypatch, cfg_change=lambda c: {"inner_lr": c.inner_lr * 1.01})
+  with pytest.raises(stored.StoredResultError, match=r"another CPU than h_m.json's: its losses of the first 40 steps"
+                                                     r" differ by .* \(relative; allowed 0.0001 on another CPU\)"):
+    recheck.verify("h_m", k=1)
+
+
+def test_a_realization_stored_on_this_kind_of_cpu_is_checked_exactly(toy, monkeypatch):
+  """On the CPU of a second realization (NAME@R.json), the check is exact against that file."""
+  doc = json.loads(toy.read_text())
+  doc["provenance"]["cpu"] = "the CPU of the main file; avx512f"
+  doc["sha256"] = stored.content_hash(doc)
+  toy.write_text(json.dumps(doc))
+  twin = json.loads(toy.read_text())
+  twin["provenance"].update(cpu=cpu_kind.cpu_fingerprint(), max_isa="AVX2")
+  twin["sha256"] = stored.content_hash(twin)
+  (toy.parent / "toy@avx2.json").write_text(json.dumps(twin))
+  assert stored.realizations("toy") == ["avx2"]
+  assert recheck.same_cpu_file("toy").path.name == "toy@avx2.json"
+  report = recheck.verify("toy", k=1)
+  assert report["against"].tolist() == ["toy@avx2.json"] and report["check"].tolist() == ["exact"]
+  # so another rounding fails there, where the main file alone would have let it pass
+  _perturbed(monkeypatch, summary=lambda s: {"final_eval_loss": s["final_eval_loss"] * (1 + 1e-4)})
+  with pytest.raises(stored.StoredResultError, match="differs from toy@avx2.json in final_eval_loss"):
+    recheck.verify("toy", k=1)
+
+
+def test_unstable_configurations_are_never_sampled():
+  runs = [{"config": {"h": h, "seed": s}, "row": {"final_eval_loss": v, "wall_time_s": t}}
+          for h, s, v, t in [(1, 0, 1.0, 5.0), (1, 1, 1.01, 5.0), (2, 0, 1.0, 9.0), (2, 1, 1.01, 9.0),
+                             (3, 0, 1.0, 1.0), (3, 1, 1.5, 1.0)]]  # h = 3: cheapest, seeds 50x apart
+  per_run, sigma = recheck.seed_spread(runs)
+  assert sigma == pytest.approx(0.01 / 2 ** 0.5) and per_run[4] == pytest.approx(0.5 / 2 ** 0.5)
+  costs = [r["row"]["wall_time_s"] for r in runs]
+  assert recheck.sample_indices(costs, 1) == [4]
+  assert recheck.sample_indices(costs, 1, eligible=recheck.stable_runs(runs)) == [0]
+
+
+def test_the_cpu_fingerprint_follows_the_isa_cap(monkeypatch):
+  assert cpu_kind.max_isa("--xla_cpu_max_isa=AVX2 --xla_cpu_max_isa=sse4_2") == "SSE4_2"  # the last one
+  full = cpu_kind.cpu_fingerprint("")
+  capped = cpu_kind.cpu_fingerprint("--xla_cpu_max_isa=AVX2")
+  assert capped.split(";")[0] == full.split(";")[0]  # the same model
+  assert not {"avx512f", "avx512_bf16", "avx_vnni"} & set(capped.split(";")[1].split())
+  assert set(capped.split(";")[1].split()) <= set(full.split(";")[1].split())
+  with pytest.raises(ValueError, match="--xla_cpu_max_isa must be one of"):
+    cpu_kind.cpu_fingerprint("--xla_cpu_max_isa=AVX3")
+  monkeypatch.delenv("DILOCO_SWEEPS_CACHE", raising=False)
+  monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_max_isa=AVX2")
+  assert str(cache_dir()) == ".cache/sweeps-avx2"  # runs of another realization kept apart
+  assert str(cache_dir("/tmp/x")) == "/tmp/x"
+
+
+def test_a_realization_is_stored_only_under_its_isa_cap(monkeypatch, tmp_path):
+  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+  with pytest.raises(ValueError, match=r"--xla_cpu_max_isa=AVX2 before JAX starts.*--isa AVX2"):
+    stored.run_experiment("claims", realization="avx2", out_dir=tmp_path)
+  assert not list(tmp_path.iterdir())
 
 
 def test_verify_all_refuses_a_bad_worker_count_before_training():
   # workers > 1 (spawned processes) is what the docs build runs on every stored experiment
   with pytest.raises(ValueError, match="workers must be an integer >= 1, got 0"):
-    stored.verify_all(["toy"], workers=0)
+    recheck.verify_all(["toy"], workers=0)
 
 
 def test_sample_indices_are_fixed_and_spread():
   costs = [float(c) for c in range(144, 0, -1)]  # run i costs 144 - i: the last is the cheapest
-  assert stored.sample_indices(costs, 1) == [143]
-  assert stored.sample_indices(costs, 2) == [143, 0]
-  assert stored.sample_indices(costs, 3) == [143, 71, 0]  # the 72nd cheapest is run 71
-  assert stored.sample_indices([1.0, 1.0, 0.5], 5) == [2, 0, 1]  # ties: the lower index first
+  assert recheck.sample_indices(costs, 1) == [143]
+  assert recheck.sample_indices(costs, 2) == [143, 0]
+  assert recheck.sample_indices(costs, 3) == [143, 71, 0]  # the 72nd cheapest is run 71
+  assert recheck.sample_indices([1.0, 1.0, 0.5], 5) == [2, 0, 1]  # ties: the lower index first
 
 
 @pytest.mark.parametrize("name", sorted(experiments.SWEEPS))
@@ -140,9 +242,10 @@ def test_experiments_cli_lists_runs_stores_and_verifies(toy, capsys):
   from analysis import __main__ as cli
   assert cli.main(["experiments", "list"]) == 0
   out = capsys.readouterr().out
-  assert any(line.startswith("toy") and "2 runs" in line and "stored" in line for line in out.splitlines())
+  assert any(line.startswith("toy") and "4 runs" in line and "stored" in line for line in out.splitlines())
   assert cli.main(["experiments", "verify", "toy", "--sample", "1"]) == 0
-  assert "toy: 1 runs trained again, largest relative difference" in capsys.readouterr().out
+  assert re.search(r"^toy: run \d trained again, exact against toy.json: largest relative difference \S+ \(allowed 1e-06\)",
+                   capsys.readouterr().out, re.M)
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -150,6 +253,8 @@ def test_experiments_cli_lists_runs_stores_and_verifies(toy, capsys):
     (["experiments", "run"], "name at least one experiment"),
     (["experiments", "verify", "claims", "--scale", "gpu"], "scale must be one of"),
     (["experiments", "run", "claims", "--workers", "0"], "--workers must be an integer >= 1, got 0"),
+    (["experiments", "verify", "claims", "--isa", "AVX3"], "--isa must be one of"),
+    (["experiments", "verify", "claims", "--sample", "0"], "--sample must be an integer >= 1, got 0"),
 ])
 def test_experiments_cli_bad_input_is_one_line_before_any_training(argv, message, capsys):
   from analysis import __main__ as cli

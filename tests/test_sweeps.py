@@ -128,7 +128,7 @@ def test_named_sweeps_are_valid_and_distinct(scale):
 def test_cpu_experiments_are_in_the_papers_regime_and_the_build_retrains_few():
   """The stored experiments run many outer steps near convergence (docs/claims.md); the docs
   build trains only a fixed sample of them again (analysis.stored), not every run."""
-  from analysis import stored
+  from analysis import recheck
   base = experiments.base_config()
   assert base.steps // base.algo.sync_every >= 50
   for name, cfg in experiments.claims_arms().items():
@@ -138,7 +138,7 @@ def test_cpu_experiments_are_in_the_papers_regime_and_the_build_retrains_few():
     if c.algo.algorithm != "dp":
       assert c.steps // c.algo.sync_every >= 50
   assert experiments.CLAIM_SEEDS >= 5
-  retrained = sum(min(stored.sample_size(n), len(experiments.named_sweep(n))) for n in experiments.SWEEPS)
+  retrained = sum(min(recheck.sample_size(n), len(experiments.named_sweep(n))) for n in experiments.SWEEPS)
   assert retrained <= 20  # 10-40 s each (the methods run: about 2 min)
 
 

@@ -1,6 +1,8 @@
 """The tiny training run the trainer and checkpoint tests share (a few seconds on CPU)."""
 
 import json
+import os
+import re
 
 from diloco_core import DataConfig, DiLoCoConfig
 from diloco_core.train import TrainConfig
@@ -23,3 +25,11 @@ def metrics_rows(path):
   for r in rows:
     r.pop("wall_time_s")
   return rows
+
+
+def xla_flags(devices: int, extra: str = "") -> str:
+  """``$XLA_FLAGS`` for a subprocess with ``devices`` fake CPU devices (and ``extra`` flags),
+  keeping the caller's other flags: a suite run under ``--xla_cpu_max_isa=AVX2`` (an emulated
+  older CPU) runs its subprocesses under it too."""
+  kept = re.sub(r"--xla_force_host_platform_device_count=\S+", "", os.environ.get("XLA_FLAGS", ""))
+  return " ".join(f for f in (kept, extra, f"--xla_force_host_platform_device_count={devices}") if f.strip())

@@ -1,0 +1,417 @@
+r"""The docs build's re-check of the stored experiments: exact on the CPU that stored them, two
+measured checks on any other.
+
+Every build trains a fixed sample of each stored experiment's runs again (:func:`verify_all`)
+and compares it with the stored numbers. What can be promised depends on the CPU
+(:func:`~analysis.cpu_kind.cpu_fingerprint`):
+
+* **The same kind of CPU** as a stored file of the experiment (the main file, or a second
+  *realization* trained under another instruction set, :func:`analysis.stored.realizations`):
+  CPU runs are deterministic there, so every checked number and the whole eval-loss curve must
+  equal the stored ones to :data:`RTOL` (``check`` = ``"exact"``).
+* **Another kind of CPU**: XLA compiles kernels for other instruction sets that round
+  differently, and a run of thousands of steps drifts to another realization of the same
+  experiment. Two different things are checked instead (``check`` = ``"another CPU"``):
+
+  1. *the code computes the same function*: the counts (bytes, tokens, parameters) are equal,
+     and the logged train and eval losses of the first :data:`PREFIX_STEPS` steps, before the
+     rounding differences have grown, agree to :data:`PREFIX_RTOL`;
+  2. *the result is the same experiment*: the final eval loss moved by at most
+     :data:`SPREAD_Z` standard deviations of the difference of two realizations,
+     :math:`|\Delta| \le z\,\sqrt{2}\,\sigma_E`, where :math:`\sigma_E` is the experiment's seed
+     spread (:func:`seed_spread`: the median over its configurations of the standard deviation
+     of the final loss over their seeds). An experiment with one seed per configuration has no
+     spread to judge by: its final loss is reported, and only the counts and the prefix decide.
+
+The sample (:func:`sample_indices`) is drawn from the runs of *stable* configurations
+(:func:`stable_runs`): a configuration whose seeds spread by more than :data:`UNSTABLE` times
+the experiment's typical spread sits in a corner where any rounding difference grows, and must
+not decide whether the site builds.
+
+The bounds are measured, not chosen: the experiments page computes them from the stored
+``claims`` experiment and its second realization trained under ``--xla_cpu_max_isa=AVX2``
+(:func:`realization_drift`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+import multiprocessing
+import os
+import tempfile
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from analysis import experiments
+from analysis import stored as store
+from analysis.cpu_kind import cpu_fingerprint
+from analysis.sweeps import run_one
+from diloco_core.validity import check_int
+
+#: Largest relative difference between a stored number and the same run trained again on the
+#: kind of CPU that stored it (CPU runs are deterministic there: any drift is a change of the
+#: trainer's numerics, which must be run and stored again).
+RTOL = 1e-6
+#: Runs of each experiment the docs build trains again: one each, the cheapest stable run, so
+#: the build stays in CI's budget. ``python -m analysis experiments verify --sample K`` checks more.
+SAMPLE = 1
+#: Experiments that re-check another number of runs than :data:`SAMPLE` (none at present).
+SAMPLE_SIZES: dict[str, int] = {}
+#: The prefix of a run compared on another CPU: its logged losses at steps up to this one.
+#: Measured (the experiments page): under another instruction set the train loss is still equal
+#: or one float32 rounding apart at step 20, and within about 1e-5 at step 40 even in the
+#: least stable runs; by step 100 the differences have grown to 1e-3 and beyond.
+PREFIX_STEPS = 40
+#: Relative tolerance of the prefix on another CPU (ten times the largest difference measured
+#: at :data:`PREFIX_STEPS` between the two stored realizations of ``claims``; a changed learning
+#: rate, optimizer or outer step moves these losses by far more).
+PREFIX_RTOL = 1e-4
+#: How many standard deviations of the difference of two realizations the final eval loss may
+#: move on another CPU (see the module docstring). Under a normal law a stable run passes with
+#: probability 0.99994.
+SPREAD_Z = 4.0
+#: A configuration whose seed spread exceeds this multiple of the experiment's
+#: (:func:`seed_spread`) is unstable and never sampled. For two seeds from one normal law the
+#: spread of a pair exceeds three times its typical value with probability below 0.3%.
+UNSTABLE = 3.0
+#: The counts of a run, equal on every CPU.
+COUNTS = ("total_bytes_per_replica", "peak_bytes_per_step", "tokens", "params")
+#: The numbers of a run compared by the exact check (wall times are not reproducible).
+CHECKED = ("final_eval_loss", "gap_to_floor") + COUNTS
+
+
+def rel(a, b) -> float:
+  """Relative difference of two stored numbers (None = a missing value, NaN in the run).
+
+  Examples:
+    >>> rel(2.0, 2.0), rel(1.0, 2.0), rel(None, None), rel(None, 1.0)
+    (0.0, 0.5, 0.0, inf)
+  """
+  if a is None or b is None:
+    return 0.0 if a is None and b is None else math.inf
+  a, b = float(a), float(b)
+  if a == b:
+    return 0.0
+  return abs(a - b) / max(abs(a), abs(b), 1e-300)
+
+
+def _config_of(run: dict) -> str:
+  import json
+  config = dict(run["config"])
+  config.pop("seed", None)
+  return json.dumps(config, sort_keys=True, default=str)
+
+
+def seed_spread(runs: Sequence[dict]) -> tuple[list[float | None], float | None]:
+  r"""The seed spread of each run's configuration and of the experiment.
+
+  Runs are grouped by their config without the seed; a group's spread is the standard
+  deviation (``ddof = 1``) of its final eval losses. The experiment's spread
+  :math:`\sigma_E` is the median over the groups with two seeds or more (the median keeps a few
+  unstable configurations from deciding it).
+
+  Args:
+    runs: stored runs (dicts with ``config`` and ``row``).
+
+  Returns:
+    ``(per_run, sigma)``: each run's group spread (None for a group of one), and
+    :math:`\sigma_E` (None when no group has two seeds).
+
+  Examples:
+    >>> runs = [{"config": {"h": h, "seed": s}, "row": {"final_eval_loss": v}}
+    ...         for h, s, v in [(1, 0, 1.0), (1, 1, 1.2), (2, 0, 2.0), (2, 1, 2.0), (3, 0, 5.0)]]
+    >>> per_run, sigma = seed_spread(runs)
+    >>> [None if x is None else round(x, 4) for x in per_run], round(sigma, 4)
+    ([0.1414, 0.1414, 0.0, 0.0, None], 0.0707)
+  """
+  groups: dict[str, list[int]] = {}
+  for i, run in enumerate(runs):
+    groups.setdefault(_config_of(run), []).append(i)
+  per_run: list[float | None] = [None] * len(runs)
+  spreads = []
+  for members in groups.values():
+    values = [runs[i]["row"].get("final_eval_loss") for i in members]
+    values = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    if len(values) >= 2:
+      sd = float(np.std(values, ddof=1))
+      spreads.append(sd)
+      for i in members:
+        per_run[i] = sd
+  return per_run, (float(np.median(spreads)) if spreads else None)
+
+
+def stable_runs(runs: Sequence[dict]) -> list[bool]:
+  """Which runs may be sampled: those whose configuration's seed spread is at most
+  :data:`UNSTABLE` times the experiment's (a configuration of one seed counts as stable).
+
+  Examples:
+    >>> runs = [{"config": {"h": h, "seed": s}, "row": {"final_eval_loss": v}} for h, s, v in
+    ...         [(1, 0, 1.0), (1, 1, 1.01), (2, 0, 2.0), (2, 1, 2.01), (3, 0, 1.0), (3, 1, 1.5)]]
+    >>> stable_runs(runs)
+    [True, True, True, True, False, False]
+  """
+  per_run, sigma = seed_spread(runs)
+  return [sd is None or sigma is None or sd <= UNSTABLE * sigma for sd in per_run]
+
+
+def sample_indices(costs: Sequence[float], k: int = SAMPLE,
+                   eligible: Sequence[bool] | None = None) -> list[int]:
+  """``k`` run indices spread evenly over the eligible runs ordered by cost, cheapest first.
+
+  ``costs`` are the stored runs' wall times: one run is the cheapest, two are the cheapest and
+  the dearest, three add the median, and so on. The choice depends on the stored file only,
+  so every build checks the same runs.
+
+  Args:
+    costs: one cost per run.
+    k: how many runs.
+    eligible: which runs may be drawn (default: all; :func:`stable_runs`).
+
+  Examples:
+    >>> sample_indices([5.0, 1.0, 9.0, 3.0], 1), sample_indices([5.0, 1.0, 9.0, 3.0], 2)
+    ([1], [1, 2])
+    >>> sample_indices([5.0, 1.0, 9.0, 3.0], 3), sample_indices([2.0], 2)
+    ([1, 0, 2], [0])
+    >>> sample_indices([5.0, 1.0, 9.0, 3.0], 1, eligible=[True, False, True, True])
+    [3]
+  """
+  check_int("sample size", k, low=1)
+  allowed = range(len(costs)) if eligible is None else [i for i, ok in enumerate(eligible) if ok]
+  order = sorted(allowed, key=lambda i: (costs[i], i))
+  if len(order) <= k:
+    return order
+  if k == 1:
+    return order[:1]
+  return [order[j] for j in sorted({round(i * (len(order) - 1) / (k - 1)) for i in range(k)})]
+
+
+def prefix_diff(was: dict, now: dict, steps: int = PREFIX_STEPS) -> float:
+  """Largest relative difference of the logged train and eval losses at steps ``<= steps``.
+
+  Args:
+    was: stored metrics (column -> values, with ``step``).
+    now: the same columns of the run trained again.
+    steps: the last step compared.
+
+  Examples:
+    >>> was = {"step": [0, 20, 40, 60], "train_loss": [None, 2.0, 1.5, 1.2], "eval_loss": [3.0, None, 1.6, 1.3]}
+    >>> now = {"step": [0, 20, 40, 60], "train_loss": [None, 2.0, 1.5003, 1.0], "eval_loss": [3.0, None, 1.6, 1.0]}
+    >>> round(prefix_diff(was, now), 6)
+    0.0002
+  """
+  if list(was.get("step", [])) != list(now.get("step", [])):
+    return math.inf
+  worst = 0.0
+  for col in ("train_loss", "eval_loss"):
+    for step, a, b in zip(was["step"], was.get(col, []), now.get(col, [])):
+      if step <= steps:
+        worst = max(worst, rel(a, b))
+  return worst
+
+
+def realization_drift(first, second, steps: Sequence[int] = (0, 20, 40, 60, 100, 200)) -> pd.DataFrame:
+  """How far two realizations of one experiment (two kinds of CPU) are apart, step by step.
+
+  Args:
+    first, second: two :class:`~analysis.stored.StoredExperiment` of the same experiment.
+    steps: the logged steps to report.
+
+  Returns:
+    One row per step: the median and largest relative difference of the train loss (eval loss
+    at step 0) over the runs, and the share of runs still equal to the bit.
+  """
+  rows = []
+  for step in steps:
+    diffs = []
+    for a, b in zip(first.runs, second.runs):
+      col = "eval_loss" if step == 0 else "train_loss"
+      if step in a["metrics"]["step"]:
+        j = a["metrics"]["step"].index(step)
+        diffs.append(rel(a["metrics"][col][j], b["metrics"][col][j]))
+    if diffs:
+      rows.append({"step": step, "median": float(np.median(diffs)), "largest": max(diffs),
+                   "equal": sum(d == 0.0 for d in diffs) / len(diffs), "runs": len(diffs)})
+  return pd.DataFrame(rows)
+
+
+def final_z(first, second) -> pd.Series:
+  r"""Each run's final-loss change between two realizations in units of :math:`\sqrt{2}\,\sigma_E`
+  (the statistic of check 2, :data:`SPREAD_Z`), with :math:`\sigma_E` from ``first``."""
+  _, sigma = seed_spread(first.runs)
+  return pd.Series([abs(float(b["row"]["final_eval_loss"]) - float(a["row"]["final_eval_loss"]))
+                    / (math.sqrt(2) * sigma) for a, b in zip(first.runs, second.runs)])
+
+
+def same_cpu_file(name: str, scale: str = "cpu", path: str | os.PathLike | None = None):
+  """The stored file of ``name`` computed on this kind of CPU (the main one or a realization), or None."""
+  here = cpu_fingerprint()
+  main = store.load(name, scale=scale, path=path)
+  if main.provenance.get("cpu") == here:
+    return main
+  for realization in store.realizations(name, path=path):
+    other = store.load(name, scale=scale, realization=realization, path=path)
+    if other.provenance.get("cpu") == here:
+      return other
+  return None
+
+
+def verify(name: str, *, k: int = SAMPLE, scale: str = "cpu", rtol: float = RTOL,
+           path: str | os.PathLike | None = None, raise_on_error: bool = True,
+           cache: str | os.PathLike | bool = False) -> pd.DataFrame:
+  """Trains ``k`` runs of a stored experiment again and compares them with the stored numbers.
+
+  The runs are :func:`sample_indices` of the stable runs (:func:`stable_runs`), by stored wall
+  time, trained from scratch. On the kind of CPU of a stored file (:func:`same_cpu_file`) every
+  :data:`CHECKED` number and the eval-loss curve must match it to ``rtol``; on another, the
+  two checks of the module docstring apply (the counts and the prefix; the final loss within
+  the seed spread).
+
+  Args:
+    name: the experiment.
+    k: how many runs to re-train.
+    scale: its scale.
+    rtol: the exact check's relative tolerance.
+    path: read this file instead of :func:`analysis.stored.path_of` (tests).
+    raise_on_error: raise :class:`~analysis.stored.StoredResultError` on a failed check.
+    cache: a sweep cache to share runs between experiments (``False``: train every run).
+
+  Returns:
+    One row per re-trained run: ``experiment``, ``index``, ``key``, ``against`` (the stored
+    file compared), ``check`` (``"exact"`` or ``"another CPU"``), ``max_rel_diff`` (the
+    largest relative difference of every checked number and the curve), ``worst`` (its
+    field), ``prefix_rel_diff``, ``final_rel_diff``, ``spread_z`` (None without seeds), ``ok``.
+  """
+  main = store.load(name, scale=scale, path=path)
+  ref = same_cpu_file(name, scale=scale, path=path)
+  exact_ref = ref if ref is not None else main
+  per_run, sigma = seed_spread(main.runs)
+  configs = experiments.named_sweep(name, scale)
+  costs = [float(r["row"].get("wall_time_s") or 0.0) for r in main.runs]
+  out = []
+  for i in sample_indices(costs, k, eligible=stable_runs(main.runs)):
+    summary, metrics, _ = run_one(configs[i], cache=cache)
+    now_row = store.plain(summary)
+    now_metrics = {c: store.plain(metrics[c].tolist()) for c in store.METRIC_COLUMNS if c in metrics.columns}
+    stored_run = exact_ref.runs[i]
+    diffs = {c: rel(stored_run["row"].get(c), now_row.get(c)) for c in CHECKED}
+    was, now = stored_run["metrics"].get("eval_loss", []), now_metrics.get("eval_loss", [])
+    diffs["eval_loss curve"] = (math.inf if len(was) != len(now)
+                                else max((rel(a, b) for a, b in zip(was, now)), default=0.0))
+    worst = max(diffs, key=diffs.get)
+    first = main.runs[i]
+    final = rel(first["row"].get("final_eval_loss"), now_row.get("final_eval_loss"))
+    z = None
+    if sigma:
+      z = abs(float(now_row["final_eval_loss"]) - float(first["row"]["final_eval_loss"])) / (math.sqrt(2) * sigma)
+    row = {"experiment": name, "index": i, "key": first["key"], "against": exact_ref.path.name,
+           "check": "exact", "max_rel_diff": diffs[worst], "worst": worst,
+           "prefix_rel_diff": prefix_diff(first["metrics"], now_metrics), "final_rel_diff": final,
+           "spread_z": z, "ok": diffs[worst] <= rtol}
+    if not row["ok"] and ref is None:
+      counts_equal = all(rel(first["row"].get(c), now_row.get(c)) == 0.0 for c in COUNTS)
+      row.update(check="another CPU", against=main.path.name,
+                 ok=counts_equal and row["prefix_rel_diff"] <= PREFIX_RTOL and (z is None or z <= SPREAD_Z))
+      if not counts_equal:
+        row["worst"] = next(c for c in COUNTS if rel(first["row"].get(c), now_row.get(c)) != 0.0)
+    out.append(row)
+  report = pd.DataFrame(out)
+  bad = report[~report["ok"]]
+  if raise_on_error and len(bad):
+    raise store.StoredResultError(failure(bad.iloc[0], rtol))
+  return report
+
+
+def failure(r, rtol: float = RTOL) -> str:
+  """The one-line message of a failed check (a row of :func:`verify`'s report)."""
+  head = f"stored experiment {r['experiment']!r}: run {r['index']} ({r['key']}) trained again"
+  fix = (f"the trainer's numbers changed: run `python -m analysis experiments run {r['experiment']}`"
+         " and commit the result.")
+  if r["check"] == "exact":
+    return (f"{head} differs from {r['against']} in {r['worst']} by {r['max_rel_diff']:.3g}"
+            f" (relative; allowed {rtol:g} on the kind of CPU that stored it); {fix}")
+  if r["worst"] in COUNTS:
+    why = f"its {r['worst']} differs (counts are equal on every CPU)"
+  elif r["prefix_rel_diff"] > PREFIX_RTOL:
+    why = (f"its losses of the first {PREFIX_STEPS} steps differ by {r['prefix_rel_diff']:.3g}"
+           f" (relative; allowed {PREFIX_RTOL:g} on another CPU)")
+  else:
+    why = (f"its final eval loss moved by {r['spread_z']:.2f} standard deviations of two"
+           f" realizations (allowed {SPREAD_Z:g} on another CPU)")
+  return f"{head} on another CPU than {r['against']}'s: {why}; {fix}"
+
+
+def sample_size(name: str) -> int:
+  """How many runs of ``name`` the docs build trains again (:data:`SAMPLE_SIZES`, else :data:`SAMPLE`)."""
+  return SAMPLE_SIZES.get(name, SAMPLE)
+
+
+def _verify_sample(args: tuple[str, int, str]) -> pd.DataFrame:
+  name, k, cache = args
+  return verify(name, k=k, cache=cache)
+
+
+def _cost(name: str) -> float:
+  """A stored experiment's seconds per run (its provenance), to hand out the longest first."""
+  p = store.load(name).provenance
+  return float(p.get("wall_time_s", 0.0)) / max(int(p.get("runs", 1)), 1)
+
+
+def verify_all(names: Sequence[str] | None = None, *, workers: int = 1,
+               k: int | None = None) -> pd.DataFrame:
+  """:func:`verify` for every stored experiment (or ``names``), :func:`sample_size` runs each.
+
+  A run sampled by two experiments (the same config) is trained once: the workers share a
+  temporary sweep cache.
+
+  Args:
+    names: the experiments (default: every stored one).
+    workers: processes that re-train at once (started with ``spawn``, so JAX starts afresh in
+      each; the numbers do not depend on it). The longest experiments (stored seconds per run)
+      are handed out first. A failed check raises as with one worker.
+    k: runs per experiment (default :func:`sample_size`).
+
+  Returns:
+    :func:`verify`'s rows for every experiment, in the order of ``names``.
+  """
+  names = store.stored_names() if names is None else list(names)
+  workers = check_int("workers", workers, low=1)
+  with tempfile.TemporaryDirectory(prefix="recheck-") as cache:
+    jobs = {n: (n, sample_size(n) if k is None else k, cache) for n in names}
+    if workers == 1 or len(names) < 2:
+      return pd.concat([_verify_sample(jobs[n]) for n in names], ignore_index=True)
+    order = sorted(names, key=_cost, reverse=True)
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(min(workers, len(names)), mp_context=ctx) as pool:
+      done = dict(zip(order, pool.map(_verify_sample, [jobs[n] for n in order])))
+  return pd.concat([done[n] for n in names], ignore_index=True)
+
+
+
+def summary_line(report: pd.DataFrame) -> str:
+  """One line for one experiment's rows of :func:`verify`: the runs, the check, the figures.
+
+  Examples:
+    >>> print(summary_line(pd.DataFrame([{"experiment": "h_m", "index": 8, "check": "exact",
+    ...     "against": "h_m.json", "max_rel_diff": 0.0, "prefix_rel_diff": 0.0,
+    ...     "final_rel_diff": 0.0, "spread_z": 0.0, "ok": True}])))
+    h_m: run 8 trained again, exact against h_m.json: largest relative difference 0 (allowed 1e-06)
+  """
+  name = report["experiment"].iloc[0]
+  runs = ", ".join(str(i) for i in report["index"])
+  head = f"{name}: run{'s' if len(report) > 1 else ''} {runs} trained again"
+  parts = []
+  for check, sub in report.groupby("check", sort=False):
+    if check == "exact":
+      parts.append(f"exact against {sub['against'].iloc[0]}: largest relative difference "
+                   f"{sub['max_rel_diff'].max():.3g} (allowed {RTOL:g})")
+    else:
+      z = sub["spread_z"].dropna()
+      spread = (f"final loss within {z.max():.2f} sd of two realizations (allowed {SPREAD_Z:g})"
+                if len(z) else "no seed spread stored (final loss not judged)")
+      parts.append(f"another CPU than {sub['against'].iloc[0]}'s: counts equal, first {PREFIX_STEPS}"
+                   f" steps within {sub['prefix_rel_diff'].max():.3g} (allowed {PREFIX_RTOL:g}),"
+                   f" {spread}; final loss moved {sub['final_rel_diff'].max():.2%}")
+  return f"{head}, " + "; ".join(parts)
