@@ -288,6 +288,8 @@ def _experiments(a) -> None:
   report = recheck.verify_all(names, workers=a.workers, k=a.sample)
   for name in names:
     print(recheck.summary_line(report[report["experiment"] == name]))
+  if a.json:
+    report.assign(cpu=recheck.cpu_fingerprint()).to_json(a.json, orient="records", indent=1)
 
 
 def _add_experiments(sub) -> None:
@@ -304,6 +306,8 @@ def _add_experiments(sub) -> None:
   e.add_argument("--quiet", action="store_true", help="run: no progress bar")
   e.add_argument("--workers", type=int, default=1,
                  help="processes that train at once (1); the numbers do not depend on it")
+  e.add_argument("--json", default=None, metavar="FILE",
+                 help="verify: also write the report (one record per run trained again) to FILE")
   e.add_argument("--isa", default=None,
                  help="run or verify as on a CPU with at most this instruction set (XLA's "
                       "--xla_cpu_max_isa: SSE4_2, AVX, AVX2, AVX512, ...); `run` stores a second "

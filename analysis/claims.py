@@ -373,3 +373,35 @@ def evaluate_all(df: pd.DataFrame) -> pd.DataFrame:
                  "measured": "; ".join(f"{d}: {p.text()} ({v})" for d, p, v in o.conditions),
                  "outcome": o, "resolve": o.resolve})
   return pd.DataFrame(rows)
+
+
+def across_realizations(results: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+  """One verdict per claim over several realizations of the claims experiment.
+
+  A realization is the same experiment trained on another kind of CPU (its rounding differs, so
+  every run drifts to another trajectory: :mod:`analysis.recheck`). A verdict that one
+  realization reaches and another does not is not a finding: it is **not resolved**.
+
+  Args:
+    results: realization label -> :func:`evaluate_all` of its runs (the same claims, in order).
+
+  Returns:
+    One row per claim: ``claim``, a column per realization with its verdict, and ``verdict``
+    (the common verdict, or :data:`NOT_RESOLVED` when they differ).
+
+  Examples:
+    >>> a = pd.DataFrame({"claim": [1, 2], "verdict": [AGREES, AGREES]})
+    >>> b = pd.DataFrame({"claim": [1, 2], "verdict": [AGREES, NOT_RESOLVED]})
+    >>> across_realizations({"x": a, "y": b})["verdict"].tolist()
+    ['agrees', 'not resolved']
+  """
+  labels = list(results)
+  first = results[labels[0]]
+  out = pd.DataFrame({"claim": first["claim"].tolist()})
+  for label in labels:
+    if results[label]["claim"].tolist() != out["claim"].tolist():
+      raise ValueError(f"realization {label!r}: other claims than {labels[0]!r}.")
+    out[label] = results[label]["verdict"].tolist()
+  out["verdict"] = [row[0] if len(set(row)) == 1 else NOT_RESOLVED
+                    for row in out[labels].itertuples(index=False)]
+  return out

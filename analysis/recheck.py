@@ -415,3 +415,47 @@ def summary_line(report: pd.DataFrame) -> str:
                    f" steps within {sub['prefix_rel_diff'].max():.3g} (allowed {PREFIX_RTOL:g}),"
                    f" {spread}; final loss moved {sub['final_rel_diff'].max():.2%}")
   return f"{head}, " + "; ".join(parts)
+
+
+def cross_cpu_noise(first, second) -> float:
+  r"""The noise another kind of CPU adds to a paired difference, in the units of
+  :func:`analysis.sweeps.paired_noise`.
+
+  For each run, :math:`\delta = m^{(2)} - m^{(1)}` is the change of its final eval loss from one
+  realization to the other. A paired difference between configurations A and B at seed s then
+  changes by :math:`\delta_{A,s} - \delta_{B,s}`; this returns the median over the pairs of
+  configurations of the root mean square over seeds of that change, divided by
+  :math:`\sqrt 2` (if the realizations were independent draws, this equals the paired seed
+  noise).
+
+  Args:
+    first, second: two :class:`~analysis.stored.StoredExperiment` of the same experiment (the
+      same runs, in order).
+
+  Returns:
+    The noise in nats (NaN with fewer than two configurations sharing a seed).
+
+  Examples:
+    >>> from types import SimpleNamespace as NS
+    >>> run = lambda h, s, v: {"config": {"h": h, "seed": s}, "row": {"final_eval_loss": v}}
+    >>> a = NS(runs=[run(1, 0, 1.0), run(1, 1, 1.0), run(2, 0, 2.0), run(2, 1, 2.0)])
+    >>> b = NS(runs=[run(1, 0, 1.1), run(1, 1, 0.9), run(2, 0, 2.0), run(2, 1, 2.0)])
+    >>> round(cross_cpu_noise(a, b), 4)  # one pair: changes +0.1, -0.1 -> rms 0.1, / sqrt 2
+    0.0707
+  """
+  by_config: dict[str, dict] = {}
+  for a, b in zip(first.runs, second.runs):
+    if a["config"] != b["config"]:
+      raise ValueError("cross_cpu_noise: the two realizations hold other runs.")
+    delta = float(b["row"]["final_eval_loss"]) - float(a["row"]["final_eval_loss"])
+    by_config.setdefault(_config_of(a), {})[a["config"].get("seed")] = delta
+  keys = list(by_config)
+  values = []
+  for i, ka in enumerate(keys):
+    for kb in keys[i + 1:]:
+      shared = sorted(set(by_config[ka]) & set(by_config[kb]))
+      if shared:
+        d = np.array([by_config[ka][s] - by_config[kb][s] for s in shared])
+        if np.all(np.isfinite(d)):
+          values.append(float(np.sqrt(np.mean(d ** 2)) / math.sqrt(2)))
+  return float(np.median(values)) if values else float("nan")

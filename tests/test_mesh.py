@@ -164,13 +164,22 @@ def _free_port():
     return s.getsockname()[1]
 
 
+#: How far a loss of the in-step program split over two processes may be from one process's
+#: (relative): about eight float32 roundings; see test_two_processes_match_one_process.
+SPLIT_RTOL = 1e-6
+
+
 @pytest.mark.slow
 def test_two_processes_match_one_process(tmp_path):
   # With a file, each process reads only its two replicas' shards (the other rows stay zero):
-  # the same numbers as one process on the same mesh of 4 devices, bit for bit (every metrics
-  # row but the wall time), show the mesh never reads another process's rows and that the SPMD
-  # program split over processes computes what it computes in one. (The built-in data over two
-  # processes, background and in-step: test_launch.py, through the launcher.)
+  # the same numbers as one process on the same mesh of 4 devices (every metrics row but the
+  # wall time) show the mesh never reads another process's rows and that the SPMD program split
+  # over processes computes what it computes in one. Where that holds to the bit: on the AVX-512
+  # machines of development and under an emulated AVX2 CPU (--xla_cpu_max_isa=AVX2); on a 2-core
+  # AVX2 EPYC one replica's loss differed in its last float32 bit at step 8 (the ISA cap does not
+  # reproduce it here; what XLA compiles differently there was not found). So the counts and
+  # steps must be equal and every loss within SPLIT_RTOL, about eight float32 roundings.
+  # (The built-in data over two processes, background and in-step: test_launch.py.)
   np.save(tmp_path / "ids.npy", (np.arange(4000) * 5) % 16)
   data = ["--data", str(tmp_path / "ids.npy"), "--distribution", "non-iid", "--vocab-size", "16"]
   args = data + ["--model", "tiny", "--replicas", "4", "--sync-every", "4", "--steps", "8", "--batch-size", "2",
@@ -193,5 +202,12 @@ def test_two_processes_match_one_process(tmp_path):
   a = [json.loads(l) for l in open(tmp_path / "one" / "metrics.jsonl")]
   b = [json.loads(l) for l in open(tmp_path / "two" / "metrics.jsonl")]
   assert len(a) == len(b) == 4
-  drop = lambda row: {k: v for k, v in row.items() if k != "wall_time_s"}
-  assert [drop(x) for x in a] == [drop(y) for y in b]
+  for x, y in zip(a, b):
+    assert x.keys() == y.keys()
+    for k in x:
+      if k == "wall_time_s":
+        continue
+      if "loss" in k and isinstance(x[k], (float, list)):
+        assert y[k] == pytest.approx(x[k], rel=SPLIT_RTOL, abs=0), (k, x[k], y[k])
+      else:
+        assert x[k] == y[k], (k, x[k], y[k])
