@@ -8,6 +8,11 @@
   workers compile each program once. A cached executable is the one XLA compiled, so no
   number depends on it; a test that must compile afresh removes the two variables from its
   subprocess's environment (tests/test_checkpoint.py). ``make clean`` removes the cache.
+- Every "bit for bit" a test asserts compares two computations on the machine that runs the
+  suite, i.e. on one kind of CPU; across kinds of CPU (another model or instruction set,
+  ``--xla_cpu_max_isa``) numbers round differently, and the docs' implementation page lists
+  what is equal where. The suite passes under ``XLA_FLAGS=--xla_cpu_max_isa=AVX2`` too; tests
+  that start subprocesses keep that flag (``tests/tiny_run.xla_flags``).
 - ``@pytest.mark.needs_cpu_devices(n)``: the test needs n devices (a mesh of n, as the 8 fake
   CPU devices give). With fewer, e.g. ``JAX_PLATFORMS=cuda`` on one GPU, it is skipped and
   the reason says so. Doctests that need devices are listed in ``_DOCTESTS_NEEDING_DEVICES``.
