@@ -387,7 +387,7 @@ def across_realizations(results: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
 
   Returns:
     One row per claim: ``claim``, a column per realization with its verdict, and ``verdict``
-    (the common verdict, or :data:`NOT_RESOLVED` when they differ).
+    (the common verdict, or ``"not resolved"`` when they differ).
 
   Examples:
     >>> a = pd.DataFrame({"claim": [1, 2], "verdict": [AGREES, AGREES]})

@@ -18,10 +18,13 @@ and compares it with the stored numbers. What can be promised depends on the CPU
      rounding differences have grown, agree to :data:`PREFIX_RTOL`;
   2. *the result is the same experiment*: the final eval loss moved by at most
      :data:`SPREAD_Z` standard deviations of the difference of two realizations,
-     :math:`|\Delta| \le z\,\sqrt{2}\,\sigma_E`, where :math:`\sigma_E` is the experiment's seed
-     spread (:func:`seed_spread`: the median over its configurations of the standard deviation
-     of the final loss over their seeds). An experiment with one seed per configuration has no
-     spread to judge by: its final loss is reported, and only the counts and the prefix decide.
+     :math:`|\Delta| \le z\,\sqrt{2}\,\max(\sigma_E, \sigma_c)` (:func:`run_scales`), where
+     :math:`\sigma_c` is the seed spread of the run's configuration (the standard deviation of the
+     final loss over its seeds) and :math:`\sigma_E` the experiment's (:func:`seed_spread`: the
+     median of :math:`\sigma_c` over its configurations). A configuration noisier than typical
+     is judged by its own spread; the experiment's is the floor, since a spread of two seeds
+     can be small by luck. An experiment with one seed per configuration has no spread to judge
+     by: its final loss is reported, and only the counts and the prefix decide.
 
 The sample (:func:`sample_indices`) is drawn from the runs of *stable* configurations
 (:func:`stable_runs`): a configuration whose seeds spread by more than :data:`UNSTABLE` times
@@ -143,6 +146,22 @@ def seed_spread(runs: Sequence[dict]) -> tuple[list[float | None], float | None]
   return per_run, (float(np.median(spreads)) if spreads else None)
 
 
+def run_scales(runs: Sequence[dict]) -> list[float | None]:
+  r"""Each run's scale for check 2: :math:`\max(\sigma_E, \sigma_c)` of :func:`seed_spread`.
+
+  Returns:
+    One scale per run (None when the experiment has no configuration with two seeds).
+
+  Examples:
+    >>> runs = [{"config": {"h": h, "seed": s}, "row": {"final_eval_loss": v}}
+    ...         for h, s, v in [(1, 0, 1.0), (1, 1, 1.2), (2, 0, 2.0), (2, 1, 2.0), (3, 0, 5.0)]]
+    >>> [None if x is None else round(x, 4) for x in run_scales(runs)]
+    [0.1414, 0.1414, 0.0707, 0.0707, 0.0707]
+  """
+  per_run, sigma = seed_spread(runs)
+  return [None if sigma is None else max(sigma, sd or 0.0) for sd in per_run]
+
+
 def stable_runs(runs: Sequence[dict]) -> list[bool]:
   """Which runs may be sampled: those whose configuration's seed spread is at most
   :data:`UNSTABLE` times the experiment's (a configuration of one seed counts as stable).
@@ -238,11 +257,12 @@ def realization_drift(first, second, steps: Sequence[int] = (0, 20, 40, 60, 100,
 
 
 def final_z(first, second) -> pd.Series:
-  r"""Each run's final-loss change between two realizations in units of :math:`\sqrt{2}\,\sigma_E`
-  (the statistic of check 2, :data:`SPREAD_Z`), with :math:`\sigma_E` from ``first``."""
-  _, sigma = seed_spread(first.runs)
+  r"""Each run's final-loss change between two realizations in units of
+  :math:`\sqrt{2}\,\max(\sigma_E, \sigma_c)` (the statistic of check 2, :data:`SPREAD_Z`;
+  :func:`run_scales` of ``first``)."""
   return pd.Series([abs(float(b["row"]["final_eval_loss"]) - float(a["row"]["final_eval_loss"]))
-                    / (math.sqrt(2) * sigma) for a, b in zip(first.runs, second.runs)])
+                    / (math.sqrt(2) * scale)
+                    for a, b, scale in zip(first.runs, second.runs, run_scales(first.runs))])
 
 
 def same_cpu_file(name: str, scale: str = "cpu", path: str | os.PathLike | None = None):
@@ -287,7 +307,7 @@ def verify(name: str, *, k: int = SAMPLE, scale: str = "cpu", rtol: float = RTOL
   main = store.load(name, scale=scale, path=path)
   ref = same_cpu_file(name, scale=scale, path=path)
   exact_ref = ref if ref is not None else main
-  per_run, sigma = seed_spread(main.runs)
+  scales = run_scales(main.runs)
   configs = experiments.named_sweep(name, scale)
   costs = [float(r["row"].get("wall_time_s") or 0.0) for r in main.runs]
   out = []
@@ -304,8 +324,8 @@ def verify(name: str, *, k: int = SAMPLE, scale: str = "cpu", rtol: float = RTOL
     first = main.runs[i]
     final = rel(first["row"].get("final_eval_loss"), now_row.get("final_eval_loss"))
     z = None
-    if sigma:
-      z = abs(float(now_row["final_eval_loss"]) - float(first["row"]["final_eval_loss"])) / (math.sqrt(2) * sigma)
+    if scales[i]:
+      z = abs(float(now_row["final_eval_loss"]) - float(first["row"]["final_eval_loss"])) / (math.sqrt(2) * scales[i])
     row = {"experiment": name, "index": i, "key": first["key"], "against": exact_ref.path.name,
            "check": "exact", "max_rel_diff": diffs[worst], "worst": worst,
            "prefix_rel_diff": prefix_diff(first["metrics"], now_metrics), "final_rel_diff": final,

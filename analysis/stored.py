@@ -10,11 +10,11 @@ everything else in it (:func:`content_hash`), so a hand-edited number is caught:
 refuses a file whose hash does not match, and a test checks every stored file.
 
 Pages and notebooks read the stored results (:func:`load`, :func:`frame`) instead of
-training; the docs build re-trains a deterministic sample of every experiment's runs
-(:func:`sample_indices`, :func:`verify`) and fails when any checked number differs from the
-stored one by more than :data:`RTOL` (relative) on the kind of CPU that stored it
-(:func:`cpu_fingerprint`), or, on another, when a count differs or the final loss moves by more
-than :data:`CROSS_CPU_RTOL`. :func:`load` also refuses a file whose configs
+training; the docs build re-trains a deterministic sample of every experiment's runs and
+fails when one differs from what was stored: exactly on the kind of CPU that stored it, by
+its counts, a prefix and the spread of its seeds on another (:mod:`analysis.recheck`, the CPU
+kind from :mod:`analysis.cpu_kind`). A second realization of an experiment, trained under
+``--xla_cpu_max_isa``, is stored beside it as ``NAME@ISA.json``. :func:`load` also refuses a file whose configs
 are not the ones the registry gives now (the experiment was changed but not re-run), naming
 the command that brings it up to date.
 
@@ -125,7 +125,7 @@ def with_defaults(stored: dict, defaults: dict) -> dict:
 
   A field added to the trainer after an experiment was stored is read as its default: the
   option did not exist, and its default keeps the former behaviour (which the docs build's
-  re-training of a sample, :func:`verify`, checks number for number). A field the stored
+  re-training of a sample, :func:`analysis.recheck.verify`, checks number for number). A field the stored
   config has keeps its stored value.
 
   Examples:

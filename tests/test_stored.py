@@ -126,8 +126,10 @@ def _another_cpu(monkeypatch):
 def test_on_another_cpu_the_counts_the_prefix_and_the_seed_spread_decide(toy, monkeypatch):
   _another_cpu(monkeypatch)
   e = stored.load("toy")
-  _, sigma = recheck.seed_spread(e.runs)
-  assert sigma > 0
+  _, sigma_e = recheck.seed_spread(e.runs)
+  [i] = recheck.sample_indices([r["row"]["wall_time_s"] for r in e.runs], 1, recheck.stable_runs(e.runs))
+  sigma = recheck.run_scales(e.runs)[i]  # max(sigma_E, the sampled configuration's own spread)
+  assert sigma >= sigma_e > 0
   # Another rounding: the losses after the prefix and the final loss moved by one seed spread.
   moved = lambda s: {"final_eval_loss": s["final_eval_loss"] + sigma}
   _perturbed(monkeypatch, summary=moved, scale_metrics=(recheck.PREFIX_STEPS, 1.01))
@@ -190,6 +192,19 @@ def test_unstable_configurations_are_never_sampled():
   costs = [r["row"]["wall_time_s"] for r in runs]
   assert recheck.sample_indices(costs, 1) == [4]
   assert recheck.sample_indices(costs, 1, eligible=recheck.stable_runs(runs)) == [0]
+
+
+def test_a_noisier_configuration_is_judged_by_its_own_seed_spread():
+  """Check 2's scale is max(sigma_E, sigma_c): a configuration twice as noisy as the median
+  gets twice the allowance; a luckily tight one keeps the experiment's floor."""
+  runs = [{"config": {"h": h, "seed": s}, "row": {"final_eval_loss": v}}
+          for h, s, v in [(1, 0, 1.0), (1, 1, 1.01), (2, 0, 1.0), (2, 1, 1.02), (3, 0, 1.0), (3, 1, 1.0),
+                          (4, 0, 1.0), (4, 1, 1.04)]]
+  _, sigma_e = recheck.seed_spread(runs)
+  assert sigma_e == pytest.approx(0.015 / 2 ** 0.5)  # the median of 0.01, 0.02, 0, 0.04 over sqrt(2)
+  scales = recheck.run_scales(runs)
+  assert scales[6] == pytest.approx(0.04 / 2 ** 0.5) and scales[4] == pytest.approx(sigma_e)
+  assert scales[0] == pytest.approx(sigma_e)
 
 
 def test_the_cpu_fingerprint_follows_the_isa_cap(monkeypatch):
