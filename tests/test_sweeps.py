@@ -107,9 +107,15 @@ def test_half_written_runs_are_not_read_back(tmp_path):
 
 
 def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")  # no ISA cap
   monkeypatch.setenv(sweep_cache.CACHE_ENV, str(tmp_path / "c"))
   assert sweep_cache.cache_dir() == tmp_path / "c"
+  monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_max_isa=AVX2")  # another realization: kept apart
+  assert sweep_cache.cache_dir() == tmp_path / "c-avx2"
+  assert sweep_cache.cache_dir(tmp_path / "mine") == tmp_path / "mine"  # a folder named is used as is
   monkeypatch.delenv(sweep_cache.CACHE_ENV)
+  assert str(sweep_cache.cache_dir()) == sweep_cache.DEFAULT_CACHE_DIR + "-avx2"
+  monkeypatch.setenv("XLA_FLAGS", "")
   assert str(sweep_cache.cache_dir()) == sweep_cache.DEFAULT_CACHE_DIR
 
 
