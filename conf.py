@@ -36,10 +36,22 @@ os.environ.setdefault("TQDM_DISABLE", "1")  # progress bars would only clutter t
 project = "diloco-suite"
 author = "diloco-suite authors"
 copyright = "2026, diloco-suite authors"
-# The one place that names the repository: launch buttons, badges and tests read it.
-REPOSITORY_URL = "https://github.com/diloco-suite/diloco-suite"
-REPOSITORY_BRANCH = "main"
-COLAB_URL = "https://colab.research.google.com"
+
+
+def _load_by_path(relative: str):
+  import importlib.util
+  spec = importlib.util.spec_from_file_location(relative.replace("/", "_")[:-3], os.path.join(ROOT, relative))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+# The repository's address is one project setting (pyproject.toml, [project.urls]): the site's
+# repository and launch buttons read it here; notebooks/sync.py writes it into the notebooks.
+_SYNC = _load_by_path("notebooks/sync.py")
+REPOSITORY_URL = _SYNC.settings()["repository"]
+REPOSITORY_BRANCH = _SYNC.settings()["branch"]
+COLAB_URL = _SYNC.COLAB_URL
 
 root_doc = "docs/index"
 extensions = [

@@ -39,7 +39,8 @@ _DOCTESTS_NEEDING_DEVICES = {"diloco_core.mesh.make_mesh": 8}
 #: worker, as a module fixture used in two workers is set up in both. (pytest-xdist's
 #: ``--dist loadgroup`` with ``xdist_group`` marks would say this per test, but with pytest 9.2
 #: it silently stops grouping: pytest-xdist issue 1386.)
-ONE_WORKER_FILES = ("tests/test_launch.py", "tests/test_background.py", "tests/test_stored.py")
+ONE_WORKER_FILES = ("tests/test_launch.py", "tests/test_background.py", "tests/test_stored.py",
+                    "tests/test_installed.py")
 
 
 def pytest_xdist_make_scheduler(config, log):

@@ -8,11 +8,16 @@ numpy / pandas code (no JAX calls): hardware and model catalogs (:mod:`analysis.
 and a planner that picks H, P and τ for a link
 (:mod:`analysis.plan`). Catalog names are resolved once, by the entry points
 (:func:`plan_run`, the command line, :func:`get_hardware` / :func:`get_model` in your code);
-the closed forms take resolved objects. Training sweeps: :mod:`analysis.sweeps` (the
-runner and its cache), :mod:`analysis.experiments` (the docs' named sweeps) and
-:mod:`analysis.plots`.
+the closed forms take resolved objects. All of it imports with numpy, pandas and matplotlib
+alone: no JAX, and no trainer.
+
+Training sweeps need the trainer (JAX): :mod:`analysis.sweeps` (the runner and its cache),
+:mod:`analysis.live` (a notebook's live sweep), :mod:`analysis.experiments` (the docs' named
+sweeps) and :mod:`analysis.stored` (their stored results). Their names below load the
+trainer on first use.
 Command line: ``python -m analysis --help``.
 """
+
 
 from analysis.bandwidth import allreduce_factor
 from analysis.bandwidth import hidden_bandwidth
@@ -24,7 +29,6 @@ from analysis.bandwidth import streaming_stall
 from analysis.bandwidth import t_comm
 from analysis.bandwidth import utilization_no_overlap
 from analysis.bandwidth import utilization_overlapped
-from analysis.experiments import named_sweep
 from analysis.hardware import HARDWARE
 from analysis.hardware import HardwareSpec
 from analysis.hardware import check_hardware
@@ -68,6 +72,9 @@ from analysis.simulate import paper_table
 from analysis.simulate import run_simulation
 from analysis.simulate import throughput_bound
 from analysis.simulate import utilization
-from analysis.sweeps import grid
-from analysis.sweeps import run_sweep
-from analysis.sweeps import sweep_curves
+from diloco_core.lazy import lazy_exports
+
+#: Names of the experiments machinery (they need the trainer): loaded on first use.
+_TRAINING = {"named_sweep": "analysis.experiments", "grid": "analysis.sweeps",
+             "run_sweep": "analysis.sweeps", "sweep_curves": "analysis.sweeps"}
+__getattr__, __dir__ = lazy_exports(__name__, _TRAINING, globals())

@@ -32,8 +32,8 @@ from analysis.models import MODELS
 from analysis.models import get_model
 from analysis.models import model_stats
 from analysis.models import model_table
-from diloco_core.sparse import DEFAULT_CHUNK
-from diloco_core.sparse import bits_per_element as sparse_bits_per_element
+from diloco_core.wire_formats import DEFAULT_CHUNK
+from diloco_core.wire_formats import topk_bits_per_element
 from diloco_core.validity import FRAGMENT_PATTERNS
 from diloco_core.validity import check_choice
 from diloco_core.validity import check_int
@@ -131,7 +131,7 @@ def _payload(p) -> str:
   """The plan's wire in words: ``16-bit``, or the top-k setting and its bits per parameter."""
   if p.topk is None:
     return f"{p.bits:g}-bit"
-  eff = sparse_bits_per_element(k=p.topk, chunk=p.topk_chunk, name=plan_lib.wire_format(p.bits))
+  eff = topk_bits_per_element(k=p.topk, chunk=p.topk_chunk, name=plan_lib.wire_format(p.bits))
   return (f"top-{p.topk} of each {p.topk_chunk} at {p.bits:g} bits ({eff:.4g} bits per parameter,"
           f" DP dense at {p.bits:g} bits)")
 

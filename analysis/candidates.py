@@ -166,7 +166,7 @@ def candidate_table(model: ModelConfig, hardware: HardwareSpec, cands, *, slices
     step_time: T, seconds per inner step.
     target: u, the utilization planned for by the τ = 0 candidates.
     bits: bits per value on the wire (for a sparse wire, the average bits per parameter,
-      e.g. :func:`diloco_core.sparse.bits_per_element`).
+      e.g. :func:`diloco_core.wire_formats.topk_bits_per_element`).
     latency: ε, seconds per transfer (τ = 0).
     dp_bits: bits per gradient value of the DP row, when it differs from ``bits`` (a
       sparse DiLoCo wire; DP's gradients stay dense); None: ``bits``.

@@ -58,11 +58,11 @@ from analysis.models import get_model
 from analysis.models import model_stats
 from analysis.roofline import dp_critical_batch_per_slice
 from analysis.roofline import t_math
-from diloco_core.minifloat import FORMATS
-from diloco_core.minifloat import bits_per_element
-from diloco_core.sparse import DEFAULT_CHUNK
-from diloco_core.sparse import bits_per_element as sparse_bits_per_element
-from diloco_core.sparse import check_topk
+from diloco_core.wire_formats import DEFAULT_CHUNK
+from diloco_core.wire_formats import FORMATS
+from diloco_core.wire_formats import bits_per_element
+from diloco_core.wire_formats import check_topk
+from diloco_core.wire_formats import topk_bits_per_element
 from diloco_core.model_config import ModelConfig
 from diloco_core.validity import check_bool
 from diloco_core.validity import check_int
@@ -266,7 +266,7 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
     topk: None (dense), or DiLoCo/Streaming send the ``topk`` largest entries of each chunk
       of ``topk_chunk`` (SparseLoCo, :mod:`diloco_core.sparse`), each value in ``bits`` (a
       trainer wire format's width): their payload is then
-      :func:`diloco_core.sparse.bits_per_element` per parameter, indices included, while
+      :func:`diloco_core.wire_formats.topk_bits_per_element` per parameter, indices included, while
       DP's gradients stay dense at ``bits``. The payload is treated like a dense one of that
       size (an all-reduce); a sparse all-gather, as SparseLoCo runs, moves more as M grows.
     topk_chunk: elements per top-k chunk.
@@ -304,7 +304,7 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
   wire_bits = b
   if topk is not None:
     check_topk(topk, topk_chunk)
-    wire_bits = sparse_bits_per_element(k=topk, chunk=topk_chunk, name=wire_format(b))
+    wire_bits = topk_bits_per_element(k=topk, chunk=topk_chunk, name=wire_format(b))
   hs = None if sync_every is None else _ints("sync_every", sync_every, low=1)
   taus = _ints("overlaps", overlaps, low=0)
   _check_overlaps(taus, cfg.n_layers, hs)

@@ -14,7 +14,7 @@ import dataclasses
 
 import numpy as np
 
-from diloco_core.fragments import Fragments
+from diloco_core.fragment_layers import deal_layers
 from diloco_core.validity import check_int
 from diloco_core.validity import check_outer_overlap
 from diloco_core.validity import check_overlap
@@ -26,7 +26,7 @@ def fragment_layers_of(layers: int, fragment_layers: int, pattern: str = "stride
 
   There is no embeddings fragment (the paper's setting): the P = L / ``fragment_layers``
   fragments are the trainer's layer fragments 1..P
-  (:meth:`diloco_core.fragments.Fragments.layers_of`).
+  (:func:`diloco_core.fragment_layers.deal_layers`).
 
   Examples:
     >>> fragment_layers_of(6, 2)
@@ -38,8 +38,7 @@ def fragment_layers_of(layers: int, fragment_layers: int, pattern: str = "stride
   if layers % fl:
     raise ValueError(f"fragment_layers ({fl}) must divide the number of layers ({layers}).")
   p = layers // fl
-  frags = Fragments([True], [(layers,)], fragments=p + 1, pattern=pattern)
-  return [frags.layers_of(k + 1) for k in range(p)]
+  return deal_layers(layers, p + 1, pattern)[1:]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -50,6 +50,7 @@ from analysis.sweep_cache import code_version
 from analysis.sweep_cache import config_dict
 from analysis.sweep_cache import config_key
 from analysis.sweeps import SUMMARY_COLUMNS
+from analysis.live import live_sweep
 from analysis.sweeps import run_sweep
 from analysis.sweeps import sweep_curves
 from diloco_core.validity import check_choice
@@ -389,15 +390,18 @@ def frame(name: str, scale: str = "cpu") -> pd.DataFrame:
   return load(name, scale=scale).frame
 
 
-def results(name: str, scale: str = "cpu", *, live: bool | None = None, curves: bool = False):
+def results(name: str, scale: str = "cpu", *, live: bool | None = None, curves: bool = False,
+            max_runs: int | None = None):
   """The rows of experiment ``name``: stored on CPU, trained live at other scales or on request.
 
   Args:
     name: one of :data:`analysis.experiments.SWEEPS`.
     scale: the scale (``"accelerator"`` has no stored results unless one was run and stored).
-    live: train now (each run cached on disk by :func:`~analysis.sweeps.run_sweep`); default:
-      live when no stored file exists for the scale.
+    live: train now (:func:`analysis.live.live_sweep`: the plan and a time estimate first, then
+      each run cached on disk); default: live when no stored file exists for the scale.
     curves: also return the logged metrics of the runs (long format).
+    max_runs: live only: train at most this many new runs
+      (:class:`~analysis.live.LiveLimitReached` when more remain; calling again goes on).
 
   Returns:
     One row per run, as :func:`analysis.sweeps.run_sweep`; with ``curves``, ``(rows, curves)``.
@@ -406,7 +410,7 @@ def results(name: str, scale: str = "cpu", *, live: bool | None = None, curves: 
     p = path_of(name)
     live = not (p.exists() and json.loads(p.read_text()).get("scale") == scale)
   if live:
-    df = run_sweep(experiments.named_sweep(name, scale), desc=name)
+    df = live_sweep(experiments.named_sweep(name, scale), desc=name, max_runs=max_runs)
     return (df, sweep_curves(df)) if curves else df
   e = load(name, scale=scale)
   return (e.frame, e.curves) if curves else e.frame

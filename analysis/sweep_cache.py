@@ -84,6 +84,11 @@ def config_key(cfg) -> str:
   return hashlib.sha256(payload.encode()).hexdigest()[:20]
 
 
+def is_cached(cfg, root: pathlib.Path | None) -> bool:
+  """Whether the cache folder ``root`` holds a finished run of ``cfg`` (False when ``root`` is None)."""
+  return root is not None and (root / config_key(cfg) / "summary.json").exists()
+
+
 def load_run(run_dir: pathlib.Path):
   """``(summary, metrics)`` of a cached run."""
   with open(run_dir / "summary.json") as f:

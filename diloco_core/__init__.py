@@ -8,68 +8,78 @@ on, before JAX is imported, and end the run at its next safe point (:mod:`diloco
 """
 
 from diloco_core import interrupts as _interrupts
+from diloco_core.lazy import lazy_exports
 
 if _interrupts.command_line_module() in ("diloco_core.train", "diloco_core.compare", "diloco_core.launch"):
   _interrupts.install()
 
-from diloco_core.model_config import ModelConfig
-from diloco_core.model_config import PRESETS
-from diloco_core.model_config import flops_per_token
-from diloco_core.model_config import get_preset
-from diloco_core.model_config import layer_param_count
-from diloco_core.model_config import param_count
-from diloco_core.config import ALGORITHMS
-from diloco_core.config import COMPRESSIONS
-from diloco_core.config import DiLoCoConfig
-from diloco_core.config import FRAGMENT_ORDERS
-from diloco_core.config import FRAGMENT_PATTERNS
-from diloco_core.config import OUTER_OPTIMIZERS
-from diloco_core.optimizers import INNER_OPTIMIZERS
-from diloco_core.optimizers import inner_optimizer_factory
-from diloco_core.optimizers import outer_optimizer_factory
-from diloco_core.diloco import DiLoCo
-from diloco_core.state import DiLoCoState
-from diloco_core.diloco import CONFIG_HYPERPARAMS
-from diloco_core.diloco import default_outer_optimizer
-from diloco_core.algorithm import Algorithm
-from diloco_core.algorithm import AlgorithmBase
-from diloco_core.algorithm import loss_and_grad
-from diloco_core.hyperparams import resolve_optimizer
-from diloco_core.dp import DataParallel
-from diloco_core.dp import DPState
-from diloco_core.fragments import Fragments
-from diloco_core.fragments import per_fragment_state
-from diloco_core.backend import configure_determinism
-from diloco_core.backend import default_compute_dtype
-from diloco_core.backend import default_demo_steps
-from diloco_core.backend import resolve_model_config
-from diloco_core.model import Transformer
-from diloco_core.model import init_model
-from diloco_core.model import layer_mask
-from diloco_core.model import muon_dimensions
-from diloco_core.model import lm_loss
-from diloco_core.model import train_loss
-from diloco_core.schedule import merged_fragment
-from diloco_core.schedule import schedule_table
-from diloco_core.schedule import sent_fragment
-from diloco_core.compression import FORMATS
-from diloco_core.compression import bits_per_element
-from diloco_core.compression import error_feedback
-from diloco_core.compression import quantize
-from diloco_core.compression import quantize_tree
-from diloco_core.compression import representable_values
-from diloco_core.compression import wire_bits
-from diloco_core.data import DataConfig
-from diloco_core.data import MarkovSource
-from diloco_core.data import make_dataset
-from diloco_core.mesh import initialize_distributed
-from diloco_core.mesh import make_mesh
-from diloco_core.mesh import parse_mesh
-from diloco_core.params_io import export_params
-from diloco_core.params_io import load_params
-from diloco_core.fields import non_result_fields
-from diloco_core.fields import result_fields
-from diloco_core.run_config import TrainConfig
-from diloco_core.loop import TrainResult
-from diloco_core.programs import clear_program_cache
-from diloco_core.programs import program_key
+#: Every public name, with the module that defines it. Loaded on first use (PEP 562), so that
+#: ``import diloco_core.validity`` (what the planning library needs) does not start JAX.
+_PUBLIC = {
+    "ModelConfig": "diloco_core.model_config",
+    "PRESETS": "diloco_core.model_config",
+    "flops_per_token": "diloco_core.model_config",
+    "get_preset": "diloco_core.model_config",
+    "layer_param_count": "diloco_core.model_config",
+    "param_count": "diloco_core.model_config",
+    "ALGORITHMS": "diloco_core.config",
+    "COMPRESSIONS": "diloco_core.config",
+    "DiLoCoConfig": "diloco_core.config",
+    "FRAGMENT_ORDERS": "diloco_core.config",
+    "FRAGMENT_PATTERNS": "diloco_core.config",
+    "OUTER_OPTIMIZERS": "diloco_core.config",
+    "INNER_OPTIMIZERS": "diloco_core.optimizers",
+    "inner_optimizer_factory": "diloco_core.optimizers",
+    "outer_optimizer_factory": "diloco_core.optimizers",
+    "DiLoCo": "diloco_core.diloco",
+    "DiLoCoState": "diloco_core.state",
+    "CONFIG_HYPERPARAMS": "diloco_core.diloco",
+    "default_outer_optimizer": "diloco_core.diloco",
+    "Algorithm": "diloco_core.algorithm",
+    "AlgorithmBase": "diloco_core.algorithm",
+    "loss_and_grad": "diloco_core.algorithm",
+    "resolve_optimizer": "diloco_core.hyperparams",
+    "DataParallel": "diloco_core.dp",
+    "DPState": "diloco_core.dp",
+    "Fragments": "diloco_core.fragments",
+    "per_fragment_state": "diloco_core.fragments",
+    "configure_determinism": "diloco_core.backend",
+    "default_compute_dtype": "diloco_core.backend",
+    "default_demo_steps": "diloco_core.backend",
+    "resolve_model_config": "diloco_core.backend",
+    "Transformer": "diloco_core.model",
+    "init_model": "diloco_core.model",
+    "layer_mask": "diloco_core.model",
+    "muon_dimensions": "diloco_core.model",
+    "lm_loss": "diloco_core.model",
+    "train_loss": "diloco_core.model",
+    "merged_fragment": "diloco_core.schedule",
+    "schedule_table": "diloco_core.schedule",
+    "sent_fragment": "diloco_core.schedule",
+    "FORMATS": "diloco_core.compression",
+    "bits_per_element": "diloco_core.compression",
+    "error_feedback": "diloco_core.compression",
+    "quantize": "diloco_core.compression",
+    "quantize_tree": "diloco_core.compression",
+    "representable_values": "diloco_core.compression",
+    "wire_bits": "diloco_core.compression",
+    "DataConfig": "diloco_core.data",
+    "MarkovSource": "diloco_core.data",
+    "make_dataset": "diloco_core.data",
+    "initialize_distributed": "diloco_core.mesh",
+    "make_mesh": "diloco_core.mesh",
+    "parse_mesh": "diloco_core.mesh",
+    "export_params": "diloco_core.params_io",
+    "load_params": "diloco_core.params_io",
+    "non_result_fields": "diloco_core.fields",
+    "result_fields": "diloco_core.fields",
+    "TrainConfig": "diloco_core.run_config",
+    "TrainResult": "diloco_core.loop",
+    "clear_program_cache": "diloco_core.programs",
+    "program_key": "diloco_core.programs",
+}
+__all__ = list(_PUBLIC)
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _PUBLIC, globals())
+

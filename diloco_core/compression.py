@@ -72,18 +72,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from diloco_core.minifloat import FORMATS  # noqa: F401  (re-exported)
-from diloco_core.minifloat import _BITS, _MINIFLOATS, _pow2
-from diloco_core.minifloat import bits_per_element  # noqa: F401
+from diloco_core.minifloat import _pow2
 from diloco_core.minifloat import max_value  # noqa: F401
 from diloco_core.minifloat import representable_values  # noqa: F401
 from diloco_core.minifloat import round_bf16
 from diloco_core.minifloat import round_to_format
-from diloco_core.minifloat import validate_format
-from diloco_core.sparse import DEFAULT_CHUNK
 from diloco_core import sparse
-
-SCALE_BITS = 32  # each absmax scale travels as one float32
+from diloco_core.wire_formats import BITS
+from diloco_core.wire_formats import DEFAULT_CHUNK
+from diloco_core.wire_formats import FORMATS  # noqa: F401  (re-exported)
+from diloco_core.wire_formats import MINIFLOATS
+from diloco_core.wire_formats import SCALE_BITS
+from diloco_core.wire_formats import bits_per_element  # noqa: F401
+from diloco_core.wire_formats import check_topk
+from diloco_core.wire_formats import topk_wire_bits
+from diloco_core.wire_formats import validate_format
 
 
 def validate_block_size(block_size: int | None) -> None:
@@ -119,7 +122,7 @@ def quantize(x: jax.Array, name: str, *, block_size: int | None = None, topk: in
 
   Args:
     x: the tensor to send (any shape; cast to float32).
-    name: the wire format, one of :data:`FORMATS`.
+    name: the wire format, one of :data:`~diloco_core.wire_formats.FORMATS`.
     block_size: elements per scaling block along the flattened tensor; None uses one
       scale for the whole tensor. Ignored (but validated) for ``none`` and ``bf16``.
     topk: None (dense), or the entries kept per chunk (:func:`diloco_core.sparse.sparsify`;
@@ -142,7 +145,7 @@ def quantize(x: jax.Array, name: str, *, block_size: int | None = None, topk: in
   validate_block_size(block_size)
   if topk is not None:
     check_topk_block(block_size)
-    sparse.check_topk(topk, topk_chunk)
+    check_topk(topk, topk_chunk)
     return _quantize_topk(jnp.asarray(x, jnp.float32), name, int(topk), int(topk_chunk))
   block_size = None if block_size is None else int(block_size)
   return _quantize(jnp.asarray(x, jnp.float32), name, block_size)
@@ -187,7 +190,7 @@ def quantize_tree(tree: Any, name: str, *, block_size: int | None = None, topk: 
 
   Args:
     tree: a pytree of arrays.
-    name: the wire format, one of :data:`FORMATS`.
+    name: the wire format, one of :data:`~diloco_core.wire_formats.FORMATS`.
     block_size, topk, topk_chunk: as in :func:`quantize`.
 
   Returns:
@@ -214,12 +217,12 @@ def wire_bits(num_elements: int, name: str, *, block_size: int | None = None,
      \\ (1 \\text{ per tensor when block\\_size is None, } 0 \\text{ if } n = 0)
 
   with no scale term for ``none`` and ``bf16``. Padding of the last block is not sent.
-  With ``topk``: :func:`diloco_core.sparse.wire_bits` (kept values, their indices, one
+  With ``topk``: :func:`diloco_core.wire_formats.topk_wire_bits` (kept values, their indices, one
   scale per chunk).
 
   Args:
     num_elements: elements n in the tensor.
-    name: the wire format, one of :data:`FORMATS`.
+    name: the wire format, one of :data:`~diloco_core.wire_formats.FORMATS`.
     block_size, topk, topk_chunk: as in :func:`quantize`.
 
   Returns:
@@ -240,10 +243,10 @@ def wire_bits(num_elements: int, name: str, *, block_size: int | None = None,
     raise ValueError(f"num_elements must be a non-negative integer, got {num_elements!r}.")
   if topk is not None:
     check_topk_block(block_size)
-    return sparse.wire_bits(int(num_elements), k=topk, chunk=topk_chunk, name=name)
+    return topk_wire_bits(int(num_elements), k=topk, chunk=topk_chunk, name=name)
   n = int(num_elements)
-  bits = n * _BITS[name]
-  if name in _MINIFLOATS and n:
+  bits = n * BITS[name]
+  if name in MINIFLOATS and n:
     bits += SCALE_BITS * (1 if block_size is None else math.ceil(n / block_size))
   return bits
 
@@ -254,7 +257,7 @@ def wire_bits_tree(tree: Any, name: str, *, block_size: int | None = None, topk:
 
   Args:
     tree: a pytree whose leaves have a ``size`` (arrays, ``jax.ShapeDtypeStruct``).
-    name: the wire format, one of :data:`FORMATS`.
+    name: the wire format, one of :data:`~diloco_core.wire_formats.FORMATS`.
     block_size, topk, topk_chunk: as in :func:`quantize`.
 
   Returns:
@@ -283,7 +286,7 @@ def error_feedback(delta: Any, residual: Any, name: str, *, block_size: int | No
   Args:
     delta: the pseudo-gradient :math:`\\Delta_m` (a pytree of arrays).
     residual: the residual :math:`e_m`, same structure; None means zeros (first round).
-    name: the wire format, one of :data:`FORMATS`.
+    name: the wire format, one of :data:`~diloco_core.wire_formats.FORMATS`.
     block_size, topk, topk_chunk: as in :func:`quantize`.
     decay: β, the residual's decay before it is added (1: none; may be traced).
 
@@ -341,7 +344,7 @@ def _divide_exactly_rounded(mant: jax.Array, odd: int) -> tuple[jax.Array, jax.A
 
 def _quantize_blocks(blocks: jax.Array, name: str) -> jax.Array:
   """Absmax-scaled quantize/dequantize of each row of a (num_blocks, block) array."""
-  fmt = _MINIFLOATS[name]
+  fmt = MINIFLOATS[name]
   odd, exp2 = _odd_times_pow2(fmt.max_value)  # q_max = odd * 2^exp2: 7 * 2^6, 3 * 2^1, 1
   absmax = jnp.max(jnp.abs(blocks), axis=1, keepdims=True)  # NaN if the block has a NaN
   finite = jnp.isfinite(absmax)

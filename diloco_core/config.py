@@ -12,7 +12,7 @@ import dataclasses
 from diloco_core import fields
 from diloco_core import validity as v
 from diloco_core.compression import FORMATS, check_topk_block
-from diloco_core.sparse import DEFAULT_CHUNK, check_topk
+from diloco_core.wire_formats import DEFAULT_CHUNK, check_topk
 
 ALGORITHMS = ("dp", "diloco", "streaming")
 FRAGMENT_PATTERNS = v.FRAGMENT_PATTERNS

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 
-import jax
-
 
 def replica_state_bytes(n: float, *, outer: bool, param_bytes=4, grad_bytes=4, optimizer_bytes=8,
                         outer_bytes=4) -> dict[str, float]:
@@ -40,6 +38,8 @@ def replica_state_bytes(n: float, *, outer: bool, param_bytes=4, grad_bytes=4, o
 def device_bytes(devices: int) -> float:
   """The memory of ``devices`` devices (accelerators: ``devices`` times the ``bytes_limit`` of
   one of this process's devices; CPU: the host's physical memory, shared by all of them)."""
+  import jax  # here, not at the top: the planning library imports this module without JAX
+
   # Only this process's devices report memory (multi-process runs): devices are taken as alike.
   stats = jax.local_devices()[0].memory_stats() or {}
   if "bytes_limit" in stats:

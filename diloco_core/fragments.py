@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from diloco_core.fragment_layers import deal_layers
 from diloco_core.validity import FRAGMENT_PATTERNS, check_choice, check_fragments_divide_layers
 
 OTHER, LAYER, SHARED = 0, 1, 2
@@ -86,16 +87,8 @@ class Fragments:
 
   # ---- host-side description -------------------------------------------------------------
   def layers_of(self, p: int) -> list[int]:
-    """The layer indices of fragment p (empty for fragment 0 when P > 1)."""
-    P, L = self.num_fragments, self.num_layers
-    if P == 1:
-      return list(range(L))
-    if p == 0:
-      return []
-    k, n = p - 1, L // (P - 1)
-    if self.pattern == "strided":
-      return list(range(k, L, P - 1))
-    return list(range(k * n, (k + 1) * n))
+    """The layer indices of fragment p (empty for fragment 0 when P > 1; :mod:`~diloco_core.fragment_layers`)."""
+    return deal_layers(self.num_layers, self.num_fragments, self.pattern)[p]
 
   def sizes(self) -> list[int]:
     """Elements in each fragment, p = 0..P-1."""

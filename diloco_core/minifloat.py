@@ -44,59 +44,12 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-FORMATS = ("none", "bf16", "fp8", "fp4", "e3m0")
-
-
-class _Minifloat(NamedTuple):
-  bits: int  # bits per element on the wire
-  mantissa_bits: int  # explicit significand bits m
-  min_exponent: int  # exponent of the smallest normal value (subnormal spacing 2^(emin - m))
-  max_value: float  # largest finite value q_max
-
-
-_MINIFLOATS = {
-    "fp8": _Minifloat(bits=8, mantissa_bits=3, min_exponent=-6, max_value=448.0),
-    "fp4": _Minifloat(bits=4, mantissa_bits=1, min_exponent=0, max_value=6.0),
-    # e3m0: {0} and 2^-6 .. 2^0. With no mantissa bits, the "subnormal" grid below 2^-6 is
-    # {0, 2^-6}, which is exactly the format's code E = 0 (zero) and E = 1 (2^-6).
-    "e3m0": _Minifloat(bits=4, mantissa_bits=0, min_exponent=-6, max_value=1.0),
-}
-
-_BITS = {"none": 32, "bf16": 16, **{k: v.bits for k, v in _MINIFLOATS.items()}}
-
-
-def validate_format(name: str) -> None:
-  """Raises a one-line :class:`ValueError` unless ``name`` is one of :data:`~diloco_core.compression.FORMATS`.
-
-  Args:
-    name: the wire format (the ``compression`` flag).
-
-  Examples:
-    >>> validate_format("fp4")
-    >>> validate_format("int8")
-    Traceback (most recent call last):
-    ...
-    ValueError: compression must be one of ('none', 'bf16', 'fp8', 'fp4', 'e3m0'), got 'int8'.
-  """
-  if not isinstance(name, str) or name not in FORMATS:
-    raise ValueError(f"compression must be one of {FORMATS}, got {name!r}.")
-
-
-def bits_per_element(name: str) -> int:
-  """Bits one element takes on the wire, not counting the scales.
-
-  Args:
-    name: the wire format, one of :data:`~diloco_core.compression.FORMATS`.
-
-  Returns:
-    32, 16, 8, 4 or 4 for ``none``, ``bf16``, ``fp8``, ``fp4``, ``e3m0``.
-
-  Examples:
-    >>> [bits_per_element(f) for f in FORMATS]
-    [32, 16, 8, 4, 4]
-  """
-  validate_format(name)
-  return _BITS[name]
+# The formats' names and sizes live with the byte counting (diloco_core.wire_formats, no JAX).
+from diloco_core.wire_formats import FORMATS  # noqa: F401
+from diloco_core.wire_formats import MINIFLOATS
+from diloco_core.wire_formats import Minifloat
+from diloco_core.wire_formats import bits_per_element  # noqa: F401
+from diloco_core.wire_formats import validate_format
 
 
 def max_value(name: str) -> float:
@@ -147,7 +100,7 @@ def representable_values(name: str) -> np.ndarray:
     values = np.array(mags + [-m for m in mags], dtype=np.float32)
   else:
     dtype = {"fp8": ml_dtypes.float8_e4m3fn, "fp4": ml_dtypes.float4_e2m1fn}[name]
-    nbits = _MINIFLOATS[name].bits
+    nbits = MINIFLOATS[name].bits
     codes = np.arange(2**nbits, dtype=np.uint8)
     values = codes.view(dtype).astype(np.float32)  # ml_dtypes stores fp4 one per byte
     values = values[np.isfinite(values)]
@@ -188,7 +141,7 @@ def round_to_format(y: jax.Array, name: str) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnames=("name",))
 def _round_to_format(y: jax.Array, name: str) -> jax.Array:
-  fmt = _MINIFLOATS[name]
+  fmt = MINIFLOATS[name]
   mag = jnp.minimum(jnp.abs(y), fmt.max_value)  # saturate (NaN stays NaN)
   _, k = jnp.frexp(mag)  # mag = f * 2^k, f in [0.5, 1): floor(log2 mag) = k - 1
   e = jnp.maximum(k - 1, fmt.min_exponent)  # binade exponent, clamped into the subnormals
@@ -220,12 +173,12 @@ def round_bf16(x: jax.Array) -> jax.Array:
 # ----------------------------------------------------------------------------- internals
 
 
-def _minifloat(name: str) -> _Minifloat:
+def _minifloat(name: str) -> Minifloat:
   validate_format(name)
-  if name not in _MINIFLOATS:
+  if name not in MINIFLOATS:
     raise ValueError(
-        f"compression {name!r} has no scaled value grid; expected one of {tuple(_MINIFLOATS)}.")
-  return _MINIFLOATS[name]
+        f"compression {name!r} has no scaled value grid; expected one of {tuple(MINIFLOATS)}.")
+  return MINIFLOATS[name]
 
 
 def _pow2(e: jax.Array) -> jax.Array:

@@ -35,86 +35,19 @@ Examples:
   [0.0, -3.0, 1.0, 0.0, 2.0, 0.0, 2.0, 0.0]
   >>> sparsify(jnp.array([2.0, 2.0, 2.0]), k=2, chunk=4).tolist()
   [2.0, 2.0, 0.0]
-  >>> wire_bits(8, k=2, chunk=4, name="none")  # 2 chunks x 2 x (32 + 2)
+  >>> topk_wire_bits(8, k=2, chunk=4, name="none")  # 2 chunks x 2 x (32 + 2)
   136
 """
 
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from diloco_core.minifloat import _BITS, _MINIFLOATS, validate_format
-
-#: Elements per chunk unless told (SparseLoCo's 64 × 64).
-DEFAULT_CHUNK = 4096
-SCALE_BITS = 32  # each absmax scale travels as one float32
-
-
-def check_topk(k, chunk) -> None:
-  """Raises a one-line ValueError unless ``k`` and ``chunk`` are integers with 1 <= k <= chunk.
-
-  Examples:
-    >>> check_topk(64, 4096)
-    >>> check_topk(0, 4096)
-    Traceback (most recent call last):
-    ...
-    ValueError: `topk` must be an integer in [1, topk_chunk=4096] (entries kept per chunk), got 0.
-  """
-  if not _is_int(chunk) or chunk < 1:
-    raise ValueError(f"`topk_chunk` must be an integer >= 1 (elements per chunk), got {chunk!r}.")
-  if not _is_int(k) or not 1 <= k <= chunk:
-    raise ValueError(f"`topk` must be an integer in [1, topk_chunk={chunk}] (entries kept per chunk),"
-                     f" got {k!r}.")
-
-
-def _is_int(v) -> bool:
-  return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-
-
-def index_bits(chunk_length: int) -> int:
-  """Bits of one position within a chunk of ``chunk_length`` elements: ⌈log2 length⌉ (0 for 1)."""
-  return max(0, math.ceil(math.log2(chunk_length))) if chunk_length > 1 else 0
-
-
-def wire_bits(num_elements: int, *, k: int, chunk: int, name: str) -> int:
-  """Exact bits of one tensor of ``num_elements`` sent top-k (the module docstring's sum).
-
-  Args:
-    num_elements: n.
-    k: entries kept per chunk.
-    chunk: C, elements per chunk.
-    name: the values' wire format (:data:`diloco_core.compression.FORMATS`).
-
-  Returns:
-    The number of bits (an int).
-  """
-  validate_format(name)
-  check_topk(k, chunk)
-  n = int(num_elements)
-  full, rest = divmod(n, chunk)  # full chunks, and a shorter last one when rest > 0
-  bits = full * min(k, chunk) * (_BITS[name] + index_bits(chunk))
-  if rest:
-    bits += min(k, rest) * (_BITS[name] + index_bits(rest))
-  if name in _MINIFLOATS:
-    bits += SCALE_BITS * (full + (1 if rest else 0))
-  return bits
-
-
-def bits_per_element(*, k: int, chunk: int, name: str) -> float:
-  """Average wire bits per parameter of a large tensor: :math:`(k (b_Q + \\lceil\\log_2 C\\rceil) + 32 [\\text{scaled}]) / C`.
-
-  What the simulator and the planner take as ``bits`` for a top-k run (whole chunks).
-
-  Examples:
-    >>> bits_per_element(k=64, chunk=4096, name="e3m0")  # 64 (4 + 12) + 32, over 4096
-    0.2578125
-  """
-  return wire_bits(chunk, k=k, chunk=chunk, name=name) / chunk
+from diloco_core.wire_formats import check_topk
+from diloco_core.wire_formats import topk_wire_bits  # noqa: F401  (the exact bits, counted without JAX)
 
 
 def sparsify(x: jax.Array, *, k: int, chunk: int,

@@ -7,7 +7,6 @@ by a file lock so that pytest-xdist workers never build at once.
 
 from __future__ import annotations
 
-import ast
 import fcntl
 import importlib.util
 import json
@@ -22,34 +21,26 @@ NOTEBOOKS = ROOT / "notebooks"
 HTML = ROOT / "_build" / "html"
 
 
-def conf_constant(name: str) -> str:
-  """A string constant of conf.py, read without executing conf.py."""
-  tree = ast.parse((ROOT / "conf.py").read_text())
-  for node in tree.body:
-    if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
-      return ast.literal_eval(node.value)
-  raise KeyError(name)
+def _by_path(name: str, relative: str):
+  """A script of the repository loaded as a module (docs/build.py, notebooks/sync.py)."""
+  spec = importlib.util.spec_from_file_location(name, ROOT / relative)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+sync = _by_path("notebook_sync", "notebooks/sync.py")  # the repository's address, written out
 
 
 def colab_url(name: str) -> str:
-  repo = conf_constant("REPOSITORY_URL").removeprefix("https://github.com/")
-  return (f"{conf_constant('COLAB_URL')}/github/{repo}/blob/"
-          f"{conf_constant('REPOSITORY_BRANCH')}/notebooks/{name}.ipynb")
+  return sync.colab_url(name)
 
 
 def notebook_names() -> list[str]:
   return sorted({p.stem for p in NOTEBOOKS.glob("*.md")} | {p.stem for p in NOTEBOOKS.glob("*.ipynb")})
 
 
-def _site_build():
-  """docs/build.py, the one place that builds the site and stamps it (loaded by path)."""
-  spec = importlib.util.spec_from_file_location("site_build", ROOT / "docs" / "build.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-site_build = _site_build()
+site_build = _by_path("site_build", "docs/build.py")  # the one place that builds and stamps the site
 
 
 def build_site(fresh: bool = False) -> subprocess.CompletedProcess | None:
@@ -125,12 +116,35 @@ def test_notebook_starts_with_title_badge_install_and_devices(name):
   assert first.cell_type == "markdown" and first.source.startswith("# ")
   assert "colab-badge.svg" in first.source
   code = [c.source for c in nb.cells if c.cell_type == "code"]
-  assert 'IN_COLAB = "google.colab" in sys.modules' in code[0] and "if IN_COLAB:" in code[0]
-  assert f"git+{conf_constant('REPOSITORY_URL')}" in code[0], "install from the repository in conf.py"
+  assert code[0] == sync.INSTALL_CELL.format(repository=sync.settings()["repository"]).split("\n", 1)[1].rsplit("\n", 1)[0]
   assert "jax.devices()" in code[1] and "SCALE" in code[1]
   body = "\n".join(code[2:])
   assert "glue(" in body, "figures are placed with glue"
   assert re.search(r"^from (analysis|diloco_core)", body, re.M)
+
+
+def test_the_repository_address_is_written_from_its_one_setting():
+  assert sync.sync(check=True) == [], "run: python notebooks/sync.py"
+
+
+def test_a_fork_changes_the_setting_and_the_script_writes_it_everywhere(tmp_path):
+  pytest.importorskip("jupytext")
+  for name in ("pyproject.toml", "README.md", "docs/tutorial.md", *[
+      f"notebooks/{p.name}" for p in NOTEBOOKS.glob("[0-9][0-9]_*.*")]):
+    (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / name).write_bytes((ROOT / name).read_bytes())
+  toml = tmp_path / "pyproject.toml"
+  old = sync.settings()["repository"]
+  fork = "https://github.com/someone/diloco-fork"
+  toml.write_text(toml.read_text().replace(f'Repository = "{old}"', f'Repository = "{fork}"'))
+  stale = sync.sync(tmp_path, check=True)
+  assert len(stale) == 2 + 2 * len(notebook_names()), stale  # README, tutorial, both twins of each
+  sync.sync(tmp_path)
+  assert sync.sync(tmp_path, check=True) == []
+  for path in [tmp_path / "README.md", tmp_path / "docs" / "tutorial.md", *(tmp_path / "notebooks").glob("0*")]:
+    text = path.read_text()
+    assert fork.replace("https://github.com/", "") in text and old not in text, path.name
+  assert "git clone https://github.com/someone/diloco-fork && cd diloco-fork" in (tmp_path / "docs" / "tutorial.md").read_text()
 
 
 def test_every_notebook_is_in_the_toctree():

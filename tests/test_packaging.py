@@ -37,6 +37,12 @@ DISTRIBUTIONS = {
     "matplotlib": "matplotlib",
     "tqdm": "tqdm",
 }
+#: Imports that are tried, not required: the module works without them (``except ImportError``).
+#: Import name -> the only modules allowed to try it.
+OPTIONAL = {
+    "myst_nb": {"analysis/plots/notebook.py"},  # the docs build's glue; shown in the cell without it
+    "IPython": {"analysis/plots/notebook.py"},  # a notebook's display; print() without it
+}
 
 
 def _normalize(name: str) -> str:
@@ -103,8 +109,16 @@ def test_the_scan_sees_the_known_imports():
 
 def test_every_import_has_a_known_distribution():
   unknown = {name: sorted(where) for name, where in third_party_imports().items()
-             if name not in DISTRIBUTIONS}
+             if name not in DISTRIBUTIONS and not (name in OPTIONAL and where <= OPTIONAL[name])}
   assert not unknown, f"imports with no distribution in DISTRIBUTIONS (add them): {unknown}"
+
+
+def test_optional_imports_are_tried():
+  for name, modules in OPTIONAL.items():
+    for module in modules:
+      text = (ROOT / module).read_text()
+      assert re.search(rf"try:\n\s+(from {name}\b|import {name}\b).*\n(\s+.*\n)*?\s+except ImportError", text), (
+          f"{module} must import {name} inside try/except ImportError (it is optional)")
 
 
 def test_every_imported_distribution_is_a_dependency():

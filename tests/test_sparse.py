@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from diloco_core import DiLoCo, DiLoCoConfig, compression, sparse
+from diloco_core import DiLoCo, DiLoCoConfig, compression, sparse, wire_formats
 from diloco_core.train import train
 from tiny_run import tiny
 
@@ -57,8 +57,8 @@ def test_decay_scales_the_residual_before_it_is_added():
 
 
 def test_bits_per_element_for_the_simulator():
-  assert sparse.bits_per_element(k=64, chunk=4096, name="e3m0") == (64 * (4 + 12) + 32) / 4096
-  assert sparse.bits_per_element(k=32, chunk=4096, name="bf16") == 32 * (16 + 12) / 4096
+  assert wire_formats.topk_bits_per_element(k=64, chunk=4096, name="e3m0") == (64 * (4 + 12) + 32) / 4096
+  assert wire_formats.topk_bits_per_element(k=32, chunk=4096, name="bf16") == 32 * (16 + 12) / 4096
 
 
 def loss(w, x):

@@ -2,9 +2,9 @@
 colored table).
 
 Nothing here computes a result. Figures are closed in pyplot before they are returned, so a
-notebook shows them only where they are displayed or glued. By figure family:
+notebook shows them only where they are displayed or glued (:func:`glue`: placed by the docs
+build, shown in the cell elsewhere). By figure family:
 :mod:`analysis.plots.results` (sweep results and calculator tables),
-``loss_figure`` (the main job's loss curves, from :mod:`diloco_core.compare_cli`),
 :mod:`analysis.plots.timelines` (communication schedules and simulated runs) and
 :mod:`analysis.plots.tables` (a paper's table beside ours, colored).
 """
@@ -13,7 +13,7 @@ from analysis.plots._style import LABELS
 from analysis.plots._style import SYMBOLS
 from analysis.plots._style import label
 from analysis.plots._style import short
-from diloco_core.compare_cli import loss_figure  # the main job's figure, drawn where it is written
+from analysis.plots.notebook import glue
 from analysis.plots.results import plot_bars
 from analysis.plots.results import VERDICT_COLORS
 from analysis.plots.results import plot_curves
