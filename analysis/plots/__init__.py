@@ -2,7 +2,7 @@
 colored table).
 
 Nothing here computes a result. Figures are closed in pyplot before they are returned, so a
-notebook shows them only where they are displayed or glued (:func:`glue`: placed by the docs
+notebook shows them only where they are displayed or glued (:func:`~analysis.plots.notebook.glue`: placed by the docs
 build, shown in the cell elsewhere). By figure family:
 :mod:`analysis.plots.results` (sweep results and calculator tables),
 :mod:`analysis.plots.timelines` (communication schedules and simulated runs) and

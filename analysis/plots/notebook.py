@@ -22,7 +22,7 @@ def _myst_glue():
 def glue(name: str, value: Any, display: bool = True) -> None:
   """Glues ``value`` under ``name`` for the docs build, or shows it where there is no build.
 
-  With MyST-NB importable this is :func:`myst_nb.glue` (the value is stored in the cell's
+  With MyST-NB importable this is ``myst_nb.glue`` (the value is stored in the cell's
   output under ``name``; the page places it). Without it, ``display=True`` shows the value
   as the cell's output (IPython's ``display``, or ``print`` outside IPython; a figure
   outside IPython is left to the caller) and ``display=False`` does nothing: such values
