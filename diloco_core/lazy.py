@@ -21,7 +21,8 @@ def lazy_exports(package: str, table: dict[str, str],
     namespace: the package's ``globals()``; a loaded name is cached there.
 
   Returns:
-    ``(__getattr__, __dir__)`` to assign in the package's ``__init__``.
+    ``(__getattr__, __dir__)`` to assign in the package's ``__init__``. A name not in
+    ``table`` is looked up as a submodule of ``package``.
 
   Examples:
     >>> ns = {}
@@ -32,12 +33,21 @@ def lazy_exports(package: str, table: dict[str, str],
     Traceback (most recent call last):
     ...
     AttributeError: module 'pkg' has no attribute 'cbrt'
+    >>> import diloco_core
+    >>> diloco_core.wire_formats.SCALE_BITS  # a submodule loads on first use too
+    32
   """
   def __getattr__(name: str):
     module = table.get(name)
-    if module is None:
-      raise AttributeError(f"module {package!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    if module is not None:
+      value = getattr(importlib.import_module(module), name)
+    else:  # a submodule, as after an eager import of the package (``diloco_core.fragments``)
+      try:
+        value = importlib.import_module(f"{package}.{name}")
+      except ModuleNotFoundError as e:
+        if not f"{package}.{name}".startswith(e.name or "?"):  # a missing import inside it
+          raise
+        raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
     namespace[name] = value
     return value
 
