@@ -198,11 +198,11 @@ def candidate_table(model: ModelConfig, hardware: HardwareSpec, cands, *, slices
   return pd.DataFrame.from_dict(rows, orient="index").rename_axis("label")
 
 
-def _check_overlaps(taus, layers: int, sync_every) -> None:
+def check_overlaps(taus, layers: int, sync_every) -> None:
   """Refuses overlaps that no Streaming candidate can use (τ >= H for every H considered).
 
   Examples:
-    >>> _check_overlaps((100000,), 2, (6, 12))
+    >>> check_overlaps((100000,), 2, (6, 12))
     Traceback (most recent call last):
     ...
     ValueError: overlaps (100000,) leave no Streaming candidate: τ must be below H, and the largest H considered for Streaming is 12; give overlaps in [0, 11].

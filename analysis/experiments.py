@@ -92,16 +92,16 @@ def methods_configs(scale: str = "cpu") -> list:
   """DP vs DiLoCo vs Streaming DiLoCo, one seed: the main job's runs (``make demo``).
 
   CPU: exactly what ``python -m diloco_core.compare`` trains on CPU
-  (:func:`diloco_core.compare.default_configs`): the ``small`` preset on the V = 16 language,
+  (:func:`diloco_core.main_job.default_configs`): the ``small`` preset on the V = 16 language,
   M = 4 × 8 sequences × 32 tokens, 1,500 steps, H = 30 (50 outer steps), Streaming P = 5, τ = 1.
   Accelerator: the ``base`` preset (L = 8), 3,000 steps, H = 30, P = 5, τ = 1.
   """
-  from diloco_core import compare
+  from diloco_core import main_job
   from diloco_core.backend import default_demo_steps
   if scale == "cpu":
-    runs = compare.default_configs(steps=default_demo_steps("cpu"))
+    runs = main_job.default_configs(steps=default_demo_steps("cpu"))
   else:
-    runs = compare.default_configs(steps=default_demo_steps("gpu"), model="base", seq_len=64)
+    runs = main_job.default_configs(steps=default_demo_steps("gpu"), model="base", seq_len=64)
   return [dataclasses.replace(c, out=None, progress=False, overwrite=False) for c in runs.values()]
 
 

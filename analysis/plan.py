@@ -45,7 +45,7 @@ import pandas as pd
 from analysis.candidates import GBIT
 from analysis.candidates import OVERLAPS
 from analysis.candidates import SYNC_EVERY_LADDER
-from analysis.candidates import _check_overlaps
+from analysis.candidates import check_overlaps
 from analysis.candidates import candidate_bandwidth
 from analysis.candidates import candidate_table
 from analysis.candidates import candidates
@@ -307,7 +307,7 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
     wire_bits = topk_bits_per_element(k=topk, chunk=topk_chunk, name=wire_format(b))
   hs = None if sync_every is None else _ints("sync_every", sync_every, low=1)
   taus = _ints("overlaps", overlaps, low=0)
-  _check_overlaps(taus, cfg.n_layers, hs)
+  check_overlaps(taus, cfg.n_layers, hs)
 
   stats = model_stats(cfg, seq)
   tokens_slice = gbt / m

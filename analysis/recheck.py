@@ -18,22 +18,22 @@ and compares it with the stored numbers. What can be promised depends on the CPU
      rounding differences have grown, agree to :data:`PREFIX_RTOL`;
   2. *the result is the same experiment*: the final eval loss moved by at most
      :data:`SPREAD_Z` standard deviations of the difference of two realizations,
-     :math:`|\Delta| \le z\,\sqrt{2}\,\max(\sigma_E, \sigma_c)` (:func:`run_scales`), where
+     :math:`|\Delta| \le z\,\sqrt{2}\,\max(\sigma_E, \sigma_c)` (:func:`~analysis.realizations.run_scales`), where
      :math:`\sigma_c` is the seed spread of the run's configuration (the standard deviation of the
-     final loss over its seeds) and :math:`\sigma_E` the experiment's (:func:`seed_spread`: the
+     final loss over its seeds) and :math:`\sigma_E` the experiment's (:func:`~analysis.realizations.seed_spread`: the
      median of :math:`\sigma_c` over its configurations). A configuration noisier than typical
      is judged by its own spread; the experiment's is the floor, since a spread of two seeds
      can be small by luck. An experiment with one seed per configuration has no spread to judge
      by: its final loss is reported, and only the counts and the prefix decide.
 
 The sample (:func:`sample_indices`) is drawn from the runs of *stable* configurations
-(:func:`stable_runs`): a configuration whose seeds spread by more than :data:`UNSTABLE` times
+(:func:`~analysis.realizations.stable_runs`): a configuration whose seeds spread by more than :data:`~analysis.realizations.UNSTABLE` times
 the experiment's typical spread sits in a corner where any rounding difference grows, and must
 not decide whether the site builds.
 
 The bounds are measured, not chosen: the experiments page computes them from the stored
 ``claims`` experiment and its second realization trained under ``--xla_cpu_max_isa=AVX2``
-(:func:`realization_drift`).
+(:func:`~analysis.realizations.realization_drift`).
 """
 
 from __future__ import annotations
@@ -45,12 +45,16 @@ import os
 import tempfile
 from typing import Sequence
 
-import numpy as np
 import pandas as pd
 
 from analysis import experiments
 from analysis import stored as store
 from analysis.cpu_kind import cpu_fingerprint
+from analysis.realizations import UNSTABLE  # noqa: F401  (re-exported: the re-check's bound)
+from analysis.realizations import rel
+from analysis.realizations import run_scales
+from analysis.realizations import seed_spread  # noqa: F401
+from analysis.realizations import stable_runs
 from analysis.sweeps import run_one
 from diloco_core.validity import check_int
 
@@ -76,104 +80,10 @@ PREFIX_RTOL = 1e-4
 #: move on another CPU (see the module docstring). Under a normal law a stable run passes with
 #: probability 0.99994.
 SPREAD_Z = 4.0
-#: A configuration whose seed spread exceeds this multiple of the experiment's
-#: (:func:`seed_spread`) is unstable and never sampled. For two seeds from one normal law the
-#: spread of a pair exceeds three times its typical value with probability below 0.3%.
-UNSTABLE = 3.0
 #: The counts of a run, equal on every CPU.
 COUNTS = ("total_bytes_per_replica", "peak_bytes_per_step", "tokens", "params")
 #: The numbers of a run compared by the exact check (wall times are not reproducible).
 CHECKED = ("final_eval_loss", "gap_to_floor") + COUNTS
-
-
-def rel(a, b) -> float:
-  """Relative difference of two stored numbers (None = a missing value, NaN in the run).
-
-  Examples:
-    >>> rel(2.0, 2.0), rel(1.0, 2.0), rel(None, None), rel(None, 1.0)
-    (0.0, 0.5, 0.0, inf)
-  """
-  if a is None or b is None:
-    return 0.0 if a is None and b is None else math.inf
-  a, b = float(a), float(b)
-  if a == b:
-    return 0.0
-  return abs(a - b) / max(abs(a), abs(b), 1e-300)
-
-
-def _config_of(run: dict) -> str:
-  import json
-  config = dict(run["config"])
-  config.pop("seed", None)
-  return json.dumps(config, sort_keys=True, default=str)
-
-
-def seed_spread(runs: Sequence[dict]) -> tuple[list[float | None], float | None]:
-  r"""The seed spread of each run's configuration and of the experiment.
-
-  Runs are grouped by their config without the seed; a group's spread is the standard
-  deviation (``ddof = 1``) of its final eval losses. The experiment's spread
-  :math:`\sigma_E` is the median over the groups with two seeds or more (the median keeps a few
-  unstable configurations from deciding it).
-
-  Args:
-    runs: stored runs (dicts with ``config`` and ``row``).
-
-  Returns:
-    ``(per_run, sigma)``: each run's group spread (None for a group of one), and
-    :math:`\sigma_E` (None when no group has two seeds).
-
-  Examples:
-    >>> runs = [{"config": {"h": h, "seed": s}, "row": {"final_eval_loss": v}}
-    ...         for h, s, v in [(1, 0, 1.0), (1, 1, 1.2), (2, 0, 2.0), (2, 1, 2.0), (3, 0, 5.0)]]
-    >>> per_run, sigma = seed_spread(runs)
-    >>> [None if x is None else round(x, 4) for x in per_run], round(sigma, 4)
-    ([0.1414, 0.1414, 0.0, 0.0, None], 0.0707)
-  """
-  groups: dict[str, list[int]] = {}
-  for i, run in enumerate(runs):
-    groups.setdefault(_config_of(run), []).append(i)
-  per_run: list[float | None] = [None] * len(runs)
-  spreads = []
-  for members in groups.values():
-    values = [runs[i]["row"].get("final_eval_loss") for i in members]
-    values = [float(v) for v in values if v is not None and math.isfinite(float(v))]
-    if len(values) >= 2:
-      sd = float(np.std(values, ddof=1))
-      spreads.append(sd)
-      for i in members:
-        per_run[i] = sd
-  return per_run, (float(np.median(spreads)) if spreads else None)
-
-
-def run_scales(runs: Sequence[dict]) -> list[float | None]:
-  r"""Each run's scale for check 2: :math:`\max(\sigma_E, \sigma_c)` of :func:`seed_spread`.
-
-  Returns:
-    One scale per run (None when the experiment has no configuration with two seeds).
-
-  Examples:
-    >>> runs = [{"config": {"h": h, "seed": s}, "row": {"final_eval_loss": v}}
-    ...         for h, s, v in [(1, 0, 1.0), (1, 1, 1.2), (2, 0, 2.0), (2, 1, 2.0), (3, 0, 5.0)]]
-    >>> [None if x is None else round(x, 4) for x in run_scales(runs)]
-    [0.1414, 0.1414, 0.0707, 0.0707, 0.0707]
-  """
-  per_run, sigma = seed_spread(runs)
-  return [None if sigma is None else max(sigma, sd or 0.0) for sd in per_run]
-
-
-def stable_runs(runs: Sequence[dict]) -> list[bool]:
-  """Which runs may be sampled: those whose configuration's seed spread is at most
-  :data:`UNSTABLE` times the experiment's (a configuration of one seed counts as stable).
-
-  Examples:
-    >>> runs = [{"config": {"h": h, "seed": s}, "row": {"final_eval_loss": v}} for h, s, v in
-    ...         [(1, 0, 1.0), (1, 1, 1.01), (2, 0, 2.0), (2, 1, 2.01), (3, 0, 1.0), (3, 1, 1.5)]]
-    >>> stable_runs(runs)
-    [True, True, True, True, False, False]
-  """
-  per_run, sigma = seed_spread(runs)
-  return [sd is None or sigma is None or sd <= UNSTABLE * sigma for sd in per_run]
 
 
 def sample_indices(costs: Sequence[float], k: int = SAMPLE,
@@ -187,7 +97,7 @@ def sample_indices(costs: Sequence[float], k: int = SAMPLE,
   Args:
     costs: one cost per run.
     k: how many runs.
-    eligible: which runs may be drawn (default: all; :func:`stable_runs`).
+    eligible: which runs may be drawn (default: all; :func:`~analysis.realizations.stable_runs`).
 
   Examples:
     >>> sample_indices([5.0, 1.0, 9.0, 3.0], 1), sample_indices([5.0, 1.0, 9.0, 3.0], 2)
@@ -231,40 +141,6 @@ def prefix_diff(was: dict, now: dict, steps: int = PREFIX_STEPS) -> float:
   return worst
 
 
-def realization_drift(first, second, steps: Sequence[int] = (0, 20, 40, 60, 100, 200)) -> pd.DataFrame:
-  """How far two realizations of one experiment (two kinds of CPU) are apart, step by step.
-
-  Args:
-    first, second: two :class:`~analysis.stored.StoredExperiment` of the same experiment.
-    steps: the logged steps to report.
-
-  Returns:
-    One row per step: the median and largest relative difference of the train loss (eval loss
-    at step 0) over the runs, and the share of runs still equal to the bit.
-  """
-  rows = []
-  for step in steps:
-    diffs = []
-    for a, b in zip(first.runs, second.runs):
-      col = "eval_loss" if step == 0 else "train_loss"
-      if step in a["metrics"]["step"]:
-        j = a["metrics"]["step"].index(step)
-        diffs.append(rel(a["metrics"][col][j], b["metrics"][col][j]))
-    if diffs:
-      rows.append({"step": step, "median": float(np.median(diffs)), "largest": max(diffs),
-                   "equal": sum(d == 0.0 for d in diffs) / len(diffs), "runs": len(diffs)})
-  return pd.DataFrame(rows)
-
-
-def final_z(first, second) -> pd.Series:
-  r"""Each run's final-loss change between two realizations in units of
-  :math:`\sqrt{2}\,\max(\sigma_E, \sigma_c)` (the statistic of check 2, :data:`SPREAD_Z`;
-  :func:`run_scales` of ``first``)."""
-  return pd.Series([abs(float(b["row"]["final_eval_loss"]) - float(a["row"]["final_eval_loss"]))
-                    / (math.sqrt(2) * scale)
-                    for a, b, scale in zip(first.runs, second.runs, run_scales(first.runs))])
-
-
 def same_cpu_file(name: str, scale: str = "cpu", path: str | os.PathLike | None = None):
   """The stored file of ``name`` computed on this kind of CPU (the main one or a realization), or None."""
   here = cpu_fingerprint()
@@ -283,7 +159,7 @@ def verify(name: str, *, k: int = SAMPLE, scale: str = "cpu", rtol: float = RTOL
            cache: str | os.PathLike | bool = False) -> pd.DataFrame:
   """Trains ``k`` runs of a stored experiment again and compares them with the stored numbers.
 
-  The runs are :func:`sample_indices` of the stable runs (:func:`stable_runs`), by stored wall
+  The runs are :func:`sample_indices` of the stable runs (:func:`~analysis.realizations.stable_runs`), by stored wall
   time, trained from scratch. On the kind of CPU of a stored file (:func:`same_cpu_file`) every
   :data:`CHECKED` number and the eval-loss curve must match it to ``rtol``; on another, the
   two checks of the module docstring apply (the counts and the prefix; the final loss within
@@ -435,47 +311,3 @@ def summary_line(report: pd.DataFrame) -> str:
                    f" steps within {sub['prefix_rel_diff'].max():.3g} (allowed {PREFIX_RTOL:g}),"
                    f" {spread}; final loss moved {sub['final_rel_diff'].max():.2%}")
   return f"{head}, " + "; ".join(parts)
-
-
-def cross_cpu_noise(first, second) -> float:
-  r"""The noise another kind of CPU adds to a paired difference, in the units of
-  :func:`analysis.sweeps.paired_noise`.
-
-  For each run, :math:`\delta = m^{(2)} - m^{(1)}` is the change of its final eval loss from one
-  realization to the other. A paired difference between configurations A and B at seed s then
-  changes by :math:`\delta_{A,s} - \delta_{B,s}`; this returns the median over the pairs of
-  configurations of the root mean square over seeds of that change, divided by
-  :math:`\sqrt 2` (if the realizations were independent draws, this equals the paired seed
-  noise).
-
-  Args:
-    first, second: two :class:`~analysis.stored.StoredExperiment` of the same experiment (the
-      same runs, in order).
-
-  Returns:
-    The noise in nats (NaN with fewer than two configurations sharing a seed).
-
-  Examples:
-    >>> from types import SimpleNamespace as NS
-    >>> run = lambda h, s, v: {"config": {"h": h, "seed": s}, "row": {"final_eval_loss": v}}
-    >>> a = NS(runs=[run(1, 0, 1.0), run(1, 1, 1.0), run(2, 0, 2.0), run(2, 1, 2.0)])
-    >>> b = NS(runs=[run(1, 0, 1.1), run(1, 1, 0.9), run(2, 0, 2.0), run(2, 1, 2.0)])
-    >>> round(cross_cpu_noise(a, b), 4)  # one pair: changes +0.1, -0.1 -> rms 0.1, / sqrt 2
-    0.0707
-  """
-  by_config: dict[str, dict] = {}
-  for a, b in zip(first.runs, second.runs):
-    if a["config"] != b["config"]:
-      raise ValueError("cross_cpu_noise: the two realizations hold other runs.")
-    delta = float(b["row"]["final_eval_loss"]) - float(a["row"]["final_eval_loss"])
-    by_config.setdefault(_config_of(a), {})[a["config"].get("seed")] = delta
-  keys = list(by_config)
-  values = []
-  for i, ka in enumerate(keys):
-    for kb in keys[i + 1:]:
-      shared = sorted(set(by_config[ka]) & set(by_config[kb]))
-      if shared:
-        d = np.array([by_config[ka][s] - by_config[kb][s] for s in shared])
-        if np.all(np.isfinite(d)):
-          values.append(float(np.sqrt(np.mean(d ** 2)) / math.sqrt(2)))
-  return float(np.median(values)) if values else float("nan")

@@ -57,24 +57,25 @@ all-reduces every step), simulated replica drops.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import time
 from typing import Any
 
-import drjax
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh
 
 from diloco_core import eager
-from diloco_core.diloco import DiLoCo, inner_update
+from diloco_core.background_programs import PhasePrograms, flat_buffer, fragment_branch, split_buffer
+from diloco_core.diloco import DiLoCo
 from diloco_core.hyperparams import resolve_optimizer
 from diloco_core.link import Link, wait
 from diloco_core.mesh import AXES, MeshPlacement, global_array, parse_mesh, replica_sharding, replicated
 from diloco_core.schedule import merged_fragment, sent_fragment
-from diloco_core.state import DiLoCoState, MergeOperands, SendOperands
+from diloco_core.state import DiLoCoState
 
 #: How far (relative, and absolute near 0) two runs of one config may be where they are not
 #: equal bit for bit, in two cases. (1) Different meshes (both replicas batched on one device,
@@ -138,29 +139,6 @@ def _mesh(spec: str | None, replicas: int) -> Mesh:
   return Mesh(np.concatenate(rows), AXES, axis_types=(AxisType.Auto, AxisType.Auto))
 
 
-def _flat(leaves: list) -> jax.Array:
-  """Per-replica leaves ``[m, ...]`` as one float32 ``[m, n]`` buffer (what crosses the link)."""
-  return jnp.concatenate([x.reshape(x.shape[0], -1).astype(jnp.float32) for x in leaves], axis=1)
-
-
-def _split(flat: np.ndarray, like: list) -> list[np.ndarray]:
-  """A gathered ``[M, n]`` host buffer back into leaves shaped like ``like`` (each ``[m, ...]``),
-  with M rows: views, no arithmetic.
-
-  The split happens on the host, before the settle program: that program then reads each leaf
-  in the shape the in-step program reads the replicas' leaves, so XLA fuses the mean and the
-  outer step into the same kernels (a buffer sliced inside the program fuses otherwise, and XLA
-  on CPU then contracts a different product of the Nesterov update into a fused multiply-add:
-  an ulp per outer step).
-  """
-  out, at = [], 0
-  for x in like:
-    size = int(np.prod(x.shape[1:]))
-    out.append(flat[:, at:at + size].reshape(flat.shape[0], *x.shape[1:]))
-    at += size
-  return out
-
-
 @dataclasses.dataclass
 class _InFlight:
   """One fragment's payloads on the wire: sent at ``step``, arriving as ``future``."""
@@ -170,7 +148,7 @@ class _InFlight:
   handed: float  # time.time() when handed to the link
 
 
-class Background(MeshPlacement):
+class Background(PhasePrograms, MeshPlacement):
   """The background runtime of one process: its local replicas' programs, the link, the trace.
 
   Args:
@@ -180,8 +158,11 @@ class Background(MeshPlacement):
     out: the run's output directory (the trace file goes under it), or None.
     resumed: the run resumes (the trace file is appended to).
 
-  The loop calls it through :class:`~diloco_core.communication.InBackground`.
+  The loop calls it as its runtime (:class:`~diloco_core.communication.Runtime`): the same
+  calls as :class:`~diloco_core.communication.InStep`.
   """
+
+  name = "background"
 
   replica_fields = ("params", "opt_state", "ef_residual", "participants")
 
@@ -205,7 +186,8 @@ class Background(MeshPlacement):
     self.link = Link(on_transfer=self._transferred)
     self._in_flight: dict[int, _InFlight] = {}
     self._stale_global: set[int] = set()  # eager: fragments whose θ_g waits for the replicas' mean
-    self._programs: dict[tuple, Any] = {}
+    self._init_programs()
+    self._keys = itertools.count()  # names of the link exchanges
     self._shapes: dict[str, list] = {}  # per branch: a fragment's leaves (see _leaves_of)
     self._hp = None
 
@@ -268,9 +250,9 @@ class Background(MeshPlacement):
   def host_replicas(self, state: DiLoCoState) -> Any:
     """Every replica's params on the host (gathered over the processes; after :meth:`settle`)."""
     leaves, treedef = jax.tree.flatten(state.params)
-    flat = self.own_rows(_flat(leaves))
+    flat = self.own_rows(flat_buffer(leaves))
     full = wait(self.link.gather(flat, "replica params"), "gathering the replicas' params")
-    return jax.tree.unflatten(treedef, [x.astype(y.dtype) for x, y in zip(_split(np.asarray(full), leaves), leaves)])
+    return jax.tree.unflatten(treedef, [x.astype(y.dtype) for x, y in zip(split_buffer(np.asarray(full), leaves), leaves)])
 
   # ---- the state -----------------------------------------------------------------------------
   def init(self, params) -> DiLoCoState:
@@ -300,145 +282,23 @@ class Background(MeshPlacement):
       self._hp = (self.place_replicated(values), self.place_replicated({**values, "alpha": np.float32(1.0)}))
     return self._hp[int(last)]
 
-  # ---- programs ------------------------------------------------------------------------------
-  def _program(self, name: str, branch: str, state, fn, extra_out: tuple = ()):
-    """The jitted local program ``name`` for ``branch`` (built once; the state is donated and
-    keeps its shardings)."""
-    key = (name, branch)
-    if key not in self._programs:
-      state_sh = jax.tree.map(lambda x: x.sharding, state)
-      shardings = {"replica": replica_sharding(self.mesh), "replicated": replicated(self.mesh)}
-      out = (state_sh, *(shardings[e] for e in extra_out)) if extra_out else state_sh
-      program = drjax.program(diloco=self.config.replicas)(fn)
-      self._programs[key] = jax.jit(program, donate_argnums=0, out_shardings=out)
-    jitted = self._programs[key]
-
-    def call(*args):
-      with jax.set_mesh(self.mesh):
-        return jitted(*args)
-    return call
-
-  def compiled_text(self, name: str, branch: str, *args) -> str:
-    """The compiled HLO of the local program ``name`` (``"inner"``, ``"send"``, ``"settle"``,
-    ``"merge"``) for ``branch`` (``""`` for inner; ``"all"`` when P = 1), built by an earlier
-    step, for these arguments (nothing runs): what the tests search for collectives."""
-    with jax.set_mesh(self.mesh):
-      return self._programs[(name, branch)].lower(*args).compile().as_text()
-
-  def _ops(self, state: DiLoCoState) -> SendOperands:
-    return SendOperands(global_params=jax.tree.leaves(state.global_params),
-                        outer_state=jax.tree.leaves(state.outer_state),
-                        replica_params=jax.tree.leaves(state.params),
-                        ef_residual=None if state.ef_residual is None else jax.tree.leaves(state.ef_residual),
-                        participation=None, in_flight=eager.leaves(state.in_flight))
-
-  def _rebuild(self, state: DiLoCoState, ops: SendOperands, params=None) -> DiLoCoState:
-    unflat = lambda old, leaves: jax.tree.unflatten(jax.tree.structure(old), leaves)
-    return state.replace(
-        params=state.params if params is None else unflat(state.params, params),
-        global_params=unflat(state.global_params, ops.global_params),
-        outer_state=unflat(state.outer_state, ops.outer_state),
-        ef_residual=None if ops.ef_residual is None else unflat(state.ef_residual, ops.ef_residual),
-        in_flight=eager.unflatten_like(state.in_flight, ops.in_flight))
-
-  def _inner(self, state, batch, hp):
-    def fn(state, batch, hp):
-      update = lambda p, o, b: inner_update(self.algo.loss_fn, resolve_optimizer(self.algo.inner_optimizer, hp),
-                                            p, o, b)
-      params, opt_state, loss, metrics = drjax.map_fn(update, (state.params, state.opt_state, batch))
-      return state.replace(params=params, opt_state=opt_state, step=state.step + 1), loss, metrics
-    return self._program("inner", "", state, fn, ("replica", "replica"))(state, batch, hp)
-
-  def _send(self, state, p: int, hp):
-    """The local payloads of fragment p (and, delayed: the outer step with the average in flight;
-    eager: each replica's outer step with its others' part)."""
-    algo, cfg = self.algo, self.config
-    branch, k = _branch(p, cfg.fragments)
-
-    def fn(state, k, hp):
-      frag, ops = algo.fragments, self._ops(state)
-      sent, e_new = algo._pseudo_gradients(branch, k, hp, ops)
-      if e_new is not None:
-        ops = ops._replace(ef_residual=frag.put(ops.ef_residual, algo._kinds, branch, e_new, k, axis=1))
-      if cfg.outer_overlap == "delayed":  # apply the previous sync's average (settled before)
-        in_flight = frag.take(ops.in_flight, algo._kinds, branch, k, axis=0)
-        update = algo._outer_step(branch, k, hp, ops, sent, in_flight, ops.ef_residual)
-        ops = ops._replace(global_params=update.global_params, outer_state=update.outer_state)
-      elif cfg.outer_overlap == "eager":
-        outer_step = algo._fragment_outer_step(hp, frag.take(ops.global_params, algo._kinds, branch, k, axis=0))
-        fl = eager.send_local(frag, (algo._kinds, algo._outer_kinds), branch, k, outer_step, sent,
-                              ops.in_flight, cfg.replicas)
-        ops = ops._replace(in_flight=fl)
-      return self._rebuild(state, ops), _flat(sent)
-    return self._program("send", branch, state, fn, ("replica",))(state, k, hp)
-
-  def _settle_program(self, state, p: int, gathered, hp):
-    algo, cfg = self.algo, self.config
-    branch, k = _branch(p, cfg.fragments)
-
-    def fn(state, gathered, k, hp):
-      frag, ops = algo.fragments, self._ops(state)
-      mean = [jnp.mean(x, axis=0) for x in gathered]  # float32 payloads, [M, ...] each
-      if cfg.outer_overlap == "none":
-        update = algo._outer_step(branch, k, hp, ops, None, mean, ops.ef_residual)
-        ops = ops._replace(global_params=update.global_params, outer_state=update.outer_state)
-      elif cfg.outer_overlap == "delayed":
-        ops = ops._replace(in_flight=frag.put(ops.in_flight, algo._kinds, branch, mean, k, axis=0))
-      else:
-        ops = ops._replace(in_flight=eager.settle_local(frag, (algo._kinds, algo._outer_kinds), branch, k,
-                                                        mean, ops.in_flight, cfg.replicas))
-      return self._rebuild(state, ops)
-    return self._program("settle", branch, state, fn)(state, gathered, k, hp)
-
-  def _refresh_global(self, state, p: int):
-    """Eager: θ_g[p] = the mean of every replica's own outer params (gathered)."""
-    algo, cfg = self.algo, self.config
-    branch, k = _branch(p, cfg.fragments)
-    if ("take", branch) not in self._programs:
-      self._programs[("take", branch)] = jax.jit(
-          lambda fl, k: _flat(algo.fragments.take(jax.tree.leaves(fl), algo._kinds, branch, k, axis=1)))
-    with jax.set_mesh(self.mesh):
-      mine = self.own_rows(self._programs[("take", branch)](state.in_flight.outer_params, k))
-    gathered = wait(self.link.gather(mine, f"outer params of fragment {p}"),
-                    f"gathering the replicas' outer params of fragment {p}")
-
-    def fn(state, gathered, k):
-      frag, ops = algo.fragments, self._ops(state)
-      like = frag.take(ops.in_flight.outer_params, algo._kinds, branch, k, axis=1)
-      new_g = [jnp.mean(x.astype(y.dtype), axis=0).astype(y.dtype) for x, y in zip(gathered, like)]
-      return self._rebuild(state, ops._replace(
-          global_params=frag.put(ops.global_params, algo._kinds, branch, new_g, k, axis=0)))
-    return self._program("refresh", branch, state, fn)(state, self._leaves_of(state, p, gathered), k)
-
-  def _merge(self, state, p: int, hp):
-    algo, cfg = self.algo, self.config
-    branch, k = _branch(p, cfg.fragments)
-    per_replica = cfg.outer_overlap == "eager"
-
-    def fn(state, k, p, hp):
-      ops = self._ops(state)
-      how = drjax.map_fn(lambda row: row[p], state.participants)
-      merged = algo._merge(branch, k, hp["alpha"], MergeOperands(
-          global_params=ops.in_flight.outer_params if per_replica else ops.global_params,
-          replica_params=ops.replica_params, participation=how), per_replica)
-      return self._rebuild(state, ops, params=merged)
-    return self._program("merge", branch, state, fn)(state, k, np.int32(p), hp)
-
   # ---- the step ------------------------------------------------------------------------------
-  def step(self, state: DiLoCoState, batch, t: int, last: bool = False):
+  def step(self, state: DiLoCoState, batch, t: int, present=None, last: bool = False):
     """Inner step t of the local replicas, the due send (handed to the link) and merge.
 
     Returns ``(state, metrics)`` like :meth:`diloco_core.diloco.DiLoCo.step`, with this process's replicas only.
+    ``present``: always None here (replica drops are refused up front, :func:`check_background`).
     ``last``: the run's last step with ``eval_replicas`` (α = 1 there, as in-step).
     """
+    assert present is None, "check_background refuses replica drops"
     cfg, hp = self.config, self._hyperparams(last)
     start = time.time()
-    state, loss, metrics = self._inner(state, batch, hp)
+    state, loss, metrics = self.inner_program(state, batch, hp)
     is_send, p = sent_fragment(t, cfg.sync_every, cfg.fragments, cfg.fragment_order)
     if is_send:
       if p in self._in_flight:  # delayed / eager: the previous sync of p arrives now (H steps on)
         state = self._settle(state, p, t)
-      state, flat = self._send(state, p, hp)
+      state, flat = self.send_program(state, p, hp)
       flat = self.own_rows(flat)  # waits for the payload program
       self._in_flight[p] = _InFlight(t, self.link.gather(flat, f"fragment {p} @ step {t}"), time.time())
       if cfg.outer_overlap == "eager":
@@ -447,7 +307,7 @@ class Background(MeshPlacement):
     if is_merge:
       if cfg.outer_overlap == "none" and q in self._in_flight:
         state = self._settle(state, q, t)
-      state = self._merge(state, q, hp)
+      state = self.merge_program(state, q, hp)
     jax.block_until_ready(loss)
     jax.block_until_ready(state.params)
     self._record({"kind": "compute", "step": t, "start": start, "end": time.time()})
@@ -462,15 +322,35 @@ class Background(MeshPlacement):
     if now - waited > 1e-4:
       self._record({"kind": "wait", "step": t, "fragment": p, "start": waited, "end": now})
     self._record({"kind": "settle", "step": t, "fragment": p, "sent_at": flight.step, "time": now})
-    return self._settle_program(state, p, self._leaves_of(state, p, gathered), self._hyperparams(False))
+    return self.settle_program(state, p, self._leaves_of(state, p, gathered), self._hyperparams(False))
 
   def _leaves_of(self, state, p: int, gathered) -> list[jax.Array]:
-    """Fragment p's gathered ``[M, n]`` buffer as its leaves, ``[M, ...]`` each (:func:`_split`)."""
-    branch, k = _branch(p, self.config.fragments)
+    """Fragment p's gathered ``[M, n]`` buffer as its leaves, ``[M, ...]`` each (:func:`~diloco_core.background_programs.split_buffer`)."""
+    branch, k = fragment_branch(p, self.config.fragments)
     if branch not in self._shapes:  # the leaves' shapes do not depend on k (a layer's slice)
-      take = lambda params, k: self.algo.fragments.take(jax.tree.leaves(params), self.algo._kinds, branch, k, axis=1)
+      take = lambda params, k: self.algo.fragments.take(jax.tree.leaves(params), self.algo.leaf_kinds, branch, k, axis=1)
       self._shapes[branch] = jax.eval_shape(take, state.params, 0 if k is None else k)
-    return self.place_replicated(_split(np.asarray(gathered), self._shapes[branch]))
+    return self.place_replicated(split_buffer(np.asarray(gathered), self._shapes[branch]))
+
+  def _refresh_global(self, state, p: int):
+    """Eager: θ_g[p] = the mean of every replica's own outer params (gathered)."""
+    algo, cfg = self.algo, self.config
+    branch, k = fragment_branch(p, cfg.fragments)
+    if ("take", branch) not in self._programs:
+      self._programs[("take", branch)] = jax.jit(
+          lambda fl, k: flat_buffer(algo.fragments.take(jax.tree.leaves(fl), algo.leaf_kinds, branch, k, axis=1)))
+    with jax.set_mesh(self.mesh):
+      mine = self.own_rows(self._programs[("take", branch)](state.in_flight.outer_params, k))
+    gathered = wait(self.link.gather(mine, f"outer params of fragment {p}"),
+                    f"gathering the replicas' outer params of fragment {p}")
+
+    def fn(state, gathered, k):
+      frag, ops = algo.fragments, self._ops(state)
+      like = frag.take(ops.in_flight.outer_params, algo.leaf_kinds, branch, k, axis=1)
+      new_g = [jnp.mean(x.astype(y.dtype), axis=0).astype(y.dtype) for x, y in zip(gathered, like)]
+      return self._rebuild(state, ops._replace(
+          global_params=frag.put(ops.global_params, algo.leaf_kinds, branch, new_g, k, axis=0)))
+    return self._program("refresh", branch, state, fn)(state, self._leaves_of(state, p, gathered), k)
 
   def settle(self, state, t: int):
     """Settles every fragment in flight (and, eager, refreshes θ_g): the state is then the SPMD
@@ -481,6 +361,23 @@ class Background(MeshPlacement):
       state = self._refresh_global(state, p)
     self._stale_global.clear()
     return state
+
+  # ---- what the loop reads -----------------------------------------------------------------
+  def eval_params(self, state: DiLoCoState):
+    """The params to evaluate: the global copy θ_g (:meth:`~diloco_core.diloco.DiLoCo.eval_params`)."""
+    return self.algo.eval_params(state)
+
+  def gather_rows(self, values: list) -> np.ndarray:
+    """Queued per-replica values (one per step, this process's rows) as ``[steps, M]`` on the host."""
+    local = np.stack([self.own_rows(v) for v in values])  # [steps, M / N]
+    every = self.link.exchange(f"rows/{next(self._keys)}", local)  # [N, steps, M / N]
+    return np.concatenate(list(every), axis=1)
+
+  def finite_flags(self, state: DiLoCoState):
+    """(whether each replica's params are all finite [M], over every process; whether θ_g is)."""
+    replicas, glob = self.algo.finite_flags(state)
+    every = self.link.exchange(f"flags/{next(self._keys)}", self.own_rows(replicas))
+    return jnp.asarray(every.reshape(-1)), glob
 
   # ---- records -------------------------------------------------------------------------------
   def _transferred(self, what: str, launched: float, finished: float) -> None:
@@ -498,13 +395,6 @@ class Background(MeshPlacement):
     if self._trace_file is not None:
       self._trace_file.close()
       self._trace_file = None
-
-
-def _branch(p: int, fragments: int) -> tuple[str, int | None]:
-  """(``Fragments.switch``'s branch, its k) of fragment p: one program per branch, k traced."""
-  if fragments == 1:
-    return "all", None
-  return ("other", None) if p == 0 else ("layer", np.int32(p - 1))
 
 
 def _any_copy(x) -> np.ndarray:

@@ -35,19 +35,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
-import re
 import shutil
 import sys
 import threading
-import traceback
 from typing import Any, Sequence
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 import orbax.checkpoint as ocp
+
+from diloco_core.tree_io import fingerprint, leaf_table, one_line, quiet_orbax_failed_reads
 
 FORMAT_VERSION = 1
 CHECKPOINTS = "checkpoints"
@@ -105,71 +102,6 @@ def check_no_foreign_steps(out: str) -> None:
                      " checkpoint marker); move it out of there or choose another `out`.")
 
 
-def remove_run_files(out: str) -> list[str]:
-  """Removes what runs write under ``out`` (checkpoints, set-aside and unfinished ones,
-  ``summary.json``; ``final_params`` by its manifest,
-  :func:`diloco_core.params_io.remove_exported`) and nothing else; returns the paths left
-  (foreign files).
-
-  An entry of ``checkpoints/`` is the run's when it carries the checkpoint marker
-  (:func:`is_run_checkpoint`), or is an interrupted save (``*.orbax-checkpoint-tmp*``).
-  """
-  from diloco_core.params_io import remove_exported  # params_io imports this module
-  foreign = []
-  d = checkpoints_dir(out)
-  for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
-    path = os.path.join(d, name)
-    step = name.split(".", 1)[0]
-    if step.isdigit() and (TMP_MARK in name or is_run_checkpoint(path)):
-      shutil.rmtree(path, ignore_errors=True)
-    else:
-      foreign.append(path)
-  foreign += remove_exported(os.path.join(os.path.abspath(out), FINAL_PARAMS))
-  if os.path.isfile(os.path.join(out, "summary.json")):
-    os.remove(os.path.join(out, "summary.json"))
-  return foreign
-
-
-def leaf_table(tree) -> list[dict]:
-  """Path, shape and dtype of every leaf of ``tree`` (what a checkpoint must match).
-
-  Examples:
-    >>> leaf_table({"w": jnp.zeros((2, 3)), "b": jnp.zeros((), jnp.int32)})
-    [{'path': "['b']", 'shape': [], 'dtype': 'int32'}, {'path': "['w']", 'shape': [2, 3], 'dtype': 'float32'}]
-  """
-  flat, _ = jax.tree_util.tree_flatten_with_path(tree)
-  return [{"path": jax.tree_util.keystr(p), "shape": [int(s) for s in np.shape(x)],
-           "dtype": str(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype)}
-          for p, x in flat]
-
-
-def _bits(x):
-  x = jnp.asarray(x)
-  if x.dtype == jnp.bool_:
-    return x.astype(jnp.uint32)
-  unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}.get(x.dtype.itemsize)
-  if unsigned is None:  # 8-byte leaves (x64 mode): fold both halves
-    return jax.lax.bitcast_convert_type(x, jnp.uint32).astype(jnp.uint32)
-  return jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
-
-
-@jax.jit
-def _checksums(leaves):
-  # Sum of the bit patterns modulo 2**32: exact and independent of the reduction order.
-  return jnp.stack([jnp.sum(_bits(x), dtype=jnp.uint32) for x in leaves]) if leaves else jnp.zeros(0, jnp.uint32)
-
-
-def fingerprint(tree) -> list[int]:
-  """One uint32 checksum per leaf (sum of the bit patterns mod 2**32), computed on device.
-
-  Examples:
-    >>> fingerprint({"w": jnp.array([1.0, -1.0])})  # 0x3f800000 + 0xbf800000 mod 2**32
-    [4278190080]
-  """
-  from diloco_core.mesh import fetch
-  return [int(v) for v in fetch(_checksums(jax.tree.leaves(tree)))]
-
-
 def _items(state) -> dict[str, Any]:
   return {f"{i:05d}": x for i, x in enumerate(jax.tree.leaves(state))}
 
@@ -217,11 +149,11 @@ class CheckpointWriter:
           state=ocp.args.StandardSave(_items(state)), meta=ocp.args.JsonSave(_jsonable(meta))))
       self._mgr.wait_until_finished()
     except Exception as e:  # noqa: BLE001 - Orbax / TensorStore: one line at the boundary
-      raise OSError(self._failed(path, _reason(e))) from None
+      raise OSError(self._failed(path, one_line(e))) from None
     finally:
       threading.excepthook = previous
     if errors or not os.path.isdir(path):
-      raise OSError(self._failed(path, _reason(errors[0]) if errors else "it is missing after the save"))
+      raise OSError(self._failed(path, one_line(errors[0]) if errors else "it is missing after the save"))
     self._last = path
     return path
 
@@ -241,7 +173,7 @@ class CheckpointWriter:
       self._mgr.close()
     except Exception as e:  # noqa: BLE001 - e.g. "cannot schedule new futures after shutdown"
       if not self._failures:
-        raise OSError(f"closing the checkpoints in {checkpoints_dir(self.out)} failed ({_reason(e)}).") from None
+        raise OSError(f"closing the checkpoints in {checkpoints_dir(self.out)} failed ({one_line(e)}).") from None
 
 
 @dataclasses.dataclass
@@ -348,7 +280,7 @@ def restore_latest(out: str, target, config: dict, must_match: Sequence[str],
     ValueError: no checkpoint, none readable, or an incompatible config / model (one line).
   """
   d = checkpoints_dir(out)
-  _quiet_orbax_failed_reads()
+  quiet_orbax_failed_reads()
   steps = finalized_steps(out)
   if not steps:
     raise ValueError(no_checkpoint_message(out))
@@ -365,7 +297,7 @@ def restore_latest(out: str, target, config: dict, must_match: Sequence[str],
         if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION or meta.get("step") != step:
           raise ValueError("its meta item is missing or not from this version")
       except Exception as e:  # noqa: BLE001 - any unreadable checkpoint is skipped
-        failures.append((step, _reason(e)))
+        failures.append((step, one_line(e)))
         continue
       check_compatible(normalize(meta.get("config", {})), config, path, must_match)
       _check_leaves(meta.get("leaves", []), expected, path)
@@ -377,7 +309,7 @@ def restore_latest(out: str, target, config: dict, must_match: Sequence[str],
           if a != b:
             raise ValueError(f"checksum mismatch in {row['path']}")
       except Exception as e:  # noqa: BLE001
-        failures.append((step, _reason(e)))
+        failures.append((step, one_line(e)))
         continue
       _remove_leftovers(out)  # only now: a run refused above leaves its directory untouched
       for bad_step, why in failures:
@@ -403,56 +335,6 @@ def no_checkpoint_message(out: str) -> str:
             " start over: drop `resume` and pass `overwrite`.")
   return (f"`resume`: no checkpoint in {d}; run without `resume` to start a new run (set"
           " `checkpoint_every` to write checkpoints).")
-
-
-def _quiet_orbax_failed_reads() -> None:
-  """After a failed Orbax read, its leftover callbacks can hit a closed event loop, and
-  Python prints "RuntimeError: Event loop is closed" with a traceback. Such failures are
-  reported in one line by the caller, so those errors (and only those) are dropped.
-  Installed before reading, because the callbacks may fire before the failure surfaces."""
-  closed = lambda e: isinstance(e, RuntimeError) and "Event loop is closed" in str(e)
-  for owner, name in ((sys, "unraisablehook"), (threading, "excepthook")):
-    previous = getattr(owner, name)
-    if getattr(previous, "_diloco_quiet", False):
-      continue
-
-    def hook(info, previous=previous):  # both hooks' arguments carry .exc_value
-      if not closed(info.exc_value):
-        previous(info)
-
-    hook._diloco_quiet = True
-    setattr(owner, name, hook)
-  # Orbax's concurrent reads of a damaged checkpoint: the tasks whose failure is not the one
-  # raised end up in asyncio's "Task exception was never retrieved" log, with a traceback.
-  asyncio_log = logging.getLogger("asyncio")
-  if not any(isinstance(f, _OrbaxReadFailures) for f in asyncio_log.filters):
-    asyncio_log.addFilter(_OrbaxReadFailures())
-
-
-class _OrbaxReadFailures(logging.Filter):
-  """Drops asyncio log records of exceptions raised inside Orbax (reported by the caller)."""
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    tb = record.exc_info[2] if record.exc_info else None
-    return not (tb is not None and any("orbax" in frame.filename for frame in traceback.extract_tb(tb)))
-
-
-def _reason(e: Exception) -> str:
-  """One line of an exception, without Python object reprs (``<... at 0x...>``, pybind11).
-
-  Examples:
-    >>> _reason(ValueError("bad <bound method pybind11_detail.x of <a.B object at 0x7f>> read"))
-    'ValueError: bad read'
-  """
-  text = str(e)
-  while True:  # innermost first, so nested reprs go too
-    shorter = re.sub(r"\s*<[^<>]*(?: at 0x[0-9a-fA-F]+|pybind11[^<>]*|bound method[^<>]*)>", "", text)
-    if shorter == text:
-      break
-    text = shorter
-  text = " ".join(text.split())
-  text = text if len(text) <= 160 else text[:159] + "…"
-  return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def _set_aside(d: str, step: int, why: str, resumed: int) -> None:

@@ -5,7 +5,7 @@ help, symbol, group, default), so every option of :class:`~diloco_core.TrainConf
 :class:`~diloco_core.DiLoCoConfig` and :class:`~diloco_core.DataConfig` that has a flag is
 offered, with its default, and parsed back into the same field.
 
-This module and :mod:`diloco_core.compare_cli` are the only ones that speak in flags. Library
+This module and :mod:`diloco_core.compare` are the only ones that speak in flags. Library
 errors name options by their field in backticks (`` `out` ``, `` `inner_lr` ``, `` `data.seed` ``);
 :func:`to_flags` rewrites those to the flags (``--out``, ``--inner-lr``, ``--data-seed``) before an error is printed.
 """
@@ -93,7 +93,7 @@ def _add_option(group, path: str, f: dataclasses.Field, default) -> None:
                      metavar=s.flag.upper().replace("-", "_"))
 
 
-def _add_options(parser: argparse.ArgumentParser, cls, defaults: dict, only=None) -> None:
+def add_options(parser: argparse.ArgumentParser, cls, defaults: dict, only=None) -> None:
   """Adds the flag of every field of ``cls`` (or of the paths in ``only``) to its ``--help`` group."""
   groups = {name: parser.add_argument_group(title) for name, title in GROUPS.items()}
   for path, f in walk(cls):
@@ -101,7 +101,8 @@ def _add_options(parser: argparse.ArgumentParser, cls, defaults: dict, only=None
       _add_option(groups[spec(f).group or "run"], path, f, defaults[path])
 
 
-def _defaults(config) -> dict:
+def field_defaults(config) -> dict:
+  """Every field path of ``config`` with its value (a parser's defaults)."""
   return {path: _get(config, path) for path, _ in walk(type(config))}
 
 
@@ -117,7 +118,7 @@ def build_parser(defaults: TrainConfig | None = None) -> argparse.ArgumentParser
       prog="python -m diloco_core.train",
       description="Train the built-in transformer with DP, DiLoCo or Streaming DiLoCo.",
       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-  _add_options(p, type(defaults), _defaults(defaults))
+  add_options(p, type(defaults), field_defaults(defaults))
   g = [a for a in p._action_groups if a.title == GROUPS["devices"]][0]
   g.add_argument("--coordinator", default=None, help="multi-process: host:port of process 0 (or JAX_COORDINATOR_ADDRESS)")
   g.add_argument("--num-processes", type=int, default=None, help="multi-process: number of processes (or JAX_NUM_PROCESSES)")
@@ -143,7 +144,8 @@ def config_from_args(args: argparse.Namespace, base: TrainConfig | None = None) 
                              data=dataclasses.replace(base.data, **values["data"]), **values[""])
 
 
-def _error(e: Exception) -> int:
+def command_error(e: Exception) -> int:
+  """Prints a library error as the command line's one ``error:`` line (field names as flags); 2."""
   print(f"error: {to_flags(' '.join(str(e).split()))}", file=sys.stderr)
   return 2
 
@@ -152,7 +154,7 @@ def _show_warning(message, category, *args, **kwargs) -> None:
   print(f"warning: {to_flags(' '.join(str(message).split()))}", file=sys.stderr)
 
 
-def _one_line_errors(parser: argparse.ArgumentParser, note: str = "") -> argparse.ArgumentParser:
+def one_line_errors(parser: argparse.ArgumentParser, note: str = "") -> argparse.ArgumentParser:
   """Makes ``parser`` report a malformed command line in one ``error:`` line, exit 2."""
   parser.error = lambda message: parser.exit(2, f"error: {message}{note} (see --help).\n")
   return parser
@@ -171,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
   from diloco_core.loop import Interrupted, RunWarning, train
-  parser = _one_line_errors(build_parser())
+  parser = one_line_errors(build_parser())
   try:
     args = parser.parse_args(argv)
   except SystemExit as e:  # --help (0) or a malformed flag (2, one line above)
@@ -185,7 +187,7 @@ def _main(argv: list[str] | None) -> int:
       warnings.showwarning = _show_warning
       result = train(config_from_args(args))  # train validates the config, once
   except (ValueError, OSError, FloatingPointError) as e:
-    return _error(e)
+    return command_error(e)
   except Interrupted as e:
     print(to_flags(str(e)), file=sys.stderr)
     return 130

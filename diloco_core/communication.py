@@ -8,15 +8,14 @@
 * ``"background"`` (:class:`~diloco_core.background.Background`): the replicas split over
   the processes, each fragment's all-reduce on a communication thread while training goes on.
 
-Both give the loop the same calls: ``init``, ``step``, ``settle`` (before an eval row, a
-checkpoint and the end: nothing may be in flight), the placements, the state as the SPMD
-placement (``global_state``, for checkpoints) and back (``local_state``, on resume), the
-gathers of per-replica values for the log, and ``close``. The numbers are the same.
+Both are a :class:`Runtime`: the loop's calls, listed there. The numbers are the same. Both
+run the algorithm's phases (:class:`~diloco_core.phases.Phases`): composed into one jitted
+step here, as separate programs around a link there.
 """
 
 from __future__ import annotations
 
-import itertools
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +32,49 @@ def data_replicas(cfg) -> tuple[int, ...]:
     m = cfg.algo.replicas // n
     return tuple(range(rank * m, (rank + 1) * m))
   return local_replicas(make_mesh(parse_mesh(cfg.mesh)), cfg.algo.replicas)
+
+
+class Runtime(Protocol):
+  """What the training loop calls on a run's communication runtime."""
+
+  name: str  #: ``"in-step"`` or ``"background"``
+
+  def init(self, params) -> Any:
+    """The initial state (this process's part of it)."""
+
+  def place_batch(self, batch) -> Any:
+    """A host batch ``[M, ...]`` (this process's replicas) placed for :meth:`step`."""
+
+  def place_replicated(self, x) -> Any:
+    """A host value placed whole on every device."""
+
+  def step(self, state, batch, t: int, present=None, last: bool = False) -> tuple[Any, dict]:
+    """Inner step t, the due send and merge: ``(state, metrics)`` (``present``: the replicas
+    taking part in this step's sync, or None; ``last``: the last step with ``eval_replicas``)."""
+
+  def settle(self, state, t: int) -> Any:
+    """The state with nothing in flight (before an eval row, a checkpoint and the end)."""
+
+  def global_state(self, state) -> Any:
+    """The state as the SPMD run places it (what a checkpoint saves)."""
+
+  def local_state(self, state) -> Any:
+    """A restored state in this runtime's placement."""
+
+  def gather_rows(self, values: list) -> np.ndarray:
+    """Queued per-replica values ``[M]`` (one per step) as ``[steps, M]`` on the host."""
+
+  def host_replicas(self, state) -> Any:
+    """Every replica's params on the host."""
+
+  def eval_params(self, state) -> Any:
+    """The params to evaluate (the global copy)."""
+
+  def finite_flags(self, state) -> tuple[Any, Any]:
+    """Whether each replica's params are all finite [M], and whether the global copy is."""
+
+  def close(self) -> None:
+    """Releases what the runtime holds (threads, files)."""
 
 
 class InStep:
@@ -92,56 +134,9 @@ class InStep:
     pass
 
 
-class InBackground(InStep):
-  """The loop's calls on a :class:`~diloco_core.background.Background` runtime."""
-
-  name = "background"
-
-  def __init__(self, algo, params, cfg, resumed: bool):
-    super().__init__(algo)
-    self.runtime = Background(algo, params, mesh=cfg.mesh, out=cfg.out, resumed=resumed)
-    self._keys = itertools.count()
-
-  def init(self, params):
-    return self.runtime.init(params)
-
-  def place_batch(self, batch):
-    return self.runtime.place_batch(batch)
-
-  def place_replicated(self, x):
-    return self.runtime.place_replicated(x)
-
-  def step(self, state, batch, t: int, present=None, last: bool = False):
-    return self.runtime.step(state, batch, t, last)
-
-  def settle(self, state, t: int):
-    return self.runtime.settle(state, t)
-
-  def global_state(self, state):
-    return self.runtime.global_state(state)
-
-  def local_state(self, state):
-    return self.runtime.local_state(state)
-
-  def gather_rows(self, values: list) -> np.ndarray:
-    local = np.stack([self.runtime.own_rows(v) for v in values])  # [steps, M / N]
-    every = self.runtime.link.exchange(f"rows/{next(self._keys)}", local)  # [N, steps, M / N]
-    return np.concatenate(list(every), axis=1)
-
-  def host_replicas(self, state):
-    return self.runtime.host_replicas(state)
-
-  def finite_flags(self, state):
-    replicas, glob = self.algo.finite_flags(state)
-    every = self.runtime.link.exchange(f"flags/{next(self._keys)}", self.runtime.own_rows(replicas))
-    return jnp.asarray(every.reshape(-1)), glob
-
-  def close(self) -> None:
-    self.runtime.close()
-
-
-def make_communication(cfg, algo, params, resumed: bool = False):
-  """The runtime ``cfg.communication`` names, for ``algo`` (:class:`InStep` or :class:`InBackground`)."""
+def make_communication(cfg, algo, params, resumed: bool = False) -> Runtime:
+  """The runtime ``cfg.communication`` names, for ``algo``: :class:`InStep` or
+  :class:`~diloco_core.background.Background`."""
   if cfg.communication == "background":
-    return InBackground(algo, params, cfg, resumed)
+    return Background(algo, params, mesh=cfg.mesh, out=cfg.out, resumed=resumed)
   return InStep(algo)

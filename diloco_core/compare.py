@@ -1,127 +1,117 @@
-"""The main job: DP vs DiLoCo vs Streaming DiLoCo on the built-in data, one table, one plot.
+"""The command line of the main job: ``python -m diloco_core.compare`` (``make demo``).
 
-``python -m diloco_core.compare --out runs/compare`` trains the same model from the same
-initialisation with the three algorithms (same replicas M, per-replica batch, steps and
-inner optimizer), prints a comparison table (final eval loss, gap to the data's exact
-entropy floor, bytes each replica sent in total and at peak, wall time) and writes
-``loss.png``, ``comparison.csv`` and every run's ``metrics.jsonl`` / ``summary.json``.
-
-This module is the library part (the runs and the table's rows); the command line, the
-table and the figure are built at the edge (:mod:`diloco_core.compare_cli`).
+The library part (the three runs, the table's rows) is :mod:`diloco_core.main_job`; this module
+parses the options (the train command line's field metadata, :mod:`diloco_core.cli`), trains,
+prints the table and writes ``comparison.csv`` and ``loss.png`` (:func:`loss_figure`: matplotlib
+is imported here only, at the edge).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import argparse
 import os
 import sys
 
-from diloco_core.backend import default_demo_steps
-from diloco_core.config import DiLoCoConfig
-from diloco_core.data import DataConfig
-from diloco_core.loop import Interrupted, TrainResult, train
-from diloco_core.run_config import TrainConfig, check_out_dir
-
-#: The comparison's own defaults, by field path (every other option: TrainConfig's default).
-#: steps None: :func:`diloco_core.backend.default_demo_steps` (3000 on GPU/TPU, 1500 on CPU).
-#: H = 30 and 1,500 steps give 50 outer steps (the regime of the papers: many outer steps, DP
-#: near the data's floor), 30x fewer bytes than DP; 32-token sequences keep it under 8 minutes
-#: on 2 CPU cores.
-DEFAULTS = {"out": "runs/compare", "model": "small", "steps": None, "nondeterministic": False, "algo.replicas": 4,
-            "algo.sync_every": 30, "algo.fragments": 5, "algo.overlap": 1, "batch_size": 8,
-            "seq_len": 32, "overwrite": False, "progress": True}
-#: The built-in language of the comparison: V = 16, order 2, 4 successors per context.
-DATA = DataConfig(vocab_size=16)
-_OUTER = ("replicas", "sync_every", "fragments", "overlap")
+from diloco_core import main_job
+from diloco_core import interrupts
+from diloco_core.backend import configure_determinism, default_demo_steps
+from diloco_core.cli import add_options, field_defaults, command_error, one_line_errors
+from diloco_core.run_config import TrainConfig
 
 
-def default_configs(**changes) -> dict[str, TrainConfig]:
-  """The main job's three runs with :data:`DEFAULTS`, ``changes`` applied (TrainConfig field
-  names, or ``replicas`` / ``sync_every`` / ``fragments`` / ``overlap``); ``steps`` None is
-  the backend's :func:`~diloco_core.backend.default_demo_steps`.
+def build_compare_parser() -> argparse.ArgumentParser:
+  """The parser of ``python -m diloco_core.compare`` (defaults: :data:`diloco_core.main_job.DEFAULTS`)."""
+  p = argparse.ArgumentParser(prog="python -m diloco_core.compare",
+                              description=main_job.__doc__.splitlines()[0],
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  defaults = {**field_defaults(TrainConfig()), **main_job.DEFAULTS}
+  add_options(p, TrainConfig, defaults, only=set(main_job.DEFAULTS))
+  steps = next(a for a in p._actions if a.dest == "steps")
+  steps.help = (f"inner steps (default: {default_demo_steps('gpu')} on a GPU/TPU, so that the outer"
+                f" loop matters; {default_demo_steps('cpu')} on CPU)")
+  return p
 
-  Examples:
-    >>> runs = default_configs(steps=1500, out=None)
-    >>> [(c.algo.algorithm, c.algo.fragments, c.steps, c.seq_len, c.data.vocab_size) for c in runs.values()]
-    [('dp', 1, 1500, 32, 16), ('diloco', 1, 1500, 32, 16), ('streaming', 5, 1500, 32, 16)]
+
+def compare_main(argv: list[str] | None = None) -> int:
+  """``python -m diloco_core.compare``: trains the three runs, prints and writes the table and plot.
+
+  Bad input: one ``error:`` line, exit 2. SIGINT / SIGTERM: one line naming the run and step
+  it stopped at, exit 130 (the comparison has no resume: it is run again with ``--overwrite``).
   """
-  values = {k.split(".")[-1]: v for k, v in DEFAULTS.items()}
-  values.update(changes)
-  if values["steps"] is None:
-    values["steps"] = default_demo_steps()
-  outer = {k: values.pop(k) for k in _OUTER}
-  return comparison_configs(TrainConfig(data=DATA, **values), **outer)
-
-
-def comparison_configs(base: TrainConfig, *, replicas: int, sync_every: int, fragments: int,
-                       overlap: int) -> dict[str, TrainConfig]:
-  """The three runs: DP, vanilla DiLoCo and Streaming DiLoCo sharing everything else.
-
-  Examples:
-    >>> runs = comparison_configs(TrainConfig(out="r"), replicas=4, sync_every=50, fragments=5, overlap=1)
-    >>> {k: (c.algo.algorithm, c.algo.fragments, c.out) for k, c in runs.items()}
-    {'dp': ('dp', 1, 'r/dp'), 'diloco': ('diloco', 1, 'r/diloco'), 'streaming': ('streaming', 5, 'r/streaming')}
-  """
-  runs = {
-      "dp": DiLoCoConfig(algorithm="dp", replicas=replicas),
-      "diloco": DiLoCoConfig(algorithm="diloco", replicas=replicas, sync_every=sync_every),
-      "streaming": DiLoCoConfig(algorithm="streaming", replicas=replicas, sync_every=sync_every,
-                                fragments=fragments, overlap=overlap),
-  }
-  out = {}
-  for name, algo in runs.items():
-    sub = None if base.out is None else os.path.join(base.out, name)
-    out[name] = dataclasses.replace(base, algo=algo, out=sub)
-  return out
-
-
-def compare(configs: dict[str, TrainConfig]) -> dict[str, TrainResult]:
-  """Trains every run of ``configs`` (each is validated before the first one trains).
-
-  A comparison has no resume: an output directory holding a run is refused unless
-  ``overwrite`` is set (the message says so), and an interrupted run (Ctrl-C) raises
-  :class:`~diloco_core.loop.Interrupted` with the name of the run in its ``run`` attribute.
-  """
-  for cfg in configs.values():
-    if cfg.out is not None and not cfg.resume:
-      check_out_dir(cfg.out, cfg.overwrite, resumable=False)
-    cfg.validate()
-  results = {}
-  for name, cfg in configs.items():
+  with interrupts.deferred():
     try:
-      results[name] = train(cfg)
-    except Interrupted as e:
-      e.run = name
-      raise
-  return results
+      return _compare_main(argv)
+    except KeyboardInterrupt as e:
+      where = (f" during the {e.run} run at step {e.step}" if getattr(e, "run", None) else
+               " before the first step")
+      print(f"interrupted{where}; the comparison has no resume: run it again with --overwrite.",
+            file=sys.stderr)
+      return 130
 
 
-def summary_rows(results: dict[str, TrainResult]) -> list[dict]:
-  """One row per algorithm (the comparison table) from :class:`~diloco_core.TrainResult` objects.
+def _compare_main(argv: list[str] | None) -> int:
+  import pandas as pd
+  parser = one_line_errors(build_compare_parser(),
+                            "; the comparison trains dp, diloco and streaming with the options it lists")
+  try:
+    args = parser.parse_args(argv)
+  except SystemExit as e:
+    return int(e.code or 0)
+  interrupts.check()
+  configure_determinism(False if args.nondeterministic else None)  # before JAX starts
+  args.steps = default_demo_steps() if args.steps is None else args.steps
+  outer = {k: getattr(args, "algo." + k) for k in ("replicas", "sync_every", "fragments", "overlap")}
+  try:
+    results = main_job.compare(main_job.default_configs(
+        model=args.model, steps=args.steps, nondeterministic=args.nondeterministic,
+        batch_size=args.batch_size, seq_len=args.seq_len, out=args.out, overwrite=args.overwrite,
+        progress=args.progress, **outer))
+  except (ValueError, OSError, FloatingPointError) as e:
+    return command_error(e)
+  table = pd.DataFrame(main_job.summary_rows(results)).set_index("algorithm")
+  floor = results["dp"].summary["loss_floor"]
+  os.makedirs(args.out, exist_ok=True)
+  table.to_csv(os.path.join(args.out, "comparison.csv"))
+  import matplotlib
+  matplotlib.use("Agg")  # files only, no window
+  loss_figure(results, floor).savefig(os.path.join(args.out, "loss.png"), dpi=120)
+  with pd.option_context("display.float_format", "{:.4f}".format, "display.width", 120):
+    print()
+    print(f"M={outer['replicas']} replicas x {args.batch_size} seqs x {args.seq_len} tokens, "
+          f"{args.steps} steps ({args.steps // outer['sync_every']} outer steps), H={outer['sync_every']},"
+          f" streaming P={outer['fragments']}"
+          f" τ={outer['overlap']}; entropy floor {floor:.4f} nats/token")
+    print(table.to_string())
+  print(f"\nwrote {os.path.join(args.out, 'loss.png')} and {os.path.join(args.out, 'comparison.csv')}")
+  return 0
 
-  Beside each run's own numbers: its final eval loss relative to DP's (percent above) and how
-  many times fewer bytes each replica sent than with DP (when a ``"dp"`` run is present).
+
+def loss_figure(results: dict, floor: float | None):
+  """Eval loss of the global params vs step for each algorithm, with the entropy floor.
+
+  Args:
+    results: algorithm name -> :class:`~diloco_core.TrainResult` (its ``metrics`` rows).
+    floor: the data's entropy floor (nats/token), or None.
+
+  Returns:
+    A matplotlib figure.
   """
-  dp = results.get("dp")
-  rows = []
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(6.4, 4.0))
   for name, r in results.items():
-    s = r.summary
-    row = {
-        "algorithm": name,
-        "final eval loss": s["final_eval_loss"],
-        "gap to floor": s["gap_to_floor"],
-        "MB sent / replica": s["total_bytes_per_replica"] / 1e6,
-        "peak MB / step": s["peak_bytes_per_step"] / 1e6,
-        "wall time (s)": s["wall_time_s"],
-    }
-    if dp is not None:
-      d = dp.summary
-      row["loss vs DP (%)"] = 100.0 * (s["final_eval_loss"] / d["final_eval_loss"] - 1.0)
-      row["bytes: DP / this"] = d["total_bytes_per_replica"] / max(s["total_bytes_per_replica"], 1e-300)
-    rows.append(row)
-  return rows
+    m = r.metrics.dropna(subset=["eval_loss"])
+    ax.plot(m["step"], m["eval_loss"], label=name, marker="o", ms=3)
+  if floor is not None:
+    ax.axhline(floor, color="k", ls="--", lw=1, label=f"entropy floor {floor:.3f}")
+  ax.set_xlabel("inner step")
+  ax.set_ylabel("eval loss (nats/token)")
+  top = max(float(r.metrics["eval_loss"].dropna().iloc[1]) for r in results.values())
+  ax.set_ylim(bottom=0.95 * (floor if floor is not None else 0.0), top=1.05 * top)
+  ax.legend()
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  return fig
 
 
 if __name__ == "__main__":
-  from diloco_core.compare_cli import compare_main
   sys.exit(compare_main())

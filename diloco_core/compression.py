@@ -72,7 +72,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from diloco_core.minifloat import _pow2
+from diloco_core.minifloat import pow2
 from diloco_core.minifloat import max_value  # noqa: F401
 from diloco_core.minifloat import representable_values  # noqa: F401
 from diloco_core.minifloat import round_bf16
@@ -360,11 +360,11 @@ def _quantize_blocks(blocks: jax.Array, name: str) -> jax.Array:
   pexp = ef - 127
   # The scale s = a / q_max, correctly rounded, as s_n * p (s_n never under- or overflows).
   quo, k = _divide_exactly_rounded(mant, odd)
-  s_n = quo.astype(jnp.float32) * _pow2(-23 - k - exp2)
+  s_n = quo.astype(jnp.float32) * pow2(-23 - k - exp2)
   half = pexp // 2  # x / p in two exact steps (2^-pexp alone may not be a normal float)
-  x_n = blocks * _pow2(-half) * _pow2(half - pexp)
+  x_n = blocks * pow2(-half) * pow2(half - pexp)
   q = round_to_format(x_n / s_n, name)
-  decoded = (q * s_n) * _pow2(pexp)
+  decoded = (q * s_n) * pow2(pexp)
   decoded = jnp.where(jnp.abs(q) == fmt.max_value, jnp.copysign(a, q), decoded)
   decoded = jnp.where(tiny, decoded * 2.0**-64, decoded)
   return jnp.where(finite, decoded, jnp.nan)

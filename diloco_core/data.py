@@ -50,9 +50,9 @@ import pathlib
 
 import numpy as np
 
-from diloco_core.dataset import _EVAL_STREAM, _SOURCE_STREAM, _TRAIN_STREAM, Dataset, check_step
+from diloco_core.dataset import EVAL_STREAM, SOURCE_STREAM, TRAIN_STREAM, Dataset, check_step
 from diloco_core.grain_data import EVAL_FRACTION, FileDataset
-from diloco_core.markov import MarkovSource, _Tables, de_bruijn
+from diloco_core.markov import MarkovSource, Tables, de_bruijn
 from diloco_core.validity import check_choice, check_int, is_int, is_real
 
 __all__ = [
@@ -159,10 +159,10 @@ class SyntheticDataset(Dataset):
     num_sources = replicas if self.tagged else 1
     self.sources = [
         MarkovSource.random(vocab_size=cfg.vocab_size, order=cfg.order, branching=cfg.branching,
-                            concentration=cfg.concentration, seed=[_SOURCE_STREAM, cfg.seed, m, 0])
+                            concentration=cfg.concentration, seed=[SOURCE_STREAM, cfg.seed, m, 0])
         for m in range(num_sources)
     ]
-    self._tables = _Tables(self.sources)
+    self._tables = Tables(self.sources)
     self._body = seq_len if self.tagged else seq_len + 1  # tokens drawn from the source
     self._steps = max(0, self._body - cfg.order)
 
@@ -178,7 +178,7 @@ class SyntheticDataset(Dataset):
     self.loss_floor = float(self.position_floor.mean())
     self.entropy_rate = float(sum(w * s.entropy_rate for w, s in zip(weights, self.sources)))
     self._block_start, self._block = None, None  # the block of train batches last drawn
-    rng = np.random.default_rng([_EVAL_STREAM, cfg.seed, 0, 0])
+    rng = np.random.default_rng([EVAL_STREAM, cfg.seed, 0, 0])
     self._eval = self._draw(self._eval_which, rng.random(n), rng.random((n, self._steps)))
 
   def _draw(self, which, u_start, u_next) -> np.ndarray:
@@ -221,7 +221,7 @@ class SyntheticDataset(Dataset):
     which, u_start, u_next = [], [], []
     for step in steps:
       for r in range(self.replicas):
-        rng = np.random.default_rng([_TRAIN_STREAM, cfg.seed, r, step])
+        rng = np.random.default_rng([TRAIN_STREAM, cfg.seed, r, step])
         if self.tagged:
           own = rng.random(b) < cfg.non_iid_share
           which.append(np.where(own, r, rng.integers(0, self.replicas, size=b)))

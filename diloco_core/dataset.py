@@ -15,9 +15,9 @@ from diloco_core.validity import check_int
 
 # Stream ids: the first word of every generator key, so the source tables, the
 # training batches and the eval set are drawn from disjoint random streams.
-_TRAIN_STREAM = 0
-_EVAL_STREAM = 1
-_SOURCE_STREAM = 2
+TRAIN_STREAM = 0
+EVAL_STREAM = 1
+SOURCE_STREAM = 2
 
 
 class Dataset:

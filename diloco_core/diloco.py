@@ -62,6 +62,7 @@ from diloco_core.fragments import LAYER, OTHER, SHARED, Fragments, leaf_paths, p
 from diloco_core.hyperparams import Optimizer, resolve_optimizer
 from diloco_core.mesh import make_mesh
 from diloco_core.optimizers import outer_optimizer_factory
+from diloco_core.phases import Phases
 from diloco_core.schedule import merged_fragment, sent_fragment
 from diloco_core.state import DiLoCoState, MergeOperands, OuterUpdate, SendOperands
 
@@ -94,7 +95,7 @@ def stack_replicas(tree, replicas: int):
   return jax.tree.map(lambda x: jnp.broadcast_to(x, (replicas, *x.shape)), tree)
 
 
-class DiLoCo(AlgorithmBase):
+class DiLoCo(Phases, AlgorithmBase):
   """DiLoCo (P = 1) and Streaming DiLoCo (any P) for any params pytree.
 
   Args:
@@ -139,6 +140,7 @@ class DiLoCo(AlgorithmBase):
     >>> state2, _ = algo2.step(algo2.init(jnp.zeros(())), jnp.array([1.0, 3.0]))
     >>> float(state2.global_params), algo2.program is algo.program, algo.compiled_programs
     (0.5, True, 1)
+
   """
 
   def __init__(self, loss_fn: LossFn, inner_optimizer: Optimizer, config: DiLoCoConfig, *,
@@ -186,11 +188,11 @@ class DiLoCo(AlgorithmBase):
       is_layer = [bool(m) for m in mask_leaves]
     self.fragments = Fragments(is_layer, [np.shape(x) for x in leaves], cfg.fragments,
                                cfg.fragment_pattern, paths=leaf_paths(params))
-    self._kinds = [LAYER if m else OTHER for m in is_layer]
-    kinds_tree = jax.tree.unflatten(self._treedef, self._kinds)
+    self.leaf_kinds = [LAYER if m else OTHER for m in is_layer]
+    kinds_tree = jax.tree.unflatten(self._treedef, self.leaf_kinds)
     outer_opt = resolve_optimizer(self.outer_optimizer, self.hyperparams)
     abstract = jax.eval_shape(outer_opt.init, params)
-    self._outer_kinds = jax.tree.leaves(optax.tree_utils.tree_map_params(
+    self.outer_leaf_kinds = jax.tree.leaves(optax.tree_utils.tree_map_params(
         outer_opt, lambda _, kind: kind, abstract, kinds_tree,
         transform_non_params=lambda _: SHARED))
     bits = [sum(compression.wire_bits(int(np.prod(s)), cfg.compression, **cfg.wire)
@@ -265,122 +267,6 @@ class DiLoCo(AlgorithmBase):
                        f"{self.config.outer_overlap!r}; use outer_overlap='none'.")
     return super().step(state, batch, participation)
 
-  def _send(self, branch, k, hp, ops: SendOperands) -> OuterUpdate:
-    """Outer update of one fragment (``branch``, ``k``: see :meth:`Fragments.switch`).
-
-    Three phases, in this order: each replica's wire payload (:meth:`_pseudo_gradients`,
-    local), their average (:meth:`_average`, the only cross-replica collective) and the
-    fragment's outer step on its own slice of the outer state (:meth:`_outer_step`, local to
-    the global copy). ``ops.participation`` ([M] float, or None for everyone) masks out
-    dropped replicas.
-    """
-    frag = self.fragments
-    sent, ef = self._pseudo_gradients(branch, k, hp, ops)
-    delta = self._average(sent, ops.participation)
-    if ef is not None:
-      ef = frag.put(ops.ef_residual, self._kinds, branch, ef, k, axis=1)
-    return self._outer_step(branch, k, hp, ops, sent, delta, ef)
-
-  def _pseudo_gradients(self, branch, k, hp, ops: SendOperands) -> tuple[list, list | None]:
-    """What each replica puts on the wire for one fragment, :math:`Q(\\Delta_m + \\beta e_m)`,
-    and its new error-feedback residual (None without error feedback; a dropped replica keeps
-    its residual). Nothing crosses replicas."""
-    cfg, frag = self.config, self.fragments
-    g_sub = frag.take(ops.global_params, self._kinds, branch, k, axis=0)
-    r_sub = frag.take(ops.replica_params, self._kinds, branch, k, axis=1)
-    e_sub = (frag.take(ops.ef_residual, self._kinds, branch, k, axis=1)
-             if ops.ef_residual is not None else None)
-
-    def pseudo_gradient(g_m, r_m, e_m):
-      delta = [(a - b).astype(jnp.float32) for a, b in zip(g_m, r_m)]
-      if e_m is None:
-        return compression.quantize_tree(delta, cfg.compression, **cfg.wire), None
-      return compression.error_feedback(delta, e_m, cfg.compression, **cfg.wire,
-                                        decay=hp["error_feedback_decay"])
-
-    # Δ_m is taken against the params the replica started from: its own outer params (eager).
-    start = (frag.take(ops.in_flight.outer_params, self._kinds, branch, k, axis=1)
-             if cfg.outer_overlap == "eager" else drjax.broadcast(g_sub))
-    sent, e_new = drjax.map_fn(pseudo_gradient, (start, r_sub, e_sub))
-    if ops.participation is not None and e_sub is not None:
-      e_new = drjax.map_fn(lambda a, b, o: [jnp.where(o, x, y) for x, y in zip(a, b)],
-                           (e_new, e_sub, ops.participation > 0))
-    return sent, e_new
-
-  def _average(self, sent: list, present) -> list:
-    """The float32 mean of what the replicas sent: the only cross-replica collective.
-
-    With a participation mask, the mean over the present replicas only: the others are
-    zeroed (``where``, not a product, so a dropped replica's non-finite Δ cannot leak in)
-    and the mean rescaled by M / count, which is exactly 1 with everyone present (then
-    bit-identical to the unmasked mean).
-    """
-    if present is None:
-      return drjax.reduce_mean(sent)
-    on = present > 0
-    kept = drjax.map_fn(lambda s, o: [jnp.where(o, x, 0.0) for x in s], (sent, on))
-    scale = self.config.replicas / jnp.maximum(jnp.sum(present), 1.0)
-    return [x * scale for x in drjax.reduce_mean(kept)]
-
-  def _outer_step(self, branch, k, hp, ops: SendOperands, sent: list, delta: list, ef) -> OuterUpdate:
-    """The fragment's outer step on θ_g[p] and on its own slice of the outer state (per
-    fragment, :func:`~diloco_core.fragments.per_fragment_state`), after ``outer_overlap``'s
-    rule: the average now (``"none"``), the previous sync's (``"delayed"``), or each
-    replica's eager gradient on its own outer params (``"eager"``)."""
-    cfg, frag = self.config, self.fragments
-    g, outer, fl = ops.global_params, ops.outer_state, ops.in_flight
-    g_sub = frag.take(g, self._kinds, branch, k, axis=0)
-    outer_step = self._fragment_outer_step(hp, g_sub)
-    if cfg.outer_overlap == "eager":
-      fl, new_g = eager.send(frag, (self._kinds, self._outer_kinds), branch, k, outer_step,
-                             sent, delta, fl)
-      return OuterUpdate(frag.put(g, self._kinds, branch, new_g, k, axis=0), outer, ef, fl)
-    if cfg.outer_overlap == "delayed":  # apply the previous sync's average, send this one's
-      applied = frag.take(fl, self._kinds, branch, k, axis=0)
-      fl = frag.put(fl, self._kinds, branch, delta, k, axis=0)
-      delta = applied
-    new_g, new_outer = outer_step(delta, frag.take(outer, self._outer_kinds, branch, k, axis=0), g_sub)
-    g = frag.put(g, self._kinds, branch, new_g, k, axis=0)
-    outer = frag.put(outer, self._outer_kinds, branch, new_outer, k, axis=0)
-    return OuterUpdate(g, outer, ef, fl)
-
-  def _fragment_outer_step(self, hp, g_sub: list):
-    """``outer_step(grad, outer-state leaves, params leaves) -> (params, outer-state leaves)``:
-    one outer optimizer step on a fragment's slices shaped like ``g_sub``."""
-    outer_opt = resolve_optimizer(self.outer_optimizer, hp)
-    sub_def = jax.tree.structure(jax.eval_shape(outer_opt.init, g_sub))
-
-    def outer_step(grad, o_sub, g_sub):
-      updates, new_outer = outer_opt.update(grad, jax.tree.unflatten(sub_def, o_sub), g_sub)
-      return optax.apply_updates(g_sub, updates), jax.tree.leaves(new_outer)
-
-    return outer_step
-
-  def _merge(self, branch, k, alpha, ops: MergeOperands, per_replica: bool = False) -> list:
-    """Blends one fragment of every replica towards the global copy; returns new replica leaves.
-
-    ``ops.participation`` ([M], placed) is how each replica took part in that fragment's sync
-    (see ``DiLoCoState.participants``): present ones blend, dropped ones are replaced by the
-    global copy (healed), and if nobody took part nothing changes. ``per_replica``: the
-    global leaves have a replica axis (each replica's own outer params, eager overlap).
-    """
-    frag = self.fragments
-    g, r, how = ops
-    g_sub = frag.take(g, self._kinds, branch, k, axis=int(per_replica))
-    r_sub = frag.take(r, self._kinds, branch, k, axis=1)
-
-    def blend(loc, glob, h):
-      # where(True, x, ·) is x bit for bit: with everyone present this is the plain blend.
-      out = []
-      for a, b in zip(loc, glob):
-        al = alpha.astype(a.dtype)
-        out.append(jnp.where(h > 0, (al * a + (1 - al) * b).astype(a.dtype),
-                             jnp.where(h == 0, b.astype(a.dtype), a)))
-      return out
-
-    merged = drjax.map_fn(blend, (r_sub, g_sub if per_replica else drjax.broadcast(g_sub), how))
-    return frag.put(r, self._kinds, branch, merged, k, axis=1)
-
   def _step_impl(self, state: DiLoCoState, batch, hp, participation=None):
     cfg = self.config  # only its structural fields: H, τ, η, μ, α, β2, β come in ``hp`` (traced)
     update = functools.partial(inner_update, self.loss_fn, resolve_optimizer(self.inner_optimizer, hp))
@@ -399,7 +285,7 @@ class DiLoCo(AlgorithmBase):
     is_update = is_send if participation is None else is_send & (jnp.sum(participation) > 0)
     g, outer, ef, fl = jax.lax.cond(
         is_update,
-        lambda ops: self.fragments.switch(p_send, lambda b, k: self._send(b, k, hp, ops)),
+        lambda ops: self.fragments.switch(p_send, lambda b, k: self.send(b, k, hp, ops)),
         lambda ops: OuterUpdate(ops.global_params, ops.outer_state, ops.ef_residual, ops.in_flight),
         SendOperands(global_params=g, outer_state=outer, replica_params=r, ef_residual=ef,
                      participation=participation, in_flight=fl))
@@ -416,7 +302,7 @@ class DiLoCo(AlgorithmBase):
     r = jax.lax.cond(
         is_merge,
         lambda ops: self.fragments.switch(
-            p_merge, lambda b, k: self._merge(b, k, hp["alpha"], ops, per_replica)),
+            p_merge, lambda b, k: self.merge(b, k, hp["alpha"], ops, per_replica)),
         lambda ops: ops.replica_params,
         MergeOperands(global_params=fl.outer_params if per_replica else g, replica_params=r,
                       participation=how))

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from diloco_core.dataset import _TRAIN_STREAM, Dataset, check_step
+from diloco_core.dataset import TRAIN_STREAM, Dataset, check_step
 from diloco_core.files import TokenStore, open_tokens
 
 if TYPE_CHECKING:  # imported where a pipeline is built: synthetic runs never load Grain
@@ -56,7 +56,7 @@ EVAL_FRACTION = 0.1  # share of a file's tokens held out for evaluation
 
 def _shuffle_seed(seed: int, replica: int) -> int:
   """A 32-bit Grain shuffle seed from the data seed and the stream (``replica``, -1: shared)."""
-  return int(np.random.default_rng([_TRAIN_STREAM, seed, replica + 1]).integers(2**32))
+  return int(np.random.default_rng([TRAIN_STREAM, seed, replica + 1]).integers(2**32))
 
 
 class FileDataset(Dataset):

@@ -26,6 +26,7 @@ from diloco_core import communication
 from diloco_core import files
 from diloco_core import interrupts
 from diloco_core import params_io
+from diloco_core import run_files
 from diloco_core.data import make_dataset
 from diloco_core.divergence import Watch, check_finite  # noqa: F401 (check_finite: re-exported)
 from diloco_core.drops import participation
@@ -190,7 +191,7 @@ def _prepare_out(cfg: TrainConfig) -> str | None:
     return None
   os.makedirs(cfg.out, exist_ok=True)
   if cfg.overwrite and not cfg.resume:  # starting over: nothing of the old run may mix in
-    foreign = ckpt.remove_run_files(cfg.out)
+    foreign = run_files.remove_run_files(cfg.out)
     if foreign:
       warnings.warn(f"`overwrite` kept {len(foreign)} file(s) no run wrote: {', '.join(foreign)}.",
                     RunWarning, stacklevel=3)

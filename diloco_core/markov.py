@@ -293,10 +293,10 @@ class MarkovSource:
     """
     u_start = rng.random(num)
     u_next = rng.random((num, max(0, length - self.order)))
-    return _Tables([self]).sample(np.zeros(num, dtype=np.int64), u_start, u_next)[:, :length]
+    return Tables([self]).sample(np.zeros(num, dtype=np.int64), u_start, u_next)[:, :length]
 
 
-class _Tables:
+class Tables:
   """The next-token tables of one or more sources of equal (V, k, b), stacked for sampling."""
 
   def __init__(self, sources: list[MarkovSource]):

@@ -145,7 +145,7 @@ def _round_to_format(y: jax.Array, name: str) -> jax.Array:
   mag = jnp.minimum(jnp.abs(y), fmt.max_value)  # saturate (NaN stays NaN)
   _, k = jnp.frexp(mag)  # mag = f * 2^k, f in [0.5, 1): floor(log2 mag) = k - 1
   e = jnp.maximum(k - 1, fmt.min_exponent)  # binade exponent, clamped into the subnormals
-  ulp = _pow2(e - fmt.mantissa_bits)
+  ulp = pow2(e - fmt.mantissa_bits)
   rounded = jnp.round(mag / ulp) * ulp  # jnp.round is round-half-to-even
   return jnp.copysign(rounded, y)
 
@@ -181,7 +181,7 @@ def _minifloat(name: str) -> Minifloat:
   return MINIFLOATS[name]
 
 
-def _pow2(e: jax.Array) -> jax.Array:
+def pow2(e: jax.Array) -> jax.Array:
   """Exact 2**e as float32 for integer e in [-126, 127] (built from the exponent bits)."""
   bits = (e.astype(jnp.int32) + 127) << 23
   return jax.lax.bitcast_convert_type(bits, jnp.float32)

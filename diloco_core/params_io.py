@@ -5,7 +5,7 @@ starts a run from one. :func:`check_params_dir` looks at the files only, so a ba
 refused before the model is built; :func:`load_params` then checks shapes and dtypes, and
 the contents: :func:`export_params` writes beside the Orbax files a manifest
 (``params_manifest.json``: every file it wrote, every leaf's path, shape, dtype and checksum,
-:func:`~diloco_core.checkpoint.fingerprint`), and a loaded leaf whose checksum differs is a
+:func:`~diloco_core.tree_io.fingerprint`), and a loaded leaf whose checksum differs is a
 one-line error. The manifest also tells which files of the directory an export wrote:
 :func:`remove_exported` removes those and nothing else.
 """
@@ -23,7 +23,8 @@ import jax
 import jax.numpy as jnp  # noqa: F401 (doctests)
 import orbax.checkpoint as ocp
 
-from diloco_core.checkpoint import CHECKPOINTS, _quiet_orbax_failed_reads, _reason, fingerprint, leaf_table
+from diloco_core.checkpoint import CHECKPOINTS
+from diloco_core.tree_io import fingerprint, leaf_table, one_line, quiet_orbax_failed_reads
 
 #: The manifest an export writes last (its presence marks a complete export).
 MANIFEST = "params_manifest.json"
@@ -177,8 +178,8 @@ def load_params(path: str, like=None):
     device, also when several processes wrote the checkpoint (``--communication background``).
   """
   path = check_params_dir(path)
-  _quiet_orbax_failed_reads()
-  damaged = lambda e: ValueError(f"params checkpoint {path!r} cannot be read ({_reason(e)}); it is"
+  quiet_orbax_failed_reads()
+  damaged = lambda e: ValueError(f"params checkpoint {path!r} cannot be read ({one_line(e)}); it is"
                                  " damaged or incomplete.")
   manifest = _read_manifest(path)
   if manifest is None:

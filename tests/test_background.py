@@ -133,7 +133,7 @@ def test_the_phases_hold_no_collective():
   apply_fn, params = init_model(model_cfg, 0)
   algo = make_algorithm(cfg, lambda p, x: train_loss(apply_fn, p, x), params)
   comm = make_communication(cfg, algo, params)
-  bg = comm.runtime
+  bg = comm  # the Background runtime itself
   assert bg.mesh.shape == {"diloco": 2, "data": 1}
   state = comm.init(params)
   batch = comm.place_batch(np.zeros((2, 2, 9), np.int32))

@@ -550,7 +550,7 @@ COMPARE = ["--model", "tiny", "--batch-size", "2", "--seq-len", "8", "--steps", 
 
 def test_compare_errors_and_interrupt_are_one_line(tmp_path, monkeypatch, capsys):
   import diloco_core.loop as loop
-  from diloco_core.compare_cli import compare_main
+  from diloco_core.compare import compare_main
   assert compare_main(["--algorithm", "dp"]) == 2
   err = capsys.readouterr().err
   assert err.count("\n") == 1 and err.startswith("error: unrecognized arguments: --algorithm dp; the"

@@ -17,6 +17,7 @@ import pytest
 
 from diloco_core import DataConfig, DataParallel, DiLoCo, DiLoCoConfig, load_params
 from diloco_core import checkpoint as ckpt
+from diloco_core import tree_io
 from diloco_core.fields import must_match_fields
 from diloco_core.train import TrainConfig, build_parser, config_from_args, main, participation, train
 from tiny_run import tiny
@@ -354,11 +355,11 @@ def test_asyncio_logs_of_failed_orbax_reads_are_dropped_and_others_kept():
     return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, "Task exception was never retrieved",
                              None, info)
 
-  ck._quiet_orbax_failed_reads()
-  filters = [f for f in logging.getLogger("asyncio").filters if isinstance(f, ck._OrbaxReadFailures)]
+  tree_io.quiet_orbax_failed_reads()
+  filters = [f for f in logging.getLogger("asyncio").filters if isinstance(f, tree_io.OrbaxReadFailures)]
   assert len(filters) == 1
-  ck._quiet_orbax_failed_reads()  # installed once
-  assert len([f for f in logging.getLogger("asyncio").filters if isinstance(f, ck._OrbaxReadFailures)]) == 1
+  tree_io.quiet_orbax_failed_reads()  # installed once
+  assert len([f for f in logging.getLogger("asyncio").filters if isinstance(f, tree_io.OrbaxReadFailures)]) == 1
   assert not filters[0].filter(record_of("/site-packages/orbax/checkpoint/_src/serialization.py"))
   assert filters[0].filter(record_of("/home/user/my_code.py"))
   assert filters[0].filter(logging.LogRecord("asyncio", logging.ERROR, __file__, 1, "no exception", None, None))

@@ -4,17 +4,17 @@ import pandas as pd
 import pytest
 
 from analysis import experiments
-from diloco_core import compare
-from diloco_core.compare_cli import compare_main
+from diloco_core import main_job
+from diloco_core.compare import compare_main
 
 
 def test_defaults_are_the_papers_regime_and_the_stored_methods_runs():
-  runs = compare.default_configs(steps=1500, out=None)
+  runs = main_job.default_configs(steps=1500, out=None)
   dl = runs["diloco"]
   assert dl.steps // dl.algo.sync_every >= 50 and dl.algo.sync_every >= 25  # >= 25x fewer bytes
   stored_runs = experiments.methods_configs()
   assert [c.algo for c in stored_runs] == [c.algo for c in runs.values()]
-  assert all(c.data == compare.DATA and c.seq_len == dl.seq_len for c in stored_runs)
+  assert all(c.data == main_job.DATA and c.seq_len == dl.seq_len for c in stored_runs)
 
 
 def test_table_has_loss_and_bytes_relative_to_dp(tmp_path, capsys):

@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from diloco_core import DiLoCo, DiLoCoConfig, checkpoint, schedule_table
+from diloco_core import DiLoCo, DiLoCoConfig, schedule_table, tree_io
 from diloco_core.model import init_model, muon_dimensions
 from diloco_core.model_config import get_preset
 from diloco_core.optimizers import (ADAM_BETAS, MUON_CONSISTENT_RMS, MUON_NS_STEPS,
@@ -78,7 +78,7 @@ def test_one_fragment_keeps_the_plain_state_and_nesterov_keeps_its_leaf_table():
   cfg = DiLoCoConfig(algorithm="streaming", replicas=2, sync_every=6, fragments=3)
   nesterov = DiLoCo(layered_loss, optax.sgd(0.1), cfg, layer_mask=MASK).init(params)
   plain = optax.sgd(0.7, momentum=0.9, nesterov=True).init(params)
-  assert checkpoint.leaf_table(nesterov.outer_state) == checkpoint.leaf_table(plain)
+  assert tree_io.leaf_table(nesterov.outer_state) == tree_io.leaf_table(plain)
 
 
 # ---- the outer optimizers: one and two hand-computed steps -----------------------------------

@@ -157,6 +157,6 @@ def test_the_trainer_imports_nothing_from_analysis_and_its_command_lines_stay_ap
   for path in glob.glob(os.path.join(root, "*.py")):
     bad = [n for n in _imports(path) if n == "analysis" or n.startswith("analysis.")]
     assert not bad, f"{os.path.basename(path)} imports {bad}"
-  cli, compare = _imports(os.path.join(root, "cli.py")), _imports(os.path.join(root, "compare.py"))
-  assert not {n for n in cli if n.startswith(("diloco_core.compare", "diloco_core.compare_cli"))}, cli
-  assert not {n for n in compare if n.startswith("diloco_core.cli")}, compare
+  cli, job = _imports(os.path.join(root, "cli.py")), _imports(os.path.join(root, "main_job.py"))
+  assert not {n for n in cli if n.startswith(("diloco_core.compare", "diloco_core.main_job"))}, cli
+  assert not {n for n in job if n.startswith(("diloco_core.cli", "diloco_core.compare"))}, job

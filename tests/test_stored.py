@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from analysis import cpu_kind, experiments, recheck, stored
+from analysis import cpu_kind, experiments, realizations, recheck, stored
 from analysis.sweep_cache import cache_dir
 from analysis.sweeps import run_one
 from analysis.sweeps import grid
@@ -126,9 +126,9 @@ def _another_cpu(monkeypatch):
 def test_on_another_cpu_the_counts_the_prefix_and_the_seed_spread_decide(toy, monkeypatch):
   _another_cpu(monkeypatch)
   e = stored.load("toy")
-  _, sigma_e = recheck.seed_spread(e.runs)
-  [i] = recheck.sample_indices([r["row"]["wall_time_s"] for r in e.runs], 1, recheck.stable_runs(e.runs))
-  sigma = recheck.run_scales(e.runs)[i]  # max(sigma_E, the sampled configuration's own spread)
+  _, sigma_e = realizations.seed_spread(e.runs)
+  [i] = recheck.sample_indices([r["row"]["wall_time_s"] for r in e.runs], 1, realizations.stable_runs(e.runs))
+  sigma = realizations.run_scales(e.runs)[i]  # max(sigma_E, the sampled configuration's own spread)
   assert sigma >= sigma_e > 0
   # Another rounding: the losses after the prefix and the final loss moved by one seed spread.
   moved = lambda s: {"final_eval_loss": s["final_eval_loss"] + sigma}
@@ -187,11 +187,11 @@ def test_unstable_configurations_are_never_sampled():
   runs = [{"config": {"h": h, "seed": s}, "row": {"final_eval_loss": v, "wall_time_s": t}}
           for h, s, v, t in [(1, 0, 1.0, 5.0), (1, 1, 1.01, 5.0), (2, 0, 1.0, 9.0), (2, 1, 1.01, 9.0),
                              (3, 0, 1.0, 1.0), (3, 1, 1.5, 1.0)]]  # h = 3: cheapest, seeds 50x apart
-  per_run, sigma = recheck.seed_spread(runs)
+  per_run, sigma = realizations.seed_spread(runs)
   assert sigma == pytest.approx(0.01 / 2 ** 0.5) and per_run[4] == pytest.approx(0.5 / 2 ** 0.5)
   costs = [r["row"]["wall_time_s"] for r in runs]
   assert recheck.sample_indices(costs, 1) == [4]
-  assert recheck.sample_indices(costs, 1, eligible=recheck.stable_runs(runs)) == [0]
+  assert recheck.sample_indices(costs, 1, eligible=realizations.stable_runs(runs)) == [0]
 
 
 def test_a_noisier_configuration_is_judged_by_its_own_seed_spread():
@@ -200,9 +200,9 @@ def test_a_noisier_configuration_is_judged_by_its_own_seed_spread():
   runs = [{"config": {"h": h, "seed": s}, "row": {"final_eval_loss": v}}
           for h, s, v in [(1, 0, 1.0), (1, 1, 1.01), (2, 0, 1.0), (2, 1, 1.02), (3, 0, 1.0), (3, 1, 1.0),
                           (4, 0, 1.0), (4, 1, 1.04)]]
-  _, sigma_e = recheck.seed_spread(runs)
+  _, sigma_e = realizations.seed_spread(runs)
   assert sigma_e == pytest.approx(0.015 / 2 ** 0.5)  # the median of 0.01, 0.02, 0, 0.04 over sqrt(2)
-  scales = recheck.run_scales(runs)
+  scales = realizations.run_scales(runs)
   assert scales[6] == pytest.approx(0.04 / 2 ** 0.5) and scales[4] == pytest.approx(sigma_e)
   assert scales[0] == pytest.approx(sigma_e)
 
