@@ -28,7 +28,7 @@ _pp = os.environ.get("PYTHONPATH", "")
 if ROOT not in _pp.split(os.pathsep):
   os.environ["PYTHONPATH"] = os.pathsep.join([ROOT] + ([_pp] if _pp else []))
 sys.path.insert(0, ROOT)
-# One sweep cache for every page, whatever the kernel's cwd (analysis.sweeps reads it).
+# One sweep cache for every page, whatever the kernel's cwd (analysis.lab.sweeps reads it).
 os.environ.setdefault("DILOCO_SWEEPS_CACHE", os.path.join(ROOT, ".cache", "sweeps"))
 os.environ.setdefault("TQDM_DISABLE", "1")  # progress bars would only clutter the pages
 

@@ -23,15 +23,15 @@ import time
 
 import pandas as pd
 
-from analysis import plan as plan_lib
-from analysis import roofline as rl
-from analysis import simulate as sim
-from analysis.hardware import HARDWARE
-from analysis.hardware import get_hardware
-from analysis.models import MODELS
-from analysis.models import get_model
-from analysis.models import model_stats
-from analysis.models import model_table
+from analysis.planning import plan as plan_lib
+from analysis.planning import roofline as rl
+from analysis.planning import simulate as sim
+from analysis.planning.hardware import HARDWARE
+from analysis.planning.hardware import get_hardware
+from analysis.planning.models import MODELS
+from analysis.planning.models import get_model
+from analysis.planning.models import model_stats
+from analysis.planning.models import model_table
 from diloco_core.wire_formats import DEFAULT_CHUNK
 from diloco_core.wire_formats import topk_bits_per_element
 from diloco_core.validity import FRAGMENT_PATTERNS
@@ -245,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _experiments(a) -> None:
   import os
   if a.isa is not None:  # before JAX starts: XLA reads its flags once
-    from analysis.cpu_kind import ISA_LEVELS
+    from analysis.lab.cpu_kind import ISA_LEVELS
     check_choice("--isa", a.isa.upper(), ISA_LEVELS)
     if a.scale != "cpu":
       raise ValueError("--isa: only with --scale cpu (it caps the instruction sets of XLA's CPU backend).")
@@ -256,9 +256,9 @@ def _experiments(a) -> None:
     if "xla_force_host_platform_device_count" not in flags:
       os.environ["XLA_FLAGS"] = (flags + " --xla_force_host_platform_device_count=8").strip()
   # Imported here: the experiments train with JAX, which the other commands never start.
-  from analysis import experiments
-  from analysis import recheck
-  from analysis import stored
+  from analysis.lab import experiments
+  from analysis.lab import recheck
+  from analysis.lab import stored
   names = list(experiments.SWEEPS) if a.all or a.action == "list" else a.names
   if not names:
     raise ValueError("experiments: name at least one experiment (one of "
@@ -294,7 +294,7 @@ def _experiments(a) -> None:
 
 def _add_experiments(sub) -> None:
   e = sub.add_parser("experiments", help="train, store and re-check the docs' experiments",
-                     description="The named experiments behind the docs (analysis.experiments):"
+                     description="The named experiments behind the docs (analysis.lab.experiments):"
                                  " `run` trains them and writes analysis/results/NAME.json with"
                                  " provenance; `verify` trains a fixed sample again and fails on"
                                  " any difference; `list` shows what is stored.")
@@ -346,7 +346,7 @@ def _add_plan(sub) -> None:
                      description="Plan a run across slices: for DP, DiLoCo and Streaming "
                                  "DiLoCo candidates (H, P, tau valid for the trainer), the "
                                  "bandwidth per slice and memory each needs, and the one "
-                                 "suggested for the link (see analysis.plan.plan_run).")
+                                 "suggested for the link (see analysis.planning.plan.plan_run).")
   _add_hardware_and_model(q)
   q.add_argument("--slices", type=int, required=True, help="M, slices (replicas) over the link")
   q.add_argument("--chips-per-slice", type=int, required=True, help="chips in one slice")

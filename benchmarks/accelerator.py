@@ -13,7 +13,7 @@ On one device, for the built-in transformer (default: the issue's 336M model, d_
 - on a GPU, the cost of deterministic ops: the plain step re-timed in a child process with
   ``DILOCO_NONDETERMINISTIC=1`` (n/a elsewhere: CPU and TPU kernels are deterministic).
 
-MFU is against the dense bf16 peak of the chip from :mod:`analysis.hardware`, looked up by
+MFU is against the dense bf16 peak of the chip from :mod:`analysis.planning.hardware`, looked up by
 ``jax.devices()[0].device_kind`` (n/a on CPU or an unknown chip). Measured, never asserted.
 
 Usage: python benchmarks/accelerator.py [--quick] [--json PATH] [--steps 20] [--d-model 1024 ...]
@@ -38,7 +38,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from analysis.hardware import hardware_for_device_kind  # noqa: E402
+from analysis.planning.hardware import hardware_for_device_kind  # noqa: E402
 from diloco_core import DataParallel, DiLoCo, DiLoCoConfig, ModelConfig, flops_per_token  # noqa: E402
 from diloco_core import init_model, layer_mask, lm_loss  # noqa: E402
 from diloco_core.backend import resolve_model_config  # noqa: E402

@@ -1,7 +1,7 @@
 """Background communication over a shaped link, measured beside the simulator, in one run.
 
 Two trainer processes (``python -m diloco_core.launch --processes 2 --link-mbit R``), one
-replica each, DiLoCo with H inner steps (:func:`analysis.measured.overlap_benchmark`): a
+replica each, DiLoCo with H inner steps (:func:`analysis.lab.measured.overlap_benchmark`): a
 calibration run measures the pure compute time T of a step, the payload and the cost of one
 collective; the link is then shaped so that one payload's gather takes about k steps, and
 in-step, background τ = 0, background τ = k + 1 and background eager run on it. Per row: wall
@@ -21,7 +21,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from analysis.measured import can_shape, overlap_benchmark  # noqa: E402
+from analysis.lab.measured import can_shape, overlap_benchmark  # noqa: E402
 
 
 def main(argv=None) -> None:

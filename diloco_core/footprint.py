@@ -1,7 +1,7 @@
 """Memory footprint: the bytes a run's state and largest activation need, checked up front.
 
 One formula for the trainer's up-front check (:func:`check_fits`) and for
-:func:`analysis.memory.memory_per_replica` (:func:`replica_state_bytes`), so that a
+:func:`analysis.planning.memory.memory_per_replica` (:func:`replica_state_bytes`), so that a
 ``replicas``, ``batch_size`` or ``n_layers`` far beyond the devices is refused in one line
 before the model is built, not by the allocator after compiling.
 """

@@ -6,7 +6,7 @@ L stacked layers are dealt to fragments 1..P-1: ``strided`` puts layer i in frag
 ``k·L/(P-1) .. (k+1)·L/(P-1) - 1``. With P = 1 the only fragment is the whole model.
 
 The trainer's fragment map (:class:`diloco_core.fragments.Fragments`) and the simulator
-(:func:`analysis.simulate.fragment_layers_of`) both deal layers with :func:`deal_layers`.
+(:func:`analysis.planning.simulate.fragment_layers_of`) both deal layers with :func:`deal_layers`.
 """
 
 from __future__ import annotations

@@ -11,14 +11,15 @@ import importlib
 from typing import Callable
 
 
-def lazy_exports(package: str, table: dict[str, str],
-                 namespace: dict) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
+def lazy_exports(package: str, table: dict[str, str], namespace: dict,
+                 modules: dict[str, str] | None = None) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
   """The ``__getattr__`` and ``__dir__`` of a package whose names load on first use.
 
   Args:
     package: the package's name (for the error message).
     table: each public name -> the module that defines it.
     namespace: the package's ``globals()``; a loaded name is cached there.
+    modules: names that stand for whole modules (a short name -> the module's path).
 
   Returns:
     ``(__getattr__, __dir__)`` to assign in the package's ``__init__``. A name not in
@@ -41,6 +42,8 @@ def lazy_exports(package: str, table: dict[str, str],
     module = table.get(name)
     if module is not None:
       value = getattr(importlib.import_module(module), name)
+    elif modules and name in modules:
+      value = importlib.import_module(modules[name])
     else:  # a submodule, as after an eager import of the package (``diloco_core.fragments``)
       try:
         value = importlib.import_module(f"{package}.{name}")
@@ -52,6 +55,6 @@ def lazy_exports(package: str, table: dict[str, str],
     return value
 
   def __dir__() -> list[str]:
-    return sorted(set(namespace) | set(table))
+    return sorted(set(namespace) | set(table) | set(modules or ()))
 
   return __getattr__, __dir__

@@ -2,7 +2,7 @@
 
 Every package checks its inputs with these functions: the trainer's configs
 (:class:`~diloco_core.DiLoCoConfig`, the run config), :class:`~diloco_core.Fragments`,
-and the planning library (``analysis.roofline``, ``analysis.plan``). A value is validated
+and the planning library (``analysis.planning.roofline``, ``analysis.planning.plan``). A value is validated
 once, where it enters; the messages are one line, name the option (with its symbol) and say
 what is allowed. Values are never rounded: ``H = 10, P = 3`` is an error, not ``Δh = 3``.
 

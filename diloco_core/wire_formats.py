@@ -1,7 +1,7 @@
 """The wire formats and their sizes: what a pseudo-gradient costs in each, counted without JAX.
 
-The trainer's byte counters and the planning library (:mod:`analysis.plan`, the
-``python -m analysis`` command line, :mod:`analysis.paper_tables`) read the sizes here, so
+The trainer's byte counters and the planning library (:mod:`analysis.planning.plan`, the
+``python -m analysis`` command line, :mod:`analysis.planning.paper_tables`) read the sizes here, so
 the two never disagree and the calculator imports with numpy alone:
 
 * **Formats** (:data:`FORMATS`): ``none`` (float32, 32 bits), ``bf16`` (16), and the scaled

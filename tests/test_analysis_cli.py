@@ -9,9 +9,9 @@ from analysis import __main__ as cli
 from analysis import plan as pl
 from analysis import roofline as rl
 from analysis import simulate as sim
-from analysis.hardware import get_hardware
-from analysis.models import get_model
-from analysis.models import model_stats
+from analysis.planning.hardware import get_hardware
+from analysis.planning.models import get_model
+from analysis.planning.models import model_stats
 
 
 def _run(*args):

@@ -1,4 +1,4 @@
-"""analysis.plan: candidates, numbers by hand, the selection rule, the CLI round trip, errors."""
+"""analysis.planning.plan: candidates, numbers by hand, the selection rule, the CLI round trip, errors."""
 
 import math
 
@@ -6,7 +6,7 @@ import pytest
 
 from analysis import __main__ as cli
 from analysis import plan as pl
-from analysis.hardware import HardwareSpec
+from analysis.planning.hardware import HardwareSpec
 from diloco_core.model_config import ModelConfig
 
 # N = 2 * 10 * 8 (embeddings, head) + 2 * 656 (layers) + 8 (final norm) = 1480; fragment 0
@@ -247,8 +247,8 @@ def test_plan_refuses_overlaps_beyond_every_h():
 
 def test_moe_plan_computes_with_active_params_and_sends_total_params():
   """Qwen3-30B-A3B: the step time follows the 3.4B routed params, the bytes the 30.5B stored."""
-  from analysis.hardware import get_hardware
-  from analysis.models import get_model
+  from analysis.planning.hardware import get_hardware
+  from analysis.planning.models import get_model
   from diloco_core.model_config import flops_per_token, param_count
   cfg, hw = get_model("qwen3-30b-a3b"), get_hardware("v5p")
   p = pl.plan_run("qwen3-30b-a3b", "v5p", slices=2, chips_per_slice=64, seq_len=4096,

@@ -1,4 +1,4 @@
-"""Closed forms of analysis.hardware / models / roofline against hand-computed numbers."""
+"""Closed forms of analysis.planning.hardware / models / roofline against hand-computed numbers."""
 
 import dataclasses
 import math

@@ -131,7 +131,7 @@ def test_exact_table_by_hand():
   assert exact.loc[("1B", "DiLoCo"), "50%"] == pytest.approx(w, rel=1e-5)
 
 
-# ------------------------------------------------- the closed forms of analysis.roofline
+# ------------------------------------------------- the closed forms of analysis.planning.roofline
 
 GBIT = 1e9 / 8  # bytes/s per Gbit/s
 
@@ -484,7 +484,7 @@ def test_eager_bad_options(kw, match):
     sim.run_simulation("1B", bandwidth_gbps=10.0, **kw)
 
 
-# ---- the papers' own tables beside ours (analysis.paper_tables) ---------------------------------
+# ---- the papers' own tables beside ours (analysis.planning.paper_tables) ---------------------------------
 def test_paper_tables_hold_the_published_cells_and_their_identities():
   from analysis import paper_tables as pt
   t4, t5 = pt.reference(4), pt.reference(5)
@@ -582,7 +582,7 @@ def test_parity_with_the_public_calculator_where_the_models_coincide():
   path = os.path.join(os.path.dirname(__file__), "fixtures", "calculator_parity.json")
   fixture = json.load(open(path))
   assert len(fixture["commit"]) == 40 and fixture["constants"]["K_buckets"] == 128
-  from analysis.paper_tables import calculator_settings
+  from analysis.planning.paper_tables import calculator_settings
   for run in fixture["runs"]:
     m, kw = calculator_settings(run, fixture["constants"])
     ours = 100 * sim.utilization(m, run["method"], fixture["bandwidths_gbps"], **kw)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from analysis.hardware import HARDWARE, hardware_for_device_kind
+from analysis.planning.hardware import HARDWARE, hardware_for_device_kind
 from diloco_core import ModelConfig, get_preset
 from diloco_core import backend
 

@@ -79,7 +79,7 @@ def run(args, installed, timeout=600, **kw) -> subprocess.CompletedProcess:
 
 def test_the_wheel_ships_the_stored_experiments_and_every_module(installed):
   site, _, _ = installed
-  for package in ("diloco_core", "analysis", "analysis/plots"):
+  for package in ("diloco_core", "analysis", "analysis/planning", "analysis/lab", "analysis/plots"):
     here = {p.name for p in (ROOT / package).glob("*.py")}
     shipped = {p.name for p in (site / package).glob("*.py")}
     assert here == shipped, f"{package}: not shipped {sorted(here - shipped)}"

@@ -121,7 +121,7 @@ def test_background_over_two_processes_equals_in_step_on_the_same_mesh_bit_for_b
 def test_a_process_takes_its_inner_steps_without_waiting_for_a_late_one(tmp_path):
   """Process 1 starts its steps 8 s late: process 0 has taken its inner steps 1..5 before
   (none of its programs waits for another process), and waits only for the payload of step 6."""
-  from analysis.measured import read_trace
+  from analysis.lab.measured import read_trace
   out = tmp_path / "late"
   flags = [*COMMON, "--steps", "6", "--log-every", "6", "--eval-every", "6", "--communication", "background"]
   r = subprocess.run([sys.executable, "-m", "diloco_core.launch", "--processes", "2", "--devices-per-process", "1",
@@ -197,7 +197,7 @@ def test_over_a_shaped_link_steps_run_while_a_fragment_is_in_flight(tmp_path):
   why = _can_shape()
   if why is not None:
     pytest.skip(why)
-  from analysis.measured import read_trace
+  from analysis.lab.measured import read_trace
   args = ["--model", "tiny", "--replicas", "2", "--sync-every", "8", "--steps", "32", "--batch-size", "2",
           "--seq-len", "8", "--eval-every", "32", "--log-every", "32", "--warmup-steps", "1", "--no-progress",
           "--communication", "background"]

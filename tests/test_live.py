@@ -1,4 +1,4 @@
-"""Live sweeps (analysis.live): the plan and its estimate are stated first, MAX_RUNS caps a call."""
+"""Live sweeps (analysis.lab.live): the plan and its estimate are stated first, MAX_RUNS caps a call."""
 
 from __future__ import annotations
 

@@ -8,9 +8,9 @@ import re
 import pytest
 
 from analysis import cpu_kind, experiments, realizations, recheck, stored
-from analysis.sweep_cache import cache_dir
-from analysis.sweeps import run_one
-from analysis.sweeps import grid
+from analysis.lab.sweep_cache import cache_dir
+from analysis.lab.sweeps import run_one
+from analysis.lab.sweeps import grid
 from diloco_core.data import DataConfig
 from diloco_core.train import TrainConfig
 

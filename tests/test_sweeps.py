@@ -1,4 +1,4 @@
-"""analysis.sweeps (grids, the on-disk cache, tidy results) and analysis.plots."""
+"""analysis.lab.sweeps (grids, the on-disk cache, tidy results) and analysis.plots."""
 
 import dataclasses
 import json
@@ -133,7 +133,7 @@ def test_named_sweeps_are_valid_and_distinct(scale):
 
 def test_cpu_experiments_are_in_the_papers_regime_and_the_build_retrains_few():
   """The stored experiments run many outer steps near convergence (docs/claims.md); the docs
-  build trains only a fixed sample of them again (analysis.stored), not every run."""
+  build trains only a fixed sample of them again (analysis.lab.stored), not every run."""
   from analysis import recheck
   base = experiments.base_config()
   assert base.steps // base.algo.sync_every >= 50

@@ -1,7 +1,7 @@
 """Figures of sweep results and calculator tables: curves, metrics, trade-offs, bars, lines.
 
-The inputs are the tidy DataFrames of :mod:`analysis.sweeps` (one row per run, or one row
-per logged step from :func:`~analysis.sweeps.sweep_curves`) or plain tables from the
+The inputs are the tidy DataFrames of :mod:`analysis.lab.sweeps` (one row per run, or one row
+per logged step from :func:`~analysis.lab.sweeps.sweep_curves`) or plain tables from the
 calculator; nothing here computes a result.
 """
 
@@ -28,7 +28,7 @@ def plot_curves(curves: pd.DataFrame, *, x: str = "step", y: str = "eval_loss",
   """Loss (or any metric) against step or tokens, one line per ``hue`` group.
 
   Args:
-    curves: long-format metrics, e.g. :func:`analysis.sweeps.sweep_curves`.
+    curves: long-format metrics, e.g. :func:`analysis.lab.sweeps.sweep_curves`.
     x, y: columns to plot (rows where ``y`` is missing are dropped).
     hue: column(s) whose values make one line each.
     floor: draw the data's entropy floor as a dashed line.
@@ -64,7 +64,7 @@ def plot_metric(df: pd.DataFrame, *, x: str, y: str = "final_eval_loss",
   Rows sharing (hue, x) — e.g. seeds — are averaged, with their spread as error bars.
 
   Args:
-    df: one row per run (:func:`analysis.sweeps.run_sweep`).
+    df: one row per run (:func:`analysis.lab.sweeps.run_sweep`).
     x: the swept column on the x axis.
     y: the metric.
     hue: column(s) whose values make one line each.

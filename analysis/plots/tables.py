@@ -21,7 +21,7 @@ def side_by_side(paper: pd.DataFrame, ours: pd.DataFrame, steps: pd.DataFrame, c
 
   Args:
     paper, ours, steps: frames of the same index and columns (e.g. from
-      :mod:`analysis.paper_tables`: ``reference``, ``simulated``, ``grid_steps``).
+      :mod:`analysis.planning.paper_tables`: ``reference``, ``simulated``, ``grid_steps``).
     caption: the table's caption.
 
   Returns:

@@ -1,7 +1,7 @@
 """Timelines: the communication schedules of DP, DiLoCo and Streaming DiLoCo, and simulated runs.
 
 :func:`schedule_text` and :func:`plot_schedule` draw :func:`diloco_core.schedule.schedule_table`;
-:func:`plot_timeline` draws a run of :mod:`analysis.simulate`, :func:`plot_hiding` one sync
+:func:`plot_timeline` draws a run of :mod:`analysis.planning.simulate`, :func:`plot_hiding` one sync
 of several runs, where each transfer hides behind compute.
 """
 
@@ -130,7 +130,7 @@ def plot_timeline(timeline: pd.DataFrame, *, start: float | None = None, end: fl
   """A Gantt chart of a simulated run: compute, idle (waiting for the network) and transfers.
 
   Args:
-    timeline: :meth:`analysis.simulate.SimResult.timeline` (columns ``kind``, ``start``,
+    timeline: :meth:`analysis.planning.simulate.SimResult.timeline` (columns ``kind``, ``start``,
       ``end``; kinds ``compute``/``forward``/``backward``, ``idle``, ``transfer``).
     start, end: the time window to draw (seconds; default: everything).
     lanes: ``{kind: lane label}``; default puts compute and idle on one lane, transfers on
@@ -185,7 +185,7 @@ def plot_timeline(timeline: pd.DataFrame, *, start: float | None = None, end: fl
 def plot_hiding(runs: dict, *, after: float = 0.5, title: str | None = None):
   """One sync of each simulated run, compute against the link: where each transfer hides.
 
-  For each :class:`analysis.simulate.SimResult`, from the start of the first step of its
+  For each :class:`analysis.planning.simulate.SimResult`, from the start of the first step of its
   measured window that sends to a little after the step that needs what it sent: the
   per-layer forward and backward passes and the idle time (top lane), the chunks on the
   link (bottom lane), the *hiding window* (shaded, from the first chunk's release to the

@@ -3,10 +3,10 @@ measured checks on any other.
 
 Every build trains a fixed sample of each stored experiment's runs again (:func:`verify_all`)
 and compares it with the stored numbers. What can be promised depends on the CPU
-(:func:`~analysis.cpu_kind.cpu_fingerprint`):
+(:func:`~analysis.lab.cpu_kind.cpu_fingerprint`):
 
 * **The same kind of CPU** as a stored file of the experiment (the main file, or a second
-  *realization* trained under another instruction set, :func:`analysis.stored.realizations`):
+  *realization* trained under another instruction set, :func:`analysis.lab.stored.realizations`):
   CPU runs are deterministic there, so every checked number and the whole eval-loss curve must
   equal the stored ones to :data:`RTOL` (``check`` = ``"exact"``).
 * **Another kind of CPU**: XLA compiles kernels for other instruction sets that round
@@ -18,22 +18,22 @@ and compares it with the stored numbers. What can be promised depends on the CPU
      rounding differences have grown, agree to :data:`PREFIX_RTOL`;
   2. *the result is the same experiment*: the final eval loss moved by at most
      :data:`SPREAD_Z` standard deviations of the difference of two realizations,
-     :math:`|\Delta| \le z\,\sqrt{2}\,\max(\sigma_E, \sigma_c)` (:func:`~analysis.realizations.run_scales`), where
+     :math:`|\Delta| \le z\,\sqrt{2}\,\max(\sigma_E, \sigma_c)` (:func:`~analysis.lab.realizations.run_scales`), where
      :math:`\sigma_c` is the seed spread of the run's configuration (the standard deviation of the
-     final loss over its seeds) and :math:`\sigma_E` the experiment's (:func:`~analysis.realizations.seed_spread`: the
+     final loss over its seeds) and :math:`\sigma_E` the experiment's (:func:`~analysis.lab.realizations.seed_spread`: the
      median of :math:`\sigma_c` over its configurations). A configuration noisier than typical
      is judged by its own spread; the experiment's is the floor, since a spread of two seeds
      can be small by luck. An experiment with one seed per configuration has no spread to judge
      by: its final loss is reported, and only the counts and the prefix decide.
 
 The sample (:func:`sample_indices`) is drawn from the runs of *stable* configurations
-(:func:`~analysis.realizations.stable_runs`): a configuration whose seeds spread by more than :data:`~analysis.realizations.UNSTABLE` times
+(:func:`~analysis.lab.realizations.stable_runs`): a configuration whose seeds spread by more than :data:`~analysis.lab.realizations.UNSTABLE` times
 the experiment's typical spread sits in a corner where any rounding difference grows, and must
 not decide whether the site builds.
 
 The bounds are measured, not chosen: the experiments page computes them from the stored
 ``claims`` experiment and its second realization trained under ``--xla_cpu_max_isa=AVX2``
-(:func:`~analysis.realizations.realization_drift`).
+(:func:`~analysis.lab.realizations.realization_drift`).
 """
 
 from __future__ import annotations
@@ -47,15 +47,15 @@ from typing import Sequence
 
 import pandas as pd
 
-from analysis import experiments
-from analysis import stored as store
-from analysis.cpu_kind import cpu_fingerprint
-from analysis.realizations import UNSTABLE  # noqa: F401  (re-exported: the re-check's bound)
-from analysis.realizations import rel
-from analysis.realizations import run_scales
-from analysis.realizations import seed_spread  # noqa: F401
-from analysis.realizations import stable_runs
-from analysis.sweeps import run_one
+from analysis.lab import experiments
+from analysis.lab import stored as store
+from analysis.lab.cpu_kind import cpu_fingerprint
+from analysis.lab.realizations import UNSTABLE  # noqa: F401  (re-exported: the re-check's bound)
+from analysis.lab.realizations import rel
+from analysis.lab.realizations import run_scales
+from analysis.lab.realizations import seed_spread  # noqa: F401
+from analysis.lab.realizations import stable_runs
+from analysis.lab.sweeps import run_one
 from diloco_core.validity import check_int
 
 #: Largest relative difference between a stored number and the same run trained again on the
@@ -97,7 +97,7 @@ def sample_indices(costs: Sequence[float], k: int = SAMPLE,
   Args:
     costs: one cost per run.
     k: how many runs.
-    eligible: which runs may be drawn (default: all; :func:`~analysis.realizations.stable_runs`).
+    eligible: which runs may be drawn (default: all; :func:`~analysis.lab.realizations.stable_runs`).
 
   Examples:
     >>> sample_indices([5.0, 1.0, 9.0, 3.0], 1), sample_indices([5.0, 1.0, 9.0, 3.0], 2)
@@ -159,7 +159,7 @@ def verify(name: str, *, k: int = SAMPLE, scale: str = "cpu", rtol: float = RTOL
            cache: str | os.PathLike | bool = False) -> pd.DataFrame:
   """Trains ``k`` runs of a stored experiment again and compares them with the stored numbers.
 
-  The runs are :func:`sample_indices` of the stable runs (:func:`~analysis.realizations.stable_runs`), by stored wall
+  The runs are :func:`sample_indices` of the stable runs (:func:`~analysis.lab.realizations.stable_runs`), by stored wall
   time, trained from scratch. On the kind of CPU of a stored file (:func:`same_cpu_file`) every
   :data:`CHECKED` number and the eval-loss curve must match it to ``rtol``; on another, the
   two checks of the module docstring apply (the counts and the prefix; the final loss within
@@ -170,8 +170,8 @@ def verify(name: str, *, k: int = SAMPLE, scale: str = "cpu", rtol: float = RTOL
     k: how many runs to re-train.
     scale: its scale.
     rtol: the exact check's relative tolerance.
-    path: read this file instead of :func:`analysis.stored.path_of` (tests).
-    raise_on_error: raise :class:`~analysis.stored.StoredResultError` on a failed check.
+    path: read this file instead of :func:`analysis.lab.stored.path_of` (tests).
+    raise_on_error: raise :class:`~analysis.lab.stored.StoredResultError` on a failed check.
     cache: a sweep cache to share runs between experiments (``False``: train every run).
 
   Returns:

@@ -5,7 +5,7 @@ A run with ``communication="background"`` writes ``<out>/trace/process-<rank>.js
 ``wait`` rows (the main thread blocked on a fragment that had not arrived), ``transfer``
 rows (a collective on the link thread: launched, finished) and ``settle`` rows.
 :func:`summarize` turns them into the numbers the overlap benchmark (``benchmarks/overlap.py``)
-and the background-communication page show; :func:`simulated` asks :mod:`analysis.simulate`
+and the background-communication page show; :func:`simulated` asks :mod:`analysis.planning.simulate`
 for the same setting; :func:`overlap_benchmark` runs the whole comparison.
 
 Examples:
@@ -30,7 +30,7 @@ import sys
 import numpy as np
 import pandas as pd
 
-from analysis.simulate import SimModel, run_simulation
+from analysis.planning.simulate import SimModel, run_simulation
 
 
 def read_trace(out: str) -> dict[int, list[dict]]:
@@ -88,7 +88,7 @@ def summarize(rows: list[dict], first_step: int = 1, last_step: int | None = Non
 
 def timeline(rows: list[dict], first_step: int = 1) -> pd.DataFrame:
   """A process's measured run as the simulator's timeline
-  (:meth:`analysis.simulate.SimResult.timeline`, for :func:`analysis.plots.timelines.plot_timeline`):
+  (:meth:`analysis.planning.simulate.SimResult.timeline`, for :func:`analysis.plots.timelines.plot_timeline`):
   ``kind`` "compute" (a step's local programs, less its waits), "idle" (waiting for a
   fragment), "transfer" (a fragment's gather on the link thread); ``step``, ``start``,
   ``end`` in seconds from the first measured step's start."""
@@ -109,7 +109,7 @@ def timeline(rows: list[dict], first_step: int = 1) -> pd.DataFrame:
 def simulated(step_s: float, payload_bytes: float, rate_mbit: float, *, processes: int = 2,
               sync_every: int, overlap: int = 0, outer_overlap: str = "none", latency_s: float = 0.0,
               host_s: float = 0.0, record: bool = False):
-  """The utilization :mod:`analysis.simulate` predicts for a measured background setting.
+  """The utilization :mod:`analysis.planning.simulate` predicts for a measured background setting.
 
   The simulated replica computes ``step_s`` per step and sends one fragment of
   ``payload_bytes`` per process at the end of each sync step (the background runtime hands
@@ -124,7 +124,7 @@ def simulated(step_s: float, payload_bytes: float, rate_mbit: float, *, processe
   ``step_s`` counts as compute (the term this comparison adds to the simulator's model).
 
   Returns:
-    The utilization (float), or the :class:`~analysis.simulate.SimResult` with ``record``
+    The utilization (float), or the :class:`~analysis.planning.simulate.SimResult` with ``record``
     (its step time then includes ``host_s``).
   """
   n = processes
@@ -148,7 +148,7 @@ def launch_run(out: str, train_args: list[str], mbit: float | None = None, proce
   process, over a link shaped to ``mbit`` when given) with ``train_args``, writing to ``out``;
   a failure raises with its output."""
   shaping = [] if mbit is None else ["--link-mbit", f"{mbit:.3f}"]
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   cmd = [sys.executable, "-m", "diloco_core.launch", "--processes", str(processes), "--devices-per-process", "1",
          "--pin-cpus", *shaping, "--", *train_args, "--no-progress", "--out", out]
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))

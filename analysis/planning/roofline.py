@@ -6,7 +6,7 @@ bytes/s. Conventions follow "How to Scale Your Model" (jax-ml/scaling-book,
 
 * a bandwidth W is what one chip (or slice) can send; a ring all-reduce of V bytes
   over M members costs :math:`2(M-1)/M \\cdot V / W`
-  (:func:`~analysis.bandwidth.allreduce_factor`; ``replicas=None`` takes the many-member
+  (:func:`~analysis.planning.bandwidth.allreduce_factor`; ``replicas=None`` takes the many-member
   limit 2, as the book does);
 * a step is *compute-bound* over a network when the time of the FLOPs the transfer is
   compared with exceeds the transfer time. For data parallelism that is the backward
@@ -15,23 +15,23 @@ bytes/s. Conventions follow "How to Scale Your Model" (jax-ml/scaling-book,
 * "critical batch": the batch (tokens) at which both times are equal. Above it the
   step is compute-bound.
 
-Hardware and models are resolved objects here (:class:`~analysis.hardware.HardwareSpec`,
-:class:`~diloco_core.model_config.ModelConfig`): the entry points (:func:`analysis.plan.plan_run`,
-``python -m analysis``, or your own code with :func:`~analysis.hardware.get_hardware` and
-:func:`~analysis.models.get_model`) resolve catalog names once. Transfer times and payloads are
-in :mod:`analysis.bandwidth`, memory in :mod:`analysis.memory`. The simulator
-(:mod:`analysis.simulate`) checks these closed forms event by event.
+Hardware and models are resolved objects here (:class:`~analysis.planning.hardware.HardwareSpec`,
+:class:`~diloco_core.model_config.ModelConfig`): the entry points (:func:`analysis.planning.plan.plan_run`,
+``python -m analysis``, or your own code with :func:`~analysis.planning.hardware.get_hardware` and
+:func:`~analysis.planning.models.get_model`) resolve catalog names once. Transfer times and payloads are
+in :mod:`analysis.planning.bandwidth`, memory in :mod:`analysis.planning.memory`. The simulator
+(:mod:`analysis.planning.simulate`) checks these closed forms event by event.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from analysis import _checks
-from analysis.bandwidth import payload_bytes
-from analysis.hardware import check_hardware
-from analysis.models import check_model
-from analysis.models import model_stats
+from analysis.planning import _checks
+from analysis.planning.bandwidth import payload_bytes
+from analysis.planning.hardware import check_hardware
+from analysis.planning.models import check_model
+from analysis.planning.models import model_stats
 from diloco_core.validity import check_choice
 from diloco_core.validity import check_int
 from diloco_core.validity import check_real
@@ -59,7 +59,7 @@ def t_math(flops, flops_per_s):
 
   Examples:
     >>> # one step of Llama-3-8B on 1M tokens, on a 256-chip v5p slice at peak
-    >>> from analysis.models import model_stats
+    >>> from analysis.planning.models import model_stats
     >>> round(t_math(model_stats("8B").flops_per_token * 2**20, 256 * 4.59e14), 3)
     0.517
   """
@@ -107,7 +107,7 @@ def critical_intensity(flops_per_s, bytes_per_s):
   Examples:
     >>> round(critical_intensity(1.97e14, 8.1e11))  # TPU v5e against HBM: ~240
     243
-    >>> from analysis.hardware import get_hardware
+    >>> from analysis.planning.hardware import get_hardware
     >>> hw = get_hardware("h100")
     >>> round(critical_intensity(hw.peak_flops, hw.hbm_bandwidth))
     295
@@ -175,7 +175,7 @@ def dp_critical_batch_per_chip(hardware, *, axes=1, model=None, seq_len=None, bi
      \\quad\\xrightarrow{\\;a=2,\\,b=16,\\,f=2/3\\;}\\quad \\frac{C}{W_\\text{ICI}}
 
   Args:
-    hardware: a :class:`~analysis.hardware.HardwareSpec`.
+    hardware: a :class:`~analysis.planning.hardware.HardwareSpec`.
     axes: ICI axes devoted to data parallelism (the book: 3 axes triple W).
     model: a ModelConfig; None is the book's idealised dense model
       (attention FLOPs ignored, :math:`N = N_\\text{active}`). An MoE raises the
@@ -190,7 +190,7 @@ def dp_critical_batch_per_chip(hardware, *, axes=1, model=None, seq_len=None, bi
     Tokens per chip.
 
   Examples:
-    >>> from analysis.hardware import get_hardware
+    >>> from analysis.planning.hardware import get_hardware
     >>> v5p = get_hardware("v5p")
     >>> round(dp_critical_batch_per_chip(v5p))  # "How to Scale Your Model": 2,550
     2550
@@ -228,7 +228,7 @@ def dp_critical_batch_per_slice(hardware, *, model=None, seq_len=None, bits=16,
     Tokens per slice.
 
   Examples:
-    >>> from analysis.hardware import get_hardware
+    >>> from analysis.planning.hardware import get_hardware
     >>> v5p = get_hardware("v5p")
     >>> # v5p: 4.59e14 FLOP/s over 6.25e9 B/s of DCN per chip. The book rounds the pod
     >>> # totals (3.8e18 / 5e13) and quotes ~76,000; unrounded it is 73,440.
@@ -236,7 +236,7 @@ def dp_critical_batch_per_slice(hardware, *, model=None, seq_len=None, bits=16,
     73440
     >>> round(dp_critical_batch_per_slice(v5p, replicas=2))  # two slices: a = 1
     36720
-    >>> from analysis.models import get_model
+    >>> from analysis.planning.models import get_model
     >>> round(dp_critical_batch_per_slice(v5p, model=get_model("qwen3-30b-a3b")))  # MoE
     481975
   """
@@ -265,7 +265,7 @@ def diloco_critical_batch_per_slice(hardware, sync_every, *, model=None, seq_len
     Tokens per slice.
 
   Examples:
-    >>> from analysis.hardware import get_hardware
+    >>> from analysis.planning.hardware import get_hardware
     >>> v5p = get_hardware("v5p")
     >>> round(diloco_critical_batch_per_slice(v5p, 100))
     734
@@ -281,7 +281,7 @@ def streaming_window_steps(sync_every, fragments, overlap=0, *, compute_fraction
 
   Outer gradients are reduced layer by layer while the *sending* step's backward pass
   runs (the Streaming DiLoCo paper's accounting, arXiv 2501.18512, Figure 3 and Table 4;
-  :func:`~analysis.bandwidth.hiding_window`), and a fragment sent during step :math:`t`
+  :func:`~analysis.planning.bandwidth.hiding_window`), and a fragment sent during step :math:`t`
   is merged before step :math:`t+\\tau+1`: it hides behind that backward pass (a
   fraction :math:`c` of a step) and :math:`\\tau` whole steps. Counted in backward
   passes, the unit of :math:`B^*_\\text{DP}`, and capped like DiLoCo's average by the
@@ -338,7 +338,7 @@ def streaming_critical_batch_per_slice(hardware, sync_every, fragments, overlap=
     Tokens per slice.
 
   Examples:
-    >>> from analysis.hardware import get_hardware
+    >>> from analysis.planning.hardware import get_hardware
     >>> v5p = get_hardware("v5p")
     >>> round(streaming_critical_batch_per_slice(v5p, 96, fragments=8, overlap=1))
     3672
@@ -395,7 +395,7 @@ def max_slices(global_batch_tokens, hardware, *, method="dp", sync_every=1, frag
     The largest M (an int, or an integer array for array input).
 
   Examples:
-    >>> from analysis.hardware import get_hardware
+    >>> from analysis.planning.hardware import get_hardware
     >>> v5p = get_hardware("v5p")
     >>> max_slices(4 * 2**20, v5p)  # 4M tokens, DP over DCN, bf16
     58

@@ -5,7 +5,7 @@ of a sync period sends: a payload is cut by layer (or by bucket of layers) and e
 chunk is released when the sending step's backward pass finishes its layers, as in the
 Streaming DiLoCo paper's simulation (arXiv 2501.18512, Figure 3). :func:`run_events`
 serves the chunks on one FIFO link and delays a step until what it needs has arrived.
-:mod:`analysis.simulate` builds its public API on these two functions.
+:mod:`analysis.planning.simulate` builds its public API on these two functions.
 """
 
 from __future__ import annotations
@@ -71,11 +71,11 @@ def schedule(method, m, *, replicas, sync_every, fragment_layers, fragment_patte
   Args:
     method: "dp", "diloco" or "streaming".
     m: the model (``params``, ``layers``, ``step_time``), e.g. a
-      :class:`analysis.simulate.SimModel`.
+      :class:`analysis.planning.simulate.SimModel`.
     replicas: M; the other keyword arguments (``sync_every``, ``fragment_layers``,
       ``fragment_pattern``, ``overlap``, ``bits``, ``bucket_layers``,
       ``forward_fraction``, ``outer_overlap``) are those of
-      :func:`analysis.simulate.run_simulation`.
+      :func:`analysis.planning.simulate.run_simulation`.
 
   Returns:
     The period in steps (1 for DP, H otherwise) and, for each step of the period that

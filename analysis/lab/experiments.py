@@ -1,7 +1,7 @@
 """The named sweeps behind the docs and notebooks, at two scales (a registry of configs).
 
 Each sweep is a function of the scale (:data:`SCALES`) that returns a list of
-``TrainConfig``; :func:`named_sweep` looks one up, :func:`analysis.sweeps.run_sweep` trains
+``TrainConfig``; :func:`named_sweep` looks one up, :func:`analysis.lab.sweeps.run_sweep` trains
 it (or reads it from the cache). :func:`base_config` is the run every sweep varies around.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from analysis.sweeps import grid
-from analysis.sweeps import with_values
+from analysis.lab.sweeps import grid
+from analysis.lab.sweeps import with_values
 from diloco_core.config import DiLoCoConfig
 from diloco_core.validity import check_choice
 
@@ -38,7 +38,7 @@ def base_config(scale: str = "cpu", **changes):
 
   Args:
     scale: one of :data:`SCALES`.
-    **changes: fields to change (names as in :func:`~analysis.sweeps.grid`).
+    **changes: fields to change (names as in :func:`~analysis.lab.sweeps.grid`).
 
   Returns:
     A TrainConfig.

@@ -96,7 +96,7 @@ def check_model(model, *, optional: bool = False) -> ModelConfig | None:
   """``model`` if it is a ModelConfig (or None when ``optional``); else a one-line ValueError.
 
   The calculator's functions take resolved models; :func:`get_model` resolves a catalog
-  name once, at the entry point (:func:`analysis.plan.plan_run`, the command line).
+  name once, at the entry point (:func:`analysis.planning.plan.plan_run`, the command line).
 
   Examples:
     >>> check_model("8B")

@@ -1,7 +1,7 @@
 """The papers' findings as tests: paired differences over seeds, 95% intervals, computed verdicts.
 
 Each :class:`Claim` is one published finding (the paper, its setting, its number) and a test
-on the stored ``claims`` experiment (:func:`analysis.experiments.claims_arms`): every arm is
+on the stored ``claims`` experiment (:func:`analysis.lab.experiments.claims_arms`): every arm is
 trained with the same seeds, so each comparison is a **paired** difference (arm b minus arm a,
 seed by seed, in percent of arm a's loss), summarised by its mean and a 95% Student-t
 interval (:func:`paired`). A verdict is computed from the intervals, never typed in:
@@ -332,17 +332,17 @@ def arm_frame(stored, arms: Mapping[str, object]) -> pd.DataFrame:
   """The stored claims runs with an ``arm`` column, one row per (arm, seed).
 
   Args:
-    stored: a :class:`~analysis.stored.StoredExperiment` (or anything with ``runs``: dicts
+    stored: a :class:`~analysis.lab.stored.StoredExperiment` (or anything with ``runs``: dicts
       holding ``config`` and ``row``).
-    arms: arm name -> TrainConfig (seed 0), e.g. :func:`analysis.experiments.claims_arms`.
+    arms: arm name -> TrainConfig (seed 0), e.g. :func:`analysis.lab.experiments.claims_arms`.
       Arms with the same config share its runs.
 
   Returns:
-    The rows of :func:`analysis.sweeps.run_sweep`, plus ``arm`` and ``metrics`` (the run's
+    The rows of :func:`analysis.lab.sweeps.run_sweep`, plus ``arm`` and ``metrics`` (the run's
     logged metrics, column -> values).
   """
-  # here: analysis.stored imports the trainer's config
-  from analysis.stored import default_config, plain_config, with_defaults
+  # here: analysis.lab.stored imports the trainer's config
+  from analysis.lab.stored import default_config, plain_config, with_defaults
 
   def marker(cfg_dict):
     d = dict(cfg_dict)
@@ -379,7 +379,7 @@ def across_realizations(results: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
   """One verdict per claim over several realizations of the claims experiment.
 
   A realization is the same experiment trained on another kind of CPU (its rounding differs, so
-  every run drifts to another trajectory: :mod:`analysis.recheck`). A verdict that one
+  every run drifts to another trajectory: :mod:`analysis.lab.recheck`). A verdict that one
   realization reaches and another does not is not a finding: it is **not resolved**.
 
   Args:

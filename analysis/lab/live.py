@@ -27,12 +27,12 @@ from typing import Sequence
 
 import pandas as pd
 
-from analysis.sweep_cache import cache_dir
-from analysis.sweep_cache import is_cached
-from analysis.sweeps import program_groups
-from analysis.sweeps import run_sweep
-from analysis.sweeps import training_order
-from analysis.sweeps import with_values
+from analysis.lab.sweep_cache import cache_dir
+from analysis.lab.sweep_cache import is_cached
+from analysis.lab.sweeps import program_groups
+from analysis.lab.sweeps import run_sweep
+from analysis.lab.sweeps import training_order
+from analysis.lab.sweeps import with_values
 from diloco_core.model_config import flops_per_token
 from diloco_core.validity import check_int
 
@@ -183,7 +183,7 @@ def plan_live(configs: Sequence, *, cache=None, max_runs: int | None = None,
 
   Args:
     configs: the sweep's TrainConfigs.
-    cache: the sweep cache (default :func:`~analysis.sweep_cache.cache_dir`); ``False``: none.
+    cache: the sweep cache (default :func:`~analysis.lab.sweep_cache.cache_dir`); ``False``: none.
     max_runs: train at most this many new runs.
     measure: run the probe (a few steps of the first run to train) for the estimate.
 
@@ -213,13 +213,13 @@ def live_sweep(configs: Sequence, *, max_runs: int | None = None, cache=None,
     configs: the sweep's TrainConfigs.
     max_runs: train at most this many new runs in this call (None: all). When runs remain,
       :class:`LiveLimitReached` says how many; they are cached, so calling again goes on.
-    cache: the sweep cache (as :func:`~analysis.sweeps.run_sweep`).
+    cache: the sweep cache (as :func:`~analysis.lab.sweeps.run_sweep`).
     desc: the progress bar's label.
     measure: probe the backend for the time estimate.
     progress: show the progress bar.
 
   Returns:
-    One row per run, as :func:`~analysis.sweeps.run_sweep`.
+    One row per run, as :func:`~analysis.lab.sweeps.run_sweep`.
 
   Raises:
     LiveLimitReached: after training ``max_runs`` runs, when the sweep has more to train.

@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from analysis import _checks
-from analysis.models import fragment_sizes
-from analysis.roofline import METHODS
+from analysis.planning import _checks
+from analysis.planning.models import fragment_sizes
+from analysis.planning.roofline import METHODS
 from diloco_core.footprint import replica_state_bytes
 from diloco_core.model_config import ModelConfig
 from diloco_core.model_config import param_count
@@ -52,13 +52,13 @@ def memory_per_replica(model, *, method="diloco", sync_every=1, fragments=1, ove
 
   :math:`n_\\text{flight}` counts the fragments sent in any :math:`\\tau + 1`
   consecutive steps (an upper bound on those held at once); fragment sizes follow the
-  semantics page, docs/semantics.md (:func:`~analysis.models.fragment_sizes`) for a
+  semantics page, docs/semantics.md (:func:`~analysis.planning.models.fragment_sizes`) for a
   ModelConfig and are equal for a bare parameter count. The outer state is held once per
   replica.
 
   Args:
     model: a ModelConfig (resolve a catalog name with
-      :func:`~analysis.models.get_model`) or a parameter count.
+      :func:`~analysis.planning.models.get_model`) or a parameter count.
     method: "dp", "diloco" or "streaming" ("diloco" is streaming with P = 1).
     sync_every, fragments, overlap: H, P, τ (ignored for "dp").
     param_bytes: bytes per local parameter (4: fp32 master weights).

@@ -207,7 +207,7 @@ def check_hardware(hardware) -> HardwareSpec:
   """``hardware`` if it is a :class:`HardwareSpec`; else a one-line ValueError.
 
   The calculator's functions take resolved specs; :func:`get_hardware` resolves a catalog
-  name once, at the entry point (:func:`analysis.plan.plan_run`, the command line).
+  name once, at the entry point (:func:`analysis.planning.plan.plan_run`, the command line).
 
   Examples:
     >>> check_hardware("v5p")

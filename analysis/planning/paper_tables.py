@@ -3,12 +3,12 @@
 Reference data, cited: the numbers in :data:`TABLE4` and :data:`TABLE5` are the papers'
 figures (Gbit/s needed to reach each compute utilization), copied from public copies of the
 papers' arXiv HTML (see :data:`SOURCES`) and never computed or edited here. Everything else
-in this module compares them with :func:`analysis.simulate.bandwidth_for_utilization` run
+in this module compares them with :func:`analysis.planning.simulate.bandwidth_for_utilization` run
 with the settings each row states.
 
 * **Table 4** of the Streaming DiLoCo paper (arXiv 2501.18512, v1): 1B / 10B / 100B models
   (24 / 48 / 108 layers, 0.1 / 0.8 / 4.9 s per step), DP, DiLoCo and three Streaming
-  variants, H = 100, fragments of 3 layers, M = 2 (:data:`analysis.simulate.PAPER_ROWS`).
+  variants, H = 100, fragments of 3 layers, M = 2 (:data:`analysis.planning.simulate.PAPER_ROWS`).
 * **Table 5** of the eager-updates paper (arXiv 2502.12996, v1): DP, Streaming DiLoCo, and
   Streaming with FP4 payloads overlapped over one inner step (τ = 1) or over one whole outer
   step (the eager mode: a payload may arrive up to H steps later), at H = 30 and H = 100.
@@ -17,7 +17,7 @@ with the settings each row states.
   fragments outnumber the 30 steps of a period, which this simulator cannot express (one
   send per step at most): those 10 cells are left out of the counts and named.
 
-The printed values are points of the paper's grid (:data:`analysis.simulate.PAPER_GRID_GBPS`,
+The printed values are points of the paper's grid (:data:`analysis.planning.simulate.PAPER_GRID_GBPS`,
 50 log-spaced points from 0.1 to 1000 Gbit/s, a step of ×1.207) printed with one decimal
 (within 0.055 of the point, under half a step away), so each cell maps to one grid index
 (:func:`grid_index`) and two tables compare in signed grid
@@ -37,7 +37,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from analysis import simulate as sim
+from analysis.planning import simulate as sim
 
 #: Where each table's numbers come from (copies of the arXiv HTML, cross-checked cell by cell
 #: against a second, independent copy).
@@ -62,7 +62,7 @@ COMMON = {"replicas": 2, "fragment_layers": 3, "latency": 0.0}
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
-  """How this simulator runs one of the papers' rows (:func:`analysis.simulate.run_simulation`)."""
+  """How this simulator runs one of the papers' rows (:func:`analysis.planning.simulate.run_simulation`)."""
 
   method: str
   overlap: int = 0
@@ -213,7 +213,7 @@ def summary_line(steps: pd.DataFrame) -> str:
 
 
 def calculator_settings(run: dict, constants: dict) -> tuple[sim.SimModel, dict]:
-  """(model, options of :func:`analysis.simulate.utilization`) that set this simulator to the
+  """(model, options of :func:`analysis.planning.simulate.utilization`) that set this simulator to the
   public calculator's choices for one run of ``tests/fixtures/calculator_parity.json``: its
   ``K_buckets`` equal buckets as that many "layers" released one by one, strided fragments.
 
@@ -243,7 +243,7 @@ def throughput_floor(table: int = 5) -> pd.DataFrame:
   (the payload of one period, all P fragments, over the period's wall time). A paper cell
   below it cannot be a steady state of one link carrying every payload; NaN for other rows.
   """
-  from analysis.bandwidth import allreduce_factor
+  from analysis.planning.bandwidth import allreduce_factor
   ref = reference(table)
   out = pd.DataFrame(np.nan, index=ref.index, columns=ref.columns)
   for model, label, _ in TABLES[_check_table(table)]:

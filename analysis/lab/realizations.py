@@ -1,7 +1,7 @@
 r"""How far two realizations of a stored experiment are apart, and how noisy its seeds are.
 
 A *realization* is an experiment trained on one kind of CPU; another kind of CPU rounds
-differently and gives another realization (:mod:`analysis.recheck`). The statistics here
+differently and gives another realization (:mod:`analysis.lab.recheck`). The statistics here
 measure the seeds' spread (:func:`seed_spread`, :func:`run_scales`, :func:`stable_runs`) and
 the distance between two realizations (:func:`realization_drift`, :func:`final_z`,
 :func:`cross_cpu_noise`): the re-check's bounds and the tuning page's resolution come from them.
@@ -116,7 +116,7 @@ def realization_drift(first, second, steps: Sequence[int] = (0, 20, 40, 60, 100,
   """How far two realizations of one experiment (two kinds of CPU) are apart, step by step.
 
   Args:
-    first, second: two :class:`~analysis.stored.StoredExperiment` of the same experiment.
+    first, second: two :class:`~analysis.lab.stored.StoredExperiment` of the same experiment.
     steps: the logged steps to report.
 
   Returns:
@@ -139,7 +139,7 @@ def realization_drift(first, second, steps: Sequence[int] = (0, 20, 40, 60, 100,
 
 def final_z(first, second) -> pd.Series:
   r"""Each run's final-loss change between two realizations in units of
-  :math:`\sqrt{2}\,\max(\sigma_E, \sigma_c)` (the statistic of check 2, :data:`analysis.recheck.SPREAD_Z`;
+  :math:`\sqrt{2}\,\max(\sigma_E, \sigma_c)` (the statistic of check 2, :data:`analysis.lab.recheck.SPREAD_Z`;
   :func:`run_scales` of ``first``)."""
   return pd.Series([abs(float(b["row"]["final_eval_loss"]) - float(a["row"]["final_eval_loss"]))
                     / (math.sqrt(2) * scale)
@@ -148,7 +148,7 @@ def final_z(first, second) -> pd.Series:
 
 def cross_cpu_noise(first, second) -> float:
   r"""The noise another kind of CPU adds to a paired difference, in the units of
-  :func:`analysis.sweeps.paired_noise`.
+  :func:`analysis.lab.sweeps.paired_noise`.
 
   For each run, :math:`\delta = m^{(2)} - m^{(1)}` is the change of its final eval loss from one
   realization to the other. A paired difference between configurations A and B at seed s then
@@ -158,7 +158,7 @@ def cross_cpu_noise(first, second) -> float:
   noise).
 
   Args:
-    first, second: two :class:`~analysis.stored.StoredExperiment` of the same experiment (the
+    first, second: two :class:`~analysis.lab.stored.StoredExperiment` of the same experiment (the
       same runs, in order).
 
   Returns:

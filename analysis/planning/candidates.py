@@ -2,9 +2,9 @@
 
 :func:`candidates` lists DP, DiLoCo and Streaming DiLoCo configurations valid under the
 schedule rules of ``diloco_core.validity``; :func:`candidate_bandwidth` prices one with the
-closed forms of :mod:`analysis.bandwidth` (the simulator's accounting: every payload is
+closed forms of :mod:`analysis.planning.bandwidth` (the simulator's accounting: every payload is
 reduced layer by layer during the backward pass of the step that sends it); and
-:func:`candidate_table` tabulates bandwidth and memory per slice. :func:`analysis.plan.plan_run`
+:func:`candidate_table` tabulates bandwidth and memory per slice. :func:`analysis.planning.plan.plan_run`
 and ``python -m analysis roofline`` both read this table.
 """
 
@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis.bandwidth import hidden_bandwidth
-from analysis.bandwidth import payload_bytes
-from analysis.bandwidth import required_bandwidth
-from analysis.bandwidth import streaming_required_bandwidth
-from analysis.hardware import HardwareSpec
-from analysis.hardware import check_hardware
-from analysis.memory import memory_per_replica
-from analysis.models import check_model
-from analysis.models import fragment_sizes
-from analysis.roofline import METHODS
+from analysis.planning.bandwidth import hidden_bandwidth
+from analysis.planning.bandwidth import payload_bytes
+from analysis.planning.bandwidth import required_bandwidth
+from analysis.planning.bandwidth import streaming_required_bandwidth
+from analysis.planning.hardware import HardwareSpec
+from analysis.planning.hardware import check_hardware
+from analysis.planning.memory import memory_per_replica
+from analysis.planning.models import check_model
+from analysis.planning.models import fragment_sizes
+from analysis.planning.roofline import METHODS
 from diloco_core.model_config import ModelConfig
 from diloco_core.model_config import param_count
 from diloco_core.validity import allowed_fragments
@@ -172,7 +172,7 @@ def candidate_table(model: ModelConfig, hardware: HardwareSpec, cands, *, slices
       sparse DiLoCo wire; DP's gradients stay dense); None: ``bits``.
 
   Returns:
-    A DataFrame indexed by :func:`label`, with the columns of :class:`~analysis.plan.Plan`'s table except
+    A DataFrame indexed by :func:`label`, with the columns of :class:`~analysis.planning.plan.Plan`'s table except
     ``fits link``.
   """
   model, hw = check_model(model), check_hardware(hardware)

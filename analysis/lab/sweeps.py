@@ -5,10 +5,10 @@ the product of a few axes around a base config, :func:`run_sweep` trains each co
 (or reads it back from the cache) and returns one row per run, and :func:`sweep_curves`
 returns the logged metrics of the same runs, one row per (run, logged step).
 
-Finished runs are cached on disk (:mod:`analysis.sweep_cache`: one folder per run, keyed
+Finished runs are cached on disk (:mod:`analysis.lab.sweep_cache`: one folder per run, keyed
 by a hash of its config and of the trainer's code), so a rebuild reuses every finished run
 and reruns exactly the runs a change affects. The named sweeps the docs and notebooks use
-are in :mod:`analysis.experiments`; :func:`compare`, :func:`best`, :func:`summarize` and
+are in :mod:`analysis.lab.experiments`; :func:`compare`, :func:`best`, :func:`summarize` and
 :func:`varying_columns` query the results.
 
 Compiled steps. Runs are trained one after the other in this process. The trainer
@@ -34,12 +34,12 @@ from typing import Any, Iterable, Mapping, Sequence
 import pandas as pd
 from tqdm.auto import tqdm
 
-from analysis.sweep_cache import cache_dir
-from analysis.sweep_cache import config_dict
-from analysis.sweep_cache import config_key
-from analysis.sweep_cache import enable_compilation_cache
-from analysis.sweep_cache import load_run
-from analysis.sweep_cache import save_run
+from analysis.lab.sweep_cache import cache_dir
+from analysis.lab.sweep_cache import config_dict
+from analysis.lab.sweep_cache import config_key
+from analysis.lab.sweep_cache import enable_compilation_cache
+from analysis.lab.sweep_cache import load_run
+from analysis.lab.sweep_cache import save_run
 from diloco_core.config import DiLoCoConfig
 
 #: The numbers of a run's summary that :func:`run_sweep` puts in each row.
@@ -174,7 +174,7 @@ def run_sweep(configs: Iterable, *, cache: str | os.PathLike | None | bool = Non
 
   Args:
     configs: TrainConfigs, e.g. from :func:`grid`.
-    cache: the cache folder (default :func:`~analysis.sweep_cache.cache_dir`); ``False`` disables caching.
+    cache: the cache folder (default :func:`~analysis.lab.sweep_cache.cache_dir`); ``False`` disables caching.
     rerun: train again even when a cached result exists (and overwrite it).
     progress: show a progress bar over the runs (also silenced by ``TQDM_DISABLE=1``).
     compilation_cache: switch on JAX's persistent compilation cache beside the sweep cache.
@@ -255,7 +255,7 @@ def sweep_curves(df: pd.DataFrame, configs: Iterable | None = None, *,
   Args:
     df: a :func:`run_sweep` result (its ``key`` column names the cached runs).
     configs: unused; kept so that callers may pass the sweep's configs for clarity.
-    cache: the cache folder the runs were written to (default :func:`~analysis.sweep_cache.cache_dir`).
+    cache: the cache folder the runs were written to (default :func:`~analysis.lab.sweep_cache.cache_dir`).
 
   Returns:
     One row per (run, logged step): the metrics columns of ``train`` (``step``,

@@ -1,4 +1,4 @@
-"""The on-disk cache of :mod:`analysis.sweeps`: one folder per run, keyed by its config and code.
+"""The on-disk cache of :mod:`analysis.lab.sweeps`: one folder per run, keyed by its config and code.
 
 The cache is a folder holding one subfolder per run, named by :func:`config_key`: a hash
 of the full config (every field of ``TrainConfig``, ``DiLoCoConfig`` and ``DataConfig``,
@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.cpu_kind import max_isa
+from analysis.lab.cpu_kind import max_isa
 from diloco_core.fields import non_result_fields
 
 #: The environment variable that names the cache folder (the docs build sets it).
@@ -34,7 +34,7 @@ DEFAULT_CACHE_DIR = ".cache/sweeps"
 
 def cache_dir(path: str | os.PathLike | None = None) -> pathlib.Path:
   """The sweep cache folder: ``path``, else ``$DILOCO_SWEEPS_CACHE``, else ``.cache/sweeps``;
-  under ``--xla_cpu_max_isa=ISA`` (:func:`~analysis.cpu_kind.max_isa`) the latter two end in
+  under ``--xla_cpu_max_isa=ISA`` (:func:`~analysis.lab.cpu_kind.max_isa`) the latter two end in
   ``-isa``, so that runs of another realization never mix with the CPU's own.
 
   Examples:

@@ -21,7 +21,7 @@ so one replica and the link are simulated:
 * **link**: chunks are served first-in first-out. A chunk of V bits occupies the link
   for V / W seconds and arrives ε later (latency is pipelined).
 * **payload**: values × bits of the wire format × the all-reduce factor
-  :math:`2(M-1)/M` (:func:`analysis.bandwidth.allreduce_factor`); M = 1 sends nothing.
+  :math:`2(M-1)/M` (:func:`analysis.planning.bandwidth.allreduce_factor`); M = 1 sends nothing.
 * **deadline**: a payload sent during step t must have arrived before step t + τ + 1
   starts (τ = 0 for DP). DP sends every layer every step; DiLoCo every layer after
   every H-th step; Streaming DiLoCo fragment p (0-based) after the steps t with
@@ -47,7 +47,7 @@ queue for more periods than a short window shows, so every utilization is also c
 link's throughput, :func:`throughput_bound` (tested: 3 periods after 2 then read what 10
 after 10 do).
 
-The event loop (:mod:`analysis.sim_events`) visits only the steps that send or wait,
+The event loop (:mod:`analysis.planning.sim_events`) visits only the steps that send or wait,
 and serves a step's chunks in one vectorized pass (a FIFO queue's finish time is a
 cumulative maximum); every bandwidth of a grid is simulated at once.
 """
@@ -59,12 +59,12 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from analysis import _checks
-from analysis.models import get_model
-from analysis.roofline import METHODS
-from analysis.sim_events import fragment_layers_of  # noqa: F401 (public)
-from analysis.sim_events import run_events
-from analysis.sim_events import schedule
+from analysis.planning import _checks
+from analysis.planning.models import get_model
+from analysis.planning.roofline import METHODS
+from analysis.planning.sim_events import fragment_layers_of  # noqa: F401 (public)
+from analysis.planning.sim_events import run_events
+from analysis.planning.sim_events import schedule
 from diloco_core.model_config import ModelConfig
 from diloco_core.model_config import param_count
 from diloco_core.validity import check_choice
@@ -92,7 +92,7 @@ class SimModel:
 
   @classmethod
   def from_config(cls, model: str | ModelConfig, step_time: float) -> "SimModel":
-    """A catalog model (:mod:`analysis.models`) with a given step time."""
+    """A catalog model (:mod:`analysis.planning.models`) with a given step time."""
     cfg = get_model(model)
     return cls(params=float(param_count(cfg)), layers=cfg.n_layers, step_time=step_time)
 
@@ -339,7 +339,7 @@ def bandwidth_for_utilization(target, model, method, *, rounding="exact", grid=N
     reach the target (:math:`W^*` rounded *down*; the lowest grid point when the first
     already reaches it): a lower bound, at most one step below :math:`W^*`. The paper does
     not say how it reads its grid; this is the reading that reproduces its Table 4 (see
-    :mod:`analysis.paper_tables` and the roofline page, which count the equal cells).
+    :mod:`analysis.planning.paper_tables` and the roofline page, which count the equal cells).
 
   Unreachable targets give ``inf`` (``"grid"`` / ``"paper"``: not reached within the grid;
   ``"exact"``: not even at 1e9 Gbit/s, e.g. when the latency alone costs more than the

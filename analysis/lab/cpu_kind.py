@@ -4,8 +4,8 @@ XLA's CPU backend compiles for the instruction sets of the host (or fewer, under
 ``--xla_cpu_max_isa``), and kernels compiled for other sets round differently: a CPU run is
 bit-reproducible on one kind of CPU, not across kinds. :func:`cpu_fingerprint` names the kind
 (the model and the instruction sets XLA may use), :func:`max_isa` reads the cap. The stored
-experiments record it (:mod:`analysis.stored`) and their re-check uses it
-(:mod:`analysis.recheck`).
+experiments record it (:mod:`analysis.lab.stored`) and their re-check uses it
+(:mod:`analysis.lab.recheck`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Stored experiments: heavy results trained once, kept in the repository, re-checked by every build.
 
-A named experiment (:data:`analysis.experiments.SWEEPS`) is trained by
+A named experiment (:data:`analysis.lab.experiments.SWEEPS`) is trained by
 ``python -m analysis experiments run NAME`` (:func:`run_experiment`, the project's own runner
-:func:`analysis.sweeps.run_sweep`) and written to ``analysis/results/NAME.json``: one entry per
-run (its full config, its row of :func:`~analysis.sweeps.run_sweep`, its logged metrics) and a
+:func:`analysis.lab.sweeps.run_sweep`) and written to ``analysis/results/NAME.json``: one entry per
+run (its full config, its row of :func:`~analysis.lab.sweeps.run_sweep`, its logged metrics) and a
 provenance block (the trainer's code hash, JAX / jaxlib / NumPy / Python versions, platform
 and device, date, wall time, the command). The file ends with ``sha256``, the hash of
 everything else in it (:func:`content_hash`), so a hand-edited number is caught: :func:`load`
@@ -12,8 +12,8 @@ refuses a file whose hash does not match, and a test checks every stored file.
 Pages and notebooks read the stored results (:func:`load`, :func:`frame`) instead of
 training; the docs build re-trains a deterministic sample of every experiment's runs and
 fails when one differs from what was stored: exactly on the kind of CPU that stored it, by
-its counts, a prefix and the spread of its seeds on another (:mod:`analysis.recheck`, the CPU
-kind from :mod:`analysis.cpu_kind`). A second realization of an experiment, trained under
+its counts, a prefix and the spread of its seeds on another (:mod:`analysis.lab.recheck`, the CPU
+kind from :mod:`analysis.lab.cpu_kind`). A second realization of an experiment, trained under
 ``--xla_cpu_max_isa``, is stored beside it as ``NAME@ISA.json``. :func:`load` also refuses a file whose configs
 are not the ones the registry gives now (the experiment was changed but not re-run), naming
 the command that brings it up to date.
@@ -42,22 +42,22 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from analysis import experiments
-from analysis.cpu_kind import ISA_LEVELS
-from analysis.cpu_kind import cpu_fingerprint
-from analysis.cpu_kind import max_isa
-from analysis.sweep_cache import code_version
-from analysis.sweep_cache import config_dict
-from analysis.sweep_cache import config_key
-from analysis.sweeps import SUMMARY_COLUMNS
-from analysis.live import live_sweep
-from analysis.sweeps import run_sweep
-from analysis.sweeps import sweep_curves
+from analysis.lab import experiments
+from analysis.lab.cpu_kind import ISA_LEVELS
+from analysis.lab.cpu_kind import cpu_fingerprint
+from analysis.lab.cpu_kind import max_isa
+from analysis.lab.sweep_cache import code_version
+from analysis.lab.sweep_cache import config_dict
+from analysis.lab.sweep_cache import config_key
+from analysis.lab.sweeps import SUMMARY_COLUMNS
+from analysis.lab.live import live_sweep
+from analysis.lab.sweeps import run_sweep
+from analysis.lab.sweeps import sweep_curves
 from diloco_core.validity import check_choice
 from diloco_core.validity import check_int
 
 #: Where stored experiments live (package data, so an installed copy has them too).
-RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
+RESULTS_DIR = pathlib.Path(__file__).resolve().parents[1] / "results"
 #: The format of the stored files; :func:`load` refuses any other.
 FORMAT = 1
 #: The logged metrics kept per run (wall time stays out: it is the machine's, not the run's).
@@ -117,7 +117,7 @@ def default_config() -> dict:
 
 
 def plain_config(cfg) -> dict:
-  """A config as it is stored: :func:`~analysis.sweep_cache.config_dict` in plain JSON values."""
+  """A config as it is stored: :func:`~analysis.lab.sweep_cache.config_dict` in plain JSON values."""
   return json.loads(json.dumps(plain(config_dict(cfg)), allow_nan=False))
 
 
@@ -126,7 +126,7 @@ def with_defaults(stored: dict, defaults: dict) -> dict:
 
   A field added to the trainer after an experiment was stored is read as its default: the
   option did not exist, and its default keeps the former behaviour (which the docs build's
-  re-training of a sample, :func:`analysis.recheck.verify`, checks number for number). A field the stored
+  re-training of a sample, :func:`analysis.lab.recheck.verify`, checks number for number). A field the stored
   config has keeps its stored value.
 
   Examples:
@@ -201,7 +201,7 @@ def train_parallel(configs: Sequence, *, workers: int, cache: str | os.PathLike 
   """Trains ``configs`` into the sweep cache with ``workers`` processes at once.
 
   The runs are split into groups that share a compiled program
-  (:func:`~analysis.sweeps.program_groups`), so each group compiles once, and a group of more
+  (:func:`~analysis.lab.sweeps.program_groups`), so each group compiles once, and a group of more
   than a ``2 * workers``-th of the runs into equal parts (one compile more each, so that no
   worker is left with most of the runs); the groups go to ``workers`` processes started with
   ``spawn`` (JAX starts afresh in each), the largest first. Runs already in the cache are
@@ -212,15 +212,15 @@ def train_parallel(configs: Sequence, *, workers: int, cache: str | os.PathLike 
   Args:
     configs: TrainConfigs.
     workers: processes that train at once (>= 1).
-    cache: the sweep cache folder (default: :func:`~analysis.sweep_cache.cache_dir`).
+    cache: the sweep cache folder (default: :func:`~analysis.lab.sweep_cache.cache_dir`).
     progress: a progress bar over the runs (advanced as each group finishes).
     desc: the progress bar's label.
   """
   # here: only this function needs the program keys and the progress bar
   from tqdm.auto import tqdm
 
-  from analysis.sweep_cache import cache_dir
-  from analysis.sweeps import program_groups
+  from analysis.lab.sweep_cache import cache_dir
+  from analysis.lab.sweeps import program_groups
   workers = check_int("workers", workers, low=1)
   root = str(cache_dir(cache))
   most = max(1, -(-len(configs) // (2 * workers)))  # the most runs one part may hold
@@ -242,14 +242,14 @@ def run_experiment(name: str, *, scale: str = "cpu", cache: str | os.PathLike | 
                    workers: int = 1, realization: str | None = None) -> pathlib.Path:
   """Trains every run of experiment ``name`` and writes its stored file; returns the path.
 
-  Finished runs are read from the sweep cache (:mod:`analysis.sweep_cache`, keyed by config
+  Finished runs are read from the sweep cache (:mod:`analysis.lab.sweep_cache`, keyed by config
   and code), so an interrupted experiment picks up where it stopped. The file is written to a
   temporary name and renamed into place: a stored file is never half written.
 
   Args:
-    name: one of :data:`analysis.experiments.SWEEPS`.
-    scale: one of :data:`analysis.experiments.SCALES`.
-    cache: the sweep cache folder (default: :func:`~analysis.sweep_cache.cache_dir`).
+    name: one of :data:`analysis.lab.experiments.SWEEPS`.
+    scale: one of :data:`analysis.lab.experiments.SCALES`.
+    cache: the sweep cache folder (default: :func:`~analysis.lab.sweep_cache.cache_dir`).
     progress: show a progress bar over the runs.
     out_dir: where to write (default :data:`RESULTS_DIR`).
     workers: processes that train at once (:func:`train_parallel`; 1 trains in this process).
@@ -306,14 +306,14 @@ class StoredExperiment:
 
   @property
   def frame(self) -> pd.DataFrame:
-    """One row per run, the columns of :func:`analysis.sweeps.run_sweep` (``cached`` True)."""
+    """One row per run, the columns of :func:`analysis.lab.sweeps.run_sweep` (``cached`` True)."""
     df = pd.DataFrame([r["row"] for r in self.runs])
     df["cached"] = True
     return df
 
   @property
   def curves(self) -> pd.DataFrame:
-    """The logged metrics of every run, long format, as :func:`analysis.sweeps.sweep_curves`."""
+    """The logged metrics of every run, long format, as :func:`analysis.lab.sweeps.sweep_curves`."""
     parts = []
     for r in self.runs:
       m = pd.DataFrame(r["metrics"])
@@ -343,7 +343,7 @@ def load(name: str, *, scale: str = "cpu", check_configs: bool = True,
   """Reads a stored experiment, checking its hash and (by default) that it is up to date.
 
   Args:
-    name: one of :data:`analysis.experiments.SWEEPS`.
+    name: one of :data:`analysis.lab.experiments.SWEEPS`.
     scale: the scale it must have been run at.
     check_configs: refuse a file whose configs differ from ``named_sweep(name, scale)``.
     path: read this file instead of :func:`path_of` (tests); with ``realization``, the
@@ -381,7 +381,7 @@ def load(name: str, *, scale: str = "cpu", check_configs: bool = True,
     if want != have:
       differ = sum(a != b for a, b in zip(want, have)) + abs(len(want) - len(have))
       raise _refuse(name, f"stale: {differ} of its {len(want)} configs differ from"
-                          f" analysis.experiments.named_sweep({name!r})")
+                          f" analysis.lab.experiments.named_sweep({name!r})")
   return StoredExperiment(name=name, scale=scale, provenance=doc["provenance"], runs=doc["runs"], path=p)
 
 
@@ -395,16 +395,16 @@ def results(name: str, scale: str = "cpu", *, live: bool | None = None, curves: 
   """The rows of experiment ``name``: stored on CPU, trained live at other scales or on request.
 
   Args:
-    name: one of :data:`analysis.experiments.SWEEPS`.
+    name: one of :data:`analysis.lab.experiments.SWEEPS`.
     scale: the scale (``"accelerator"`` has no stored results unless one was run and stored).
-    live: train now (:func:`analysis.live.live_sweep`: the plan and a time estimate first, then
+    live: train now (:func:`analysis.lab.live.live_sweep`: the plan and a time estimate first, then
       each run cached on disk); default: live when no stored file exists for the scale.
     curves: also return the logged metrics of the runs (long format).
     max_runs: live only: train at most this many new runs
-      (:class:`~analysis.live.LiveLimitReached` when more remain; calling again goes on).
+      (:class:`~analysis.lab.live.LiveLimitReached` when more remain; calling again goes on).
 
   Returns:
-    One row per run, as :func:`analysis.sweeps.run_sweep`; with ``curves``, ``(rows, curves)``.
+    One row per run, as :func:`analysis.lab.sweeps.run_sweep`; with ``curves``, ``(rows, curves)``.
   """
   if live is None:
     p = path_of(name)

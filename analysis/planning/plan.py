@@ -3,36 +3,36 @@
 :func:`plan_run` lists trainer configurations that are valid under the schedule rules of
 ``diloco_core.validity`` (the semantics page, docs/semantics.md): DP, DiLoCo
 and Streaming DiLoCo for a ladder of :math:`H`. It computes for each the cross-slice
-bandwidth it needs and its memory with the closed forms of :mod:`analysis.bandwidth` and
-:mod:`analysis.memory` (:func:`~analysis.candidates.candidate_table`, which ``python -m analysis roofline`` uses too),
+bandwidth it needs and its memory with the closed forms of :mod:`analysis.planning.bandwidth` and
+:mod:`analysis.planning.memory` (:func:`~analysis.planning.candidates.candidate_table`, which ``python -m analysis roofline`` uses too),
 and applies one documented selection rule against the bandwidth of the link. The result
 is a :class:`Plan`; ``python -m analysis plan`` prints it and :meth:`Plan.command`
 gives that command line.
 
 Bandwidth per slice, with :math:`T` the step time, :math:`u` the target utilization,
 :math:`V` the bytes a replica sends to all-reduce the whole model
-(:func:`~analysis.bandwidth.payload_bytes`) and :math:`V_\\max` those of the largest
+(:func:`~analysis.planning.bandwidth.payload_bytes`) and :math:`V_\\max` those of the largest
 fragment (fragment 0 holds the embeddings, so fragments are not all the same size).
 Every payload is reduced layer by layer while the backward pass of the step that sends
-it runs, as in the Streaming DiLoCo paper's simulation (:func:`~analysis.candidates.candidate_bandwidth`):
+it runs, as in the Streaming DiLoCo paper's simulation (:func:`~analysis.planning.candidates.candidate_bandwidth`):
 
 * DP, DiLoCo and Streaming with :math:`\\tau = 0`: the bandwidth at which the waits of
   one sync period leave a fraction :math:`u` of the wall time to compute. DP and DiLoCo
   send :math:`V` in :math:`L` chunks every :math:`1` or :math:`H` steps
-  (:func:`~analysis.bandwidth.required_bandwidth`); Streaming sends its :math:`P - 1`
+  (:func:`~analysis.planning.bandwidth.required_bandwidth`); Streaming sends its :math:`P - 1`
   strided layer fragments and fragment 0 (the embeddings and head, taken as released
   when its step ends) one every :math:`H/P` steps
-  (:func:`~analysis.bandwidth.streaming_required_bandwidth`);
+  (:func:`~analysis.planning.bandwidth.streaming_required_bandwidth`);
 * with :math:`\\tau \\ge 1`: the bandwidth at which every fragment arrives within the
   rest of its step's backward pass and its :math:`\\tau` steps of overlap, so that no
-  step waits (:func:`~analysis.bandwidth.hidden_bandwidth`);
+  step waits (:func:`~analysis.planning.bandwidth.hidden_bandwidth`);
 * DiLoCo with eager updates (``outer_overlap="eager"``, label "DiLoCo H=… eager", with
   ``plan_run(..., eager=True)``): the
   sync may arrive until the next one is sent, H steps later: the same rule with
   :math:`\\tau = H - 1`. At one H, the selection takes it after the other candidates
   (it trades some quality for bandwidth, like :math:`\\tau`).
 
-These are the simulator's accounting (:mod:`analysis.simulate` checks them).
+These are the simulator's accounting (:mod:`analysis.planning.simulate` checks them).
 """
 
 from __future__ import annotations
@@ -42,22 +42,22 @@ import numbers
 
 import pandas as pd
 
-from analysis.candidates import GBIT
-from analysis.candidates import OVERLAPS
-from analysis.candidates import SYNC_EVERY_LADDER
-from analysis.candidates import check_overlaps
-from analysis.candidates import candidate_bandwidth
-from analysis.candidates import candidate_table
-from analysis.candidates import candidates
-from analysis.candidates import label
-from analysis.candidates import largest_fragments
-from analysis.hardware import HardwareSpec
-from analysis.hardware import get_hardware
-from analysis.models import ModelStats
-from analysis.models import get_model
-from analysis.models import model_stats
-from analysis.roofline import dp_critical_batch_per_slice
-from analysis.roofline import t_math
+from analysis.planning.candidates import GBIT
+from analysis.planning.candidates import OVERLAPS
+from analysis.planning.candidates import SYNC_EVERY_LADDER
+from analysis.planning.candidates import check_overlaps
+from analysis.planning.candidates import candidate_bandwidth
+from analysis.planning.candidates import candidate_table
+from analysis.planning.candidates import candidates
+from analysis.planning.candidates import label
+from analysis.planning.candidates import largest_fragments
+from analysis.planning.hardware import HardwareSpec
+from analysis.planning.hardware import get_hardware
+from analysis.planning.models import ModelStats
+from analysis.planning.models import get_model
+from analysis.planning.models import model_stats
+from analysis.planning.roofline import dp_critical_batch_per_slice
+from analysis.planning.roofline import t_math
 from diloco_core.wire_formats import DEFAULT_CHUNK
 from diloco_core.wire_formats import FORMATS
 from diloco_core.wire_formats import bits_per_element
@@ -227,7 +227,7 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
 
   Candidates: DP; for every :math:`H` (``sync_every``, default :math:`L + 1` and
   ``SYNC_EVERY_LADDER``), DiLoCo (:math:`P = 1, \\tau = 0`) and Streaming with the largest
-  :math:`P` the schedule rules allow (:func:`~analysis.candidates.largest_fragments`; for :math:`H = L + 1` that is
+  :math:`P` the schedule rules allow (:func:`~analysis.planning.candidates.largest_fragments`; for :math:`H = L + 1` that is
   MaxText's :math:`H = P = L + 1`, one layer per fragment) and each τ of ``overlaps``
   with :math:`\\tau < H`. At fixed :math:`H` and τ the largest :math:`P` needs the least
   bandwidth (each fragment is smaller and hides behind its own step's backward pass, for
@@ -249,8 +249,8 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
   and the options are checked where they enter, here (``diloco_core.validity``).
 
   Args:
-    model: a catalog name (:mod:`analysis.models`) or a ModelConfig.
-    hardware: a catalog name (:mod:`analysis.hardware`) or a HardwareSpec.
+    model: a catalog name (:mod:`analysis.planning.models`) or a ModelConfig.
+    hardware: a catalog name (:mod:`analysis.planning.hardware`) or a HardwareSpec.
     slices: M, slices joined by the link, one replica each.
     chips_per_slice: n, chips in one slice.
     seq_len: context length for the attention FLOPs.
@@ -334,8 +334,8 @@ def step_time(stats: ModelStats, hardware: HardwareSpec, tokens_per_slice: float
   """Seconds of one inner step of a slice: :math:`T = F_\\text{token} (B/M) / (n C\\,\\text{MFU})`.
 
   Examples:
-    >>> from analysis.hardware import get_hardware
-    >>> from analysis.models import model_stats
+    >>> from analysis.planning.hardware import get_hardware
+    >>> from analysis.planning.models import model_stats
     >>> round(step_time(model_stats("8B"), get_hardware("v5p"), 2**20, 256, 1.0), 3)
     0.517
   """

@@ -1,7 +1,7 @@
 """Bytes on the wire and the bandwidth they need: transfer time, all-reduce payloads, utilization.
 
 Pure, vectorised (numpy broadcasting) functions in SI units (bytes, seconds, bytes/s), with
-the conventions of :mod:`analysis.roofline`: a bandwidth W is what one member of the
+the conventions of :mod:`analysis.planning.roofline`: a bandwidth W is what one member of the
 all-reduce can send, and a ring all-reduce of V bytes over M members sends
 :math:`2(M-1)/M \\cdot V` bytes per member (:func:`allreduce_factor`).
 :func:`hiding_window`, :func:`utilization_overlapped`, :func:`required_bandwidth` and
@@ -10,7 +10,7 @@ the backward pass of the step that sends it, as in the Streaming DiLoCo paper's
 compute-utilization simulation (arXiv 2501.18512, Figure 3, Figure 4, Table 4);
 :func:`streaming_stall` and :func:`streaming_required_bandwidth` add up Streaming DiLoCo's
 fragments exactly; :func:`utilization_no_overlap` is the blocking reference. The simulator
-(:mod:`analysis.simulate`) checks them event by event.
+(:mod:`analysis.planning.simulate`) checks them event by event.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from analysis import _checks
+from analysis.planning import _checks
 from diloco_core.validity import FRAGMENT_PATTERNS
 from diloco_core.validity import check_choice
 from diloco_core.validity import check_int
@@ -174,7 +174,7 @@ def utilization_overlapped(bandwidth, payload, step_time, steps_per_sync=1, late
 
   (the last term vanishes for ``chunks=None``). This is exact for DP (:math:`s = 1`)
   and DiLoCo (:math:`s = H`) with :math:`\\ell = L` (the simulator,
-  :mod:`analysis.simulate`, agrees to rounding). For Streaming DiLoCo with the strided
+  :mod:`analysis.planning.simulate`, agrees to rounding). For Streaming DiLoCo with the strided
   pattern call it per fragment (:math:`V/P`, :math:`s = H/P`): ``chunks=None`` bounds
   the utilization from above and ``chunks`` :math:`= L/P` from below (the fragment that
   holds layer 0 is the last to be released; the others leave earlier).
@@ -333,7 +333,7 @@ def streaming_stall(bandwidth, payload, step_time, sync_every, fragments, layers
   ``first_payload`` bytes (the trainer's fragment 0: embeddings, head) is taken as
   released when its step ends: :math:`\\delta_0 = \\max(0, V_0/W + \\varepsilon - \\tau T)`.
   The period waits :math:`\\sum \\delta`. This is the simulator's accounting
-  (:mod:`analysis.simulate`), exact when :math:`\\tau + 1 \\le \\lfloor H/P \\rfloor`
+  (:mod:`analysis.planning.simulate`), exact when :math:`\\tau + 1 \\le \\lfloor H/P \\rfloor`
   (two fragments never share the link).
 
   Args:
