@@ -111,3 +111,19 @@ def test_modules_are_small():
   long = {name: n for name, path in modules().items()
           if (n := len(path.read_text().splitlines())) > MAX_LINES}
   assert not long, f"modules over {MAX_LINES} lines (split them by concept): {long}"
+
+
+def test_the_planning_library_imports_nothing_of_the_lab():
+  edges, _ = import_graph()
+  bad = {m: sorted(e for e in deps if e.startswith("analysis.lab"))
+         for m, deps in edges.items() if m.startswith("analysis.planning")}
+  assert not any(bad.values()), bad
+
+
+def test_every_module_keeps_its_short_name():
+  """``from analysis import roofline, stored`` (the notebooks' and users' spelling) still works."""
+  import analysis
+  for name, path in modules().items():
+    parts = name.split(".")
+    if parts[0] == "analysis" and len(parts) == 3 and parts[1] in ("planning", "lab") and not parts[2].startswith("_"):
+      assert getattr(analysis, parts[2]).__name__ == name
