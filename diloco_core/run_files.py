@@ -22,7 +22,7 @@ def remove_run_files(out: str) -> list[str]:
   (foreign files).
 
   An entry of ``checkpoints/`` is the run's when it carries the checkpoint marker
-  (:func:`is_run_checkpoint`), or is an interrupted save (``*.orbax-checkpoint-tmp*``).
+  (:func:`~diloco_core.checkpoint.is_run_checkpoint`), or is an interrupted save (``*.orbax-checkpoint-tmp*``).
   """
   foreign = []
   d = checkpoints_dir(out)
