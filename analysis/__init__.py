@@ -80,6 +80,6 @@ _TRAINING = {"named_sweep": "analysis.lab.experiments", "grid": "analysis.lab.sw
 _MODULES = {**{m: f"analysis.planning.{m}" for m in (
     "hardware", "models", "roofline", "bandwidth", "memory", "simulate", "sim_events",
     "paper_tables", "plan", "candidates")}, **{m: f"analysis.lab.{m}" for m in (
-    "sweeps", "sweep_cache", "experiments", "live", "stored", "recheck", "realizations",
+    "sweeps", "sweep_cache", "experiments", "live", "stored", "storing", "recheck", "realizations",
     "cpu_kind", "claims", "measured")}}
 __getattr__, __dir__ = lazy_exports(__name__, _TRAINING, globals(), modules=_MODULES)

@@ -44,7 +44,12 @@ _GBIT = 1e9 / 8  # bytes/s in one Gbit/s
 
 
 class _Parser(argparse.ArgumentParser):
-  """argparse with one-line errors (exit code 2, as argparse)."""
+  """argparse with one-line errors (exit code 2, as argparse) and no abbreviated flags (an
+  abbreviation could reach around a check)."""
+
+  def __init__(self, *args, **kwargs):
+    kwargs.setdefault("allow_abbrev", False)
+    super().__init__(*args, **kwargs)
 
   def error(self, message):
     self.exit(2, f"error: {message} (see {self.prog} --help).\n")
@@ -92,8 +97,13 @@ def _roofline(a) -> None:
   for name in ("slices", "chips_per_slice"):
     check_int(name, getattr(a, name))
   check_real("mfu", a.mfu, low=0.0, high=1.0, low_open=True, high_open=False)
+  check_real("--latency", a.latency, low=0.0)
   stats = model_stats(cfg, a.seq_len)
   plan_lib.check_global_batch(a.global_batch_tokens, stats.seq_len)
+  if a.global_batch_tokens < a.slices * stats.seq_len:
+    raise ValueError(f"--slices {a.slices}: each slice needs at least one sequence of the global batch"
+                     f" (--global-batch-tokens {a.global_batch_tokens} / seq_len {stats.seq_len} ="
+                     f" {a.global_batch_tokens // stats.seq_len} sequences); lower --slices.")
   seq, m, n = stats.seq_len, a.slices, a.chips_per_slice
   tokens_slice = a.global_batch_tokens / m
   tokens_chip = tokens_slice / n
@@ -137,6 +147,9 @@ def _payload(p) -> str:
 
 
 def _plan(a) -> None:
+  if a.topk is None and a.topk_chunk is not None:
+    raise ValueError("--topk-chunk sets the chunk of a top-k payload: pass --topk too (or drop --topk-chunk).")
+  a.topk_chunk = DEFAULT_CHUNK if a.topk_chunk is None else a.topk_chunk
   kw = {} if a.overlaps is None else dict(overlaps=a.overlaps)
   p = plan_lib.plan_run(a.model, a.hardware, slices=a.slices, chips_per_slice=a.chips_per_slice,
                         seq_len=a.seq_len, global_batch_tokens=a.global_batch_tokens,
@@ -166,6 +179,11 @@ def _plan(a) -> None:
 
 
 def _simulate(a) -> None:
+  check_real("--latency", a.latency, low=0.0)
+  if a.rounding is not None and not a.table:
+    raise ValueError("--rounding applies to --table (the paper's grid); the other output prints both"
+                     " roundings: pass --table or drop --rounding.")
+  a.rounding = "grid" if a.rounding is None else a.rounding
   common = dict(replicas=a.replicas, sync_every=a.sync_every,
                 fragment_layers=a.fragment_layers, latency=a.latency,
                 fragment_pattern=a.fragment_pattern, bucket_layers=a.bucket_layers)
@@ -259,6 +277,7 @@ def _experiments(a) -> None:
   from analysis.lab import experiments
   from analysis.lab import recheck
   from analysis.lab import stored
+  from analysis.lab import storing
   names = list(experiments.SWEEPS) if a.all or a.action == "list" else a.names
   if not names:
     raise ValueError("experiments: name at least one experiment (one of "
@@ -266,7 +285,12 @@ def _experiments(a) -> None:
   check_int("--workers", a.workers, low=1)
   for name in names:  # unknown names or scales: one line, before anything trains
     stored.path_of(name)
-    experiments.named_sweep(name, a.scale)
+    runs = len(experiments.named_sweep(name, a.scale))
+    if a.action == "verify" and not (isinstance(a.sample, int) and 1 <= a.sample <= runs):
+      raise ValueError(f"--sample must be an integer in [1, {runs}] (runs of {name} trained again),"
+                       f" got {a.sample!r}.")
+  if a.action == "run":
+    storing.check_writable(stored.RESULTS_DIR)  # before any training
   if a.action == "list":
     for name in names:
       try:
@@ -278,7 +302,7 @@ def _experiments(a) -> None:
     return
   if a.action == "run":
     for name in names:
-      path = stored.run_experiment(name, scale=a.scale, progress=not a.quiet, workers=a.workers,
+      path = storing.run_experiment(name, scale=a.scale, progress=not a.quiet, workers=a.workers,
                                    realization=None if a.isa is None else stored.realization_name(a.isa))
       print(f"{name}: stored {path}")
     return
@@ -370,7 +394,7 @@ def _add_plan(sub) -> None:
   q.add_argument("--topk", type=int, default=None,
                  help="DiLoCo/Streaming send the k largest entries of each chunk (SparseLoCo),"
                       " each value in --bits (default: dense)")
-  q.add_argument("--topk-chunk", type=int, default=DEFAULT_CHUNK,
+  q.add_argument("--topk-chunk", type=int, default=None,
                  help=f"elements per top-k chunk ({DEFAULT_CHUNK})")
   q.set_defaults(func=_plan)
 
@@ -404,7 +428,7 @@ def _add_simulate(sub) -> None:
                  help="also print the utilization at these bandwidths (Gbit/s)")
   s.add_argument("--table", action="store_true",
                  help="print the Streaming DiLoCo paper's table (3 models x 5 methods)")
-  s.add_argument("--rounding", default="grid", choices=sim.ROUNDINGS,
+  s.add_argument("--rounding", default=None, choices=sim.ROUNDINGS,
                  help="table values: grid (first grid point reaching the target), paper (the grid"
                       " point below it, the paper's reading) or exact (bisection) (grid)")
   s.set_defaults(func=_simulate)
@@ -415,7 +439,7 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   try:
     args.func(args)
-  except ValueError as e:  # the trainer's checks name options in backticks: `topk` -> --topk
+  except (ValueError, OSError) as e:  # the trainer's checks name options in backticks: `topk` -> --topk
     message = re.sub(r"`([a-z_]+)`", lambda m: "--" + m.group(1).replace("_", "-"), str(e))
     print(f"error: {message}", file=sys.stderr)
     return 2

@@ -117,7 +117,8 @@ def build_parser(defaults: TrainConfig | None = None) -> argparse.ArgumentParser
   p = argparse.ArgumentParser(
       prog="python -m diloco_core.train",
       description="Train the built-in transformer with DP, DiLoCo or Streaming DiLoCo.",
-      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+      formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+      allow_abbrev=False)  # an abbreviated flag (--num-proc) must not reach around a check
   add_options(p, type(defaults), field_defaults(defaults))
   g = [a for a in p._action_groups if a.title == GROUPS["devices"]][0]
   g.add_argument("--coordinator", default=None, help="multi-process: host:port of process 0 (or JAX_COORDINATOR_ADDRESS)")

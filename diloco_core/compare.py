@@ -23,7 +23,8 @@ def build_compare_parser() -> argparse.ArgumentParser:
   """The parser of ``python -m diloco_core.compare`` (defaults: :data:`diloco_core.main_job.DEFAULTS`)."""
   p = argparse.ArgumentParser(prog="python -m diloco_core.compare",
                               description=main_job.__doc__.splitlines()[0],
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                              allow_abbrev=False)
   defaults = {**field_defaults(TrainConfig()), **main_job.DEFAULTS}
   add_options(p, TrainConfig, defaults, only=set(main_job.DEFAULTS))
   steps = next(a for a in p._actions if a.dest == "steps")

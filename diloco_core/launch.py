@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(
       prog="python -m diloco_core.launch",
       description="Run N trainer processes on this machine, joined by jax.distributed.",
-      epilog="Everything after -- is passed to every process (python -m diloco_core.train --help).")
+      epilog="Everything after -- is passed to every process (python -m diloco_core.train --help).",
+      allow_abbrev=False)
   p.add_argument("--processes", type=int, default=2, help="processes to start (2)")
   p.add_argument("--devices-per-process", type=int, default=None,
                  help="CPU devices each process sees (XLA's host device count; default: JAX's)")
@@ -67,6 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--module", default="diloco_core.train",
                  help="the module each process runs (diloco_core.train)")
   p.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then the trainer's flags")
+
+  def error(message: str):  # one line, exit 2, as the trainer's own errors
+    hint = ("; the trainer's flags go after -- (launch [options] -- --model tiny ...)"
+            if message.startswith("unrecognized arguments") else "")
+    p.exit(2, f"error: {message}{hint} (see --help).\n")
+
+  p.error = error
   return p
 
 
@@ -79,8 +87,8 @@ def parse_args(argv):
     raise ValueError(f"--processes must be an integer >= 1, got {a.processes}.")
   if a.devices_per_process is not None and a.devices_per_process < 1:
     raise ValueError(f"--devices-per-process must be an integer >= 1, got {a.devices_per_process}.")
-  if a.link_mbit is not None and not a.link_mbit > 0:
-    raise ValueError(f"--link-mbit must be a rate > 0 (Mbit/s), got {a.link_mbit:g}.")
+  if a.link_mbit is not None and not 0 < a.link_mbit < float("inf"):
+    raise ValueError(f"--link-mbit must be a finite rate > 0 (Mbit/s), got {a.link_mbit:g}.")
   if a.pin_cpus and len(_cpus()) < a.processes:
     raise ValueError(f"--pin-cpus needs at least one CPU per process: {len(_cpus())} CPU(s) for"
                      f" {a.processes} processes; drop --pin-cpus or start fewer processes.")

@@ -149,3 +149,40 @@ def test_plan_refuses_overlaps_no_streaming_candidate_can_use(capsys):
   assert err.count("\n") == 1 and err.startswith("error: overlaps (100000,) leave no Streaming candidate: τ must"
                                                  " be below H, and the largest H considered for Streaming is 1000;"
                                                  " give overlaps in [0, 999]."), err
+
+
+PLAN = ["plan", "--model", "qwen3-8b", "--hardware", "v5p", "--slices", "2", "--chips-per-slice", "64",
+        "--seq-len", "4096", "--global-batch-tokens", "2097152", "--link-gbps", "100"]
+ROOF = ["roofline", "--hardware", "v5p", "--model", "8B", "--global-batch-tokens", "4194304"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (PLAN + ["--topk-chunk", "64"], "--topk-chunk sets the chunk of a top-k payload: pass --topk too"),
+    (["simulate", "--rounding", "exact"], "--rounding applies to --table"),
+    (["simulate", "--latency", "inf"], "--latency must be a finite number >= 0, got inf."),
+    (ROOF + ["--slices", "4", "--latency", "inf"], "--latency must be a finite number >= 0, got inf."),
+    (ROOF + ["--slices", str(10**21)], f"--slices {10**21}: each slice needs at least one sequence"),
+    (PLAN[:1] + ["--mod"] + PLAN[2:], "the following arguments are required: --model"),  # no abbreviations
+    (["experiments", "verify", "non_iid", "--sample", "1000000000"],
+     "--sample must be an integer in [1, 6] (runs of non_iid trained again), got 1000000000."),
+])
+def test_more_bad_input_is_one_line_exit_2(args, message, capsys):
+  try:
+    code = cli.main(args)
+  except SystemExit as e:  # argparse's own errors
+    code = e.code
+  err = capsys.readouterr().err
+  assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+  assert err.startswith("error: ")
+
+
+def test_experiments_run_refuses_an_unwritable_results_folder_before_training(tmp_path, monkeypatch, capsys):
+  from analysis.lab import stored, sweeps
+  blocked = tmp_path / "results"
+  blocked.write_text("a file where the folder should be")
+  monkeypatch.setattr(stored, "RESULTS_DIR", blocked)
+  monkeypatch.setattr(sweeps, "run_one", lambda *a, **k: pytest.fail("trained before checking"))
+  assert cli.main(["experiments", "run", "non_iid"]) == 2
+  err = capsys.readouterr().err
+  assert err.strip() == (f"error: cannot write the stored file into {blocked} (it is a file); make it"
+                         " writable (or, from Python, pass another out_dir).")

@@ -586,3 +586,17 @@ def test_a_signal_at_any_phase_is_one_line_exit_130(signum, delay, tmp_path):
   _, err = p.communicate(timeout=300)
   assert p.returncode == 130, (p.returncode, err)
   assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted "), err
+
+
+@pytest.mark.parametrize("module, argv", [
+    ("diloco_core.train", ["--num-proc", "3"]),  # would have been --num-processes, past the launcher's check
+    ("diloco_core.train", ["--coord", "127.0.0.1:1"]),
+    ("diloco_core.compare", ["--step", "5"]),
+    ("diloco_core.launch", ["--proc", "2", "--", "--steps", "2"]),
+])
+def test_no_command_line_takes_an_abbreviated_flag(module, argv):
+  import subprocess
+  import sys
+  r = subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True, timeout=120)
+  assert r.returncode == 2 and "unrecognized arguments" in r.stderr, r.stderr
+  assert len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -27,13 +27,20 @@ def run_launcher(*args, timeout=240):
 
 @pytest.mark.parametrize("argv,message", [
     (["--processes", "0"], "--processes must be an integer >= 1, got 0."),
-    (["--link-mbit", "0"], "--link-mbit must be a rate > 0 (Mbit/s), got 0."),
+    (["--link-mbit", "0"], "--link-mbit must be a finite rate > 0 (Mbit/s), got 0."),
     (["--devices-per-process", "0"], "--devices-per-process must be an integer >= 1, got 0."),
     (["--", "--num-processes", "4"], "--num-processes is set by the launcher for each process"),
     (["--", "--coordinator=h:1"], "--coordinator is set by the launcher for each process"),
+    (["--link-mbit", "inf"], "--link-mbit must be a finite rate > 0 (Mbit/s), got inf."),
+    (["--devices-per-process", "1.5"], "argument --devices-per-process: invalid int value: '1.5'"),
+    (["--processes", "2", "--model", "tiny"], "unrecognized arguments: --model; the trainer's flags go after --"),
 ])
 def test_bad_launcher_options_one_line(argv, message, capsys):
-  assert launch.main(argv) == 2
+  try:
+    code = launch.main(argv)
+  except SystemExit as e:  # argparse's errors, one line too
+    code = e.code
+  assert code == 2
   err = capsys.readouterr().err
   assert err.startswith("error: ") and err.count("\n") == 1 and message in err, err
 

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from analysis import cpu_kind, experiments, realizations, recheck, stored
+from analysis import cpu_kind, experiments, realizations, recheck, stored, storing
 from analysis.lab.sweep_cache import cache_dir
 from analysis.lab.sweeps import run_one
 from analysis.lab.sweeps import grid
@@ -25,7 +25,7 @@ def toy_trained(tmp_path_factory):
   root = tmp_path_factory.mktemp("toy")
   with pytest.MonkeyPatch.context() as mp:
     mp.setitem(experiments.SWEEPS, "toy", _toy)
-    path = stored.run_experiment("toy", cache=root / "cache", progress=False, out_dir=root / "stored",
+    path = storing.run_experiment("toy", cache=root / "cache", progress=False, out_dir=root / "stored",
                                  workers=2)  # the two runs trained by two spawned processes
   return path
 
@@ -81,6 +81,23 @@ def test_missing_and_wrong_scale(toy, monkeypatch):
   toy.unlink()
   with pytest.raises(stored.StoredResultError, match="no stored file"):
     stored.load("toy")
+
+
+@pytest.mark.parametrize("content, why", [
+    ("[1, 2, 3]", "toy.json holds a JSON list, not a stored experiment (an object)"),
+    ("folder", "toy.json is a folder, not a file"),
+    ("{not json", "not valid JSON"),
+])
+def test_a_file_that_is_not_a_stored_experiment_is_refused_in_one_line(toy, content, why):
+  toy.unlink()
+  if content == "folder":
+    toy.mkdir()
+  else:
+    toy.write_text(content)
+  with pytest.raises(stored.StoredResultError) as e:
+    stored.load("toy")
+  assert why in str(e.value) and "\n" not in str(e.value)
+  assert str(e.value).endswith("run `python -m analysis experiments run toy` to train and store it again.")
 
 
 def _perturbed(monkeypatch, summary=None, cfg_change=None, scale_metrics=None):
@@ -225,7 +242,7 @@ def test_the_cpu_fingerprint_follows_the_isa_cap(monkeypatch):
 def test_a_realization_is_stored_only_under_its_isa_cap(monkeypatch, tmp_path):
   monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
   with pytest.raises(ValueError, match=r"--xla_cpu_max_isa=AVX2 before JAX starts.*--isa AVX2"):
-    stored.run_experiment("claims", realization="avx2", out_dir=tmp_path)
+    storing.run_experiment("claims", realization="avx2", out_dir=tmp_path)
   assert not list(tmp_path.iterdir())
 
 
@@ -269,7 +286,7 @@ def test_experiments_cli_lists_runs_stores_and_verifies(toy, capsys):
     (["experiments", "verify", "claims", "--scale", "gpu"], "scale must be one of"),
     (["experiments", "run", "claims", "--workers", "0"], "--workers must be an integer >= 1, got 0"),
     (["experiments", "verify", "claims", "--isa", "AVX3"], "--isa must be one of"),
-    (["experiments", "verify", "claims", "--sample", "0"], "--sample must be an integer >= 1, got 0"),
+    (["experiments", "verify", "claims", "--sample", "0"], "--sample must be an integer in [1, 192] (runs of claims"),
 ])
 def test_experiments_cli_bad_input_is_one_line_before_any_training(argv, message, capsys):
   from analysis import __main__ as cli
