@@ -162,8 +162,8 @@ def run_experiment(name: str, *, scale: str = "cpu", cache: str | os.PathLike | 
     progress: show a progress bar over the runs.
     out_dir: where to write (default :data:`analysis.lab.stored.RESULTS_DIR`).
     workers: processes that train at once (:func:`train_parallel`; 1 trains in this process).
-    realization: store a second realization (:func:`path_of`), trained under
-      ``--xla_cpu_max_isa`` set to it (:func:`realization_name`); the flag must be in
+    realization: store a second realization (:func:`~analysis.lab.stored.path_of`), trained under
+      ``--xla_cpu_max_isa`` set to it (:func:`~analysis.lab.stored.realization_name`); the flag must be in
       ``$XLA_FLAGS`` before JAX starts (``python -m analysis experiments run NAME --isa AVX2``
       sets it).
 
