@@ -27,7 +27,7 @@ from typing import Sequence
 
 import pandas as pd
 
-from analysis.lab.sweep_cache import cache_dir
+from analysis.lab.sweep_cache import cache_root
 from analysis.lab.sweep_cache import is_cached
 from analysis.lab.sweeps import program_groups
 from analysis.lab.sweeps import run_sweep
@@ -177,6 +177,11 @@ def probe(cfg) -> Probe:
   return Probe(compile_s=compile_s, step_s=step_s, eval_s=eval_s, step_flops=step_flops(short))
 
 
+def runs_to_train(configs: Sequence, root) -> list[int]:
+  """Indices of the runs not in the cache folder ``root``, in training order."""
+  return [i for i in training_order(configs) if not is_cached(configs[i], root)]
+
+
 def plan_live(configs: Sequence, *, cache=None, max_runs: int | None = None,
               measure: bool = True) -> LivePlan:
   """Counts what a sweep will train and estimates its time (see the module docstring).
@@ -191,14 +196,11 @@ def plan_live(configs: Sequence, *, cache=None, max_runs: int | None = None,
     The :class:`LivePlan`.
   """
   configs = list(configs)
-  root = None if cache is False else cache_dir(None if cache is True else cache)
-  todo = [i for i in training_order(configs) if not is_cached(configs[i], root)]
-  if max_runs is not None:
-    todo = todo[:max_runs]
-  train = [configs[i] for i in todo]
+  left = runs_to_train(configs, cache_root(cache))
+  train = [configs[i] for i in left[:max_runs]]
   measured = probe(train[0]) if measure and train else None
   f0 = measured.step_flops if measured else 1.0
-  return LivePlan(runs=len(configs), cached=sum(is_cached(c, root) for c in configs), to_train=len(train),
+  return LivePlan(runs=len(configs), cached=len(configs) - len(left), to_train=len(train),
                   programs=len(program_groups(train)) if train else 0,
                   steps=float(sum(c.steps * step_flops(c) / f0 for c in train)),
                   evals=sum(c.steps // c.eval_every + 1 for c in train),
@@ -227,13 +229,12 @@ def live_sweep(configs: Sequence, *, max_runs: int | None = None, cache=None,
   if max_runs is not None:
     check_int("max_runs (MAX_RUNS)", max_runs, low=0)
   configs = list(configs)
-  root = None if cache is False else cache_dir(None if cache is True else cache)
-  left = sum(not is_cached(c, root) for c in configs)
   plan = plan_live(configs, cache=cache, max_runs=max_runs, measure=measure)
   print(f"{desc}: {plan.text()}", flush=True)
   start = time.perf_counter()
+  left = plan.runs - plan.cached
   if plan.to_train < left:
-    todo = [i for i in training_order(configs) if not is_cached(configs[i], root)][:plan.to_train]
+    todo = runs_to_train(configs, cache_root(cache))[:plan.to_train]
     run_sweep([configs[i] for i in todo], cache=cache, desc=desc, progress=progress)
     raise LiveLimitReached(
         f"{desc}: trained {plan.to_train} of the {left} runs left in {duration(time.perf_counter() - start)}"

@@ -84,6 +84,17 @@ def config_key(cfg) -> str:
   return hashlib.sha256(payload.encode()).hexdigest()[:20]
 
 
+def cache_root(cache: str | os.PathLike | None | bool) -> pathlib.Path | None:
+  """The folder a ``cache`` argument names: None for ``False`` (no cache), the default
+  (:func:`cache_dir`) for ``None`` or ``True``, else the folder given.
+
+  Examples:
+    >>> cache_root(False) is None, str(cache_root("/tmp/c"))
+    (True, '/tmp/c')
+  """
+  return None if cache is False else cache_dir(None if cache is True else cache)
+
+
 def is_cached(cfg, root: pathlib.Path | None) -> bool:
   """Whether the cache folder ``root`` holds a finished run of ``cfg`` (False when ``root`` is None)."""
   return root is not None and (root / config_key(cfg) / "summary.json").exists()

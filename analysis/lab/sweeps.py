@@ -35,6 +35,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from analysis.lab.sweep_cache import cache_dir
+from analysis.lab.sweep_cache import cache_root
 from analysis.lab.sweep_cache import config_dict
 from analysis.lab.sweep_cache import config_key
 from analysis.lab.sweep_cache import enable_compilation_cache
@@ -157,7 +158,7 @@ def grid(base, axes: Mapping[str, Sequence[Any]] | None = None, *, skip_invalid:
 def run_one(cfg, *, cache: str | os.PathLike | None | bool = None, rerun: bool = False):
   """Trains one config, or reads it from the cache; returns ``(summary, metrics, cached)``."""
   key = config_key(cfg)
-  root = None if cache is False else cache_dir(None if cache is True else cache)
+  root = cache_root(cache)
   if root is not None and not rerun and (root / key / "summary.json").exists():
     summary, metrics = load_run(root / key)
     return summary, metrics, True
@@ -195,7 +196,7 @@ def run_sweep(configs: Iterable, *, cache: str | os.PathLike | None | bool = Non
     [[2, 2], [4, 2]]
   """
   configs = list(configs)
-  root = None if cache is False else cache_dir(None if cache is True else cache)
+  root = cache_root(cache)
   if compilation_cache and root is not None:
     enable_compilation_cache(root)
   rows: list[dict | None] = [None] * len(configs)
