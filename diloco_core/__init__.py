@@ -66,7 +66,7 @@ _PUBLIC = {
     "DataConfig": "diloco_core.data",
     "MarkovSource": "diloco_core.data",
     "make_dataset": "diloco_core.data",
-    "initialize_distributed": "diloco_core.mesh",
+    "initialize_distributed": "diloco_core.processes",
     "make_mesh": "diloco_core.mesh",
     "parse_mesh": "diloco_core.mesh",
     "export_params": "diloco_core.params_io",

@@ -44,7 +44,8 @@ from typing import Any, Sequence
 import jax
 import orbax.checkpoint as ocp
 
-from diloco_core.tree_io import fingerprint, leaf_table, one_line, quiet_orbax_failed_reads
+from diloco_core.disk_space import disk_full, full_disk_message
+from diloco_core.tree_io import OrbaxLogs, fingerprint, leaf_table, one_line, quiet_orbax_failures
 
 FORMAT_VERSION = 1
 CHECKPOINTS = "checkpoints"
@@ -138,32 +139,43 @@ class CheckpointWriter:
     meta = dict(meta, format=FORMAT_VERSION, step=int(step), leaves=leaf_table(state),
                 checksums=fingerprint(state))
     path = os.path.join(checkpoints_dir(self.out), str(step))
-    if not os.path.isdir(checkpoints_dir(self.out)) or (self._last and not os.path.isdir(self._last)):
+    if not os.path.isdir(checkpoints_dir(self.out)) or (
+        self._last and int(os.path.basename(self._last)) not in finalized_steps(self.out)):
       gone = checkpoints_dir(self.out) if not os.path.isdir(checkpoints_dir(self.out)) else self._last
-      raise OSError(self._failed(path, f"{gone} was removed during the run"))
+      raise OSError(self._failed(path, f"{gone} was removed or replaced during the run"))
     errors: list[BaseException] = []
     previous = threading.excepthook  # Orbax's writer threads: their errors are reported below
     threading.excepthook = lambda info: errors.append(info.exc_value)
+    quiet_orbax_failures()
     try:
-      self._mgr.save(int(step), args=ocp.args.Composite(
-          state=ocp.args.StandardSave(_items(state)), meta=ocp.args.JsonSave(_jsonable(meta))))
-      self._mgr.wait_until_finished()
+      with OrbaxLogs():  # what Orbax logs of a failed save is in the one line below
+        self._mgr.save(int(step), args=ocp.args.Composite(
+            state=ocp.args.StandardSave(_items(state)), meta=ocp.args.JsonSave(_jsonable(meta))))
+        self._mgr.wait_until_finished()
     except Exception as e:  # noqa: BLE001 - Orbax / TensorStore: one line at the boundary
-      raise OSError(self._failed(path, one_line(e))) from None
+      raise OSError(self._failed(path, e)) from None
     finally:
       threading.excepthook = previous
     if errors or not os.path.isdir(path):
-      raise OSError(self._failed(path, one_line(errors[0]) if errors else "it is missing after the save"))
+      raise OSError(self._failed(path, errors[0] if errors else "it is missing after the save"))
     self._last = path
     return path
 
-  def _failed(self, path: str, why: str) -> str:
-    """Why a save failed, and the command that goes on from what is left."""
+  def _failed(self, path: str, error: BaseException | str) -> str:
+    """Why a save failed, and the command that goes on from what is left (the partial
+    checkpoint is removed: it is never read, and on a full disk it holds the space)."""
     self._failures += 1
     d = checkpoints_dir(self.out)
+    if os.path.isdir(d):
+      for name in os.listdir(d):
+        if name.startswith(f"{os.path.basename(path)}.orbax-checkpoint-tmp"):
+          shutil.rmtree(os.path.join(d, name), ignore_errors=True)
     left = finalized_steps(self.out) if os.path.isdir(d) else []
     then = (f"continue with `resume` (from {os.path.join(d, str(left[-1]))})" if left else
             "start over with `overwrite` (no checkpoint is left)")
+    if disk_full(error):
+      return f"checkpoint {path} could not be written: {full_disk_message(d)}; free space there, then {then}."
+    why = error if isinstance(error, str) else one_line(error)
     return (f"checkpoint {path} could not be written ({why}); check that {d} exists and is a"
             f" writable directory, then {then}.")
 
@@ -280,7 +292,7 @@ def restore_latest(out: str, target, config: dict, must_match: Sequence[str],
     ValueError: no checkpoint, none readable, or an incompatible config / model (one line).
   """
   d = checkpoints_dir(out)
-  quiet_orbax_failed_reads()
+  quiet_orbax_failures()
   steps = finalized_steps(out)
   if not steps:
     raise ValueError(no_checkpoint_message(out))

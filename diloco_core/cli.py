@@ -15,13 +15,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
+import signal
 import sys
 import warnings
 
 from diloco_core import interrupts
 from diloco_core.fields import spec, walk
 from diloco_core.backend import configure_determinism
-from diloco_core.mesh import initialize_distributed
+from diloco_core.processes import JOIN_TIMEOUT_S, exit_without_peers, initialize_distributed
 from diloco_core.run_config import TrainConfig
 
 #: The ``--help`` groups, in order (a field's metadata names its group).
@@ -48,7 +49,7 @@ def flags(cls=TrainConfig) -> dict[str, str]:
 #: The process options of multi-process runs: arguments of initialize_distributed, not config fields.
 PROCESS_FLAGS = {"coordinator": "--coordinator", "num_processes": "--num-processes",
                  "process_id": "--process-id"}
-FLAGS = {**flags(TrainConfig), **PROCESS_FLAGS}
+FLAGS = {**flags(TrainConfig), **PROCESS_FLAGS, "join_timeout": "--join-timeout"}
 
 
 def to_flags(message: str, cls=TrainConfig) -> str:
@@ -124,6 +125,8 @@ def build_parser(defaults: TrainConfig | None = None) -> argparse.ArgumentParser
   g.add_argument("--coordinator", default=None, help="multi-process: host:port of process 0 (or JAX_COORDINATOR_ADDRESS)")
   g.add_argument("--num-processes", type=int, default=None, help="multi-process: number of processes (or JAX_NUM_PROCESSES)")
   g.add_argument("--process-id", type=int, default=None, help="multi-process: this process's id (or JAX_PROCESS_ID)")
+  g.add_argument("--join-timeout", type=float, default=JOIN_TIMEOUT_S, metavar="SECONDS",
+                 help="multi-process: seconds to wait for every process to join, then one error line and exit 2")
   return p
 
 
@@ -181,12 +184,21 @@ def _main(argv: list[str] | None) -> int:
     return int(e.code or 0)
   interrupts.check()
   configure_determinism(False if args.nondeterministic else None)  # before JAX starts
+  several = False
   try:
-    initialize_distributed(args.coordinator, args.num_processes, args.process_id)
+    several = initialize_distributed(args.coordinator, args.num_processes, args.process_id, args.join_timeout,
+                                     describe=to_flags)
+    if several:
+      interrupts.forward(signal.SIGTERM)  # Ctrl-C too stops every process at one step (processes.stop_agreed)
     with warnings.catch_warnings():
       warnings.simplefilter("always", RunWarning)
       warnings.showwarning = _show_warning
       result = train(config_from_args(args))  # train validates the config, once
+  except ConnectionError as e:  # another process was lost: its shutdown barrier would never pass
+    code = command_error(e)
+    if several:
+      exit_without_peers(code)
+    return code
   except (ValueError, OSError, FloatingPointError) as e:
     return command_error(e)
   except Interrupted as e:

@@ -11,6 +11,11 @@ phases of its set-up, which raises ``KeyboardInterrupt`` there (the loop turns i
 raises at once. A save that is running when the signal comes is finished first, so an
 interrupted run reports the step of its newest checkpoint.
 
+In a run over several processes, a stop must be agreed: the processes stop at the same step,
+or one would wait for another in a collective. There JAX's preemption service takes SIGTERM
+(see :func:`diloco_core.processes.stop_agreed`), and :func:`forward` makes a first SIGINT a
+SIGTERM to this process, so that Ctrl-C takes the same path.
+
 The Python API keeps Python's default behaviour (Ctrl-C raises where it lands); :func:`check`
 is then a no-op. This module imports nothing heavy, so that the package can install the
 handler before it imports JAX (see ``diloco_core/__init__.py``).
@@ -28,6 +33,7 @@ Examples:
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -35,12 +41,24 @@ import threading
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _requested: list[int] = []
 _installed: dict[int, object] = {}
+_forward: list[int] = []  # set by forward(): the signal a first stop request is re-sent as
+_forwarded: list[int] = []
 
 
 def _record(signum, frame) -> None:
-  if _requested:  # the second signal: stop now
+  if _requested or _forwarded:  # the second signal: stop now
     raise KeyboardInterrupt
+  if _forward:
+    _forwarded.append(signum)
+    os.kill(os.getpid(), _forward[0])
+    return
   _requested.append(signum)
+
+
+def forward(sig: int) -> None:
+  """Re-sends the first stop request to this process as ``sig`` (not recorded for :func:`check`);
+  a second one still raises at once. Undone by :func:`uninstall`."""
+  _forward[:] = [sig]
 
 
 def command_line_module() -> str | None:
@@ -70,6 +88,8 @@ def uninstall() -> None:
     sig, previous = _installed.popitem()
     signal.signal(sig, previous)
   _requested.clear()
+  _forward.clear()
+  _forwarded.clear()
 
 
 @contextlib.contextmanager
@@ -83,6 +103,7 @@ def deferred():
       uninstall()
     else:
       _requested.clear()
+      _forwarded.clear()
 
 
 def requested() -> bool:

@@ -11,13 +11,16 @@ a multi-host run starts one per host with ``--coordinator/--num-processes/--proc
   is kept in memory and its last lines are shown if that process fails.
 * When any process fails, the others are stopped (SIGTERM, then SIGKILL after
   :data:`GRACE_S` seconds); Ctrl-C or SIGTERM to the launcher stops them all the same way
-  (the trainer finishes its step and says how to resume). The exit code is the worst one:
+  (every trainer stops before the same step, :func:`diloco_core.processes.stop_agreed`, and
+  says how to resume). The exit code is the worst one:
   that of the first process that failed, 130 for a stop request, else 0.
 * ``--pin-cpus`` gives each process an equal, disjoint share of the CPUs (as separate hosts
   would have): the processes then do not slow each other down unevenly.
+* The processes die with the launcher, even when it is killed with SIGKILL (Linux).
 * ``--link-mbit R`` runs every process in a new network namespace whose loopback is shaped
   to R Mbit/s (``tc qdisc ... tbf``: both directions share the rate; Linux, root, iproute2).
-  The namespace is removed afterwards, also on failure or Ctrl-C.
+  The namespace is removed afterwards, also on failure or Ctrl-C; one left by a launcher killed
+  with SIGKILL is removed by the next launch.
 
 Examples:
   >>> parse_args(["--processes", "2", "--", "--model", "tiny"]).train_args
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import ctypes
 import os
 import shutil
 import signal
@@ -50,6 +54,10 @@ GRACE_S = 30.0
 TAIL_LINES = 20
 #: The token bucket of a shaped link: burst and queue limit (``tc ... tbf``).
 TBF_BURST, TBF_LATENCY = "64kbit", "4000ms"
+#: A shaped link's network namespace is this prefix and the launcher's pid.
+LINK_PREFIX = "diloco-link-"
+#: Linux's prctl option that sends a process a signal when its parent dies.
+PR_SET_PDEATHSIG = 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,7 +141,7 @@ class ShapedLink:
 
   def __init__(self, mbit: float):
     self.mbit = mbit
-    self.name = f"diloco-link-{os.getpid()}"
+    self.name = f"{LINK_PREFIX}{os.getpid()}"
     self.prefix: list[str] = []
 
   @staticmethod
@@ -153,6 +161,7 @@ class ShapedLink:
              f"{' and '.join(missing)} not found" if missing else "not root")
       raise ValueError(f"--link-mbit needs Linux, root and iproute2 (ip, tc) to shape a network"
                        f" namespace's loopback ({why}); run without --link-mbit, or as root.")
+    remove_stale_links()
     rate = f"{self.mbit:g}mbit"
     steps = [["ip", "netns", "add", self.name],
              ["ip", "-n", self.name, "link", "set", "lo", "mtu", "1500"],
@@ -172,6 +181,43 @@ class ShapedLink:
     subprocess.run(["ip", "netns", "delete", self.name], capture_output=True)
 
 
+def remove_stale_links() -> list[str]:
+  """Deletes the shaped-link namespaces of launchers that are gone (one killed by SIGKILL could
+  not remove its own); returns their names."""
+  listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+  stale = [name for name in listed if name.startswith(LINK_PREFIX) and not _alive(name[len(LINK_PREFIX):])]
+  for name in stale:
+    subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+  return stale
+
+
+def _alive(pid: str) -> bool:
+  if not pid.isdigit():
+    return True  # not a name this launcher made: leave it
+  try:
+    os.kill(int(pid), 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    pass
+  return True
+
+
+def _child_setup(cpus: list[int] | None, launcher: int):
+  """What each process runs before the trainer starts: dies with the launcher (Linux's
+  parent-death signal: a launcher killed by SIGKILL leaves no trainer behind) and, under
+  ``--pin-cpus``, keeps to its CPUs."""
+
+  def setup():
+    if sys.platform.startswith("linux"):
+      ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+      if os.getppid() != launcher:  # the launcher died before the line above
+        os._exit(1)
+    if cpus is not None:
+      os.sched_setaffinity(0, cpus)
+  return setup
+
+
 class _Child:
   """One process: its Popen and the last lines of its output (process 0's is also shown as
   it comes, carriage returns included, so its progress bar redraws in place)."""
@@ -179,9 +225,8 @@ class _Child:
   def __init__(self, index: int, cmd: list[str], env: dict, show: bool, cpus: list[int] | None = None):
     self.index, self.cmd = index, cmd
     self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-    pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
     self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 start_new_session=True, preexec_fn=pin)
+                                 start_new_session=True, preexec_fn=_child_setup(cpus, os.getpid()))
     self._reader = threading.Thread(target=self._read, args=(show,), daemon=True)
     self._reader.start()
 
@@ -275,7 +320,8 @@ def _supervise(children: list[_Child]) -> int:
     return 130
   if first_failure is not None:
     c = first_failure
-    if c.index != 0:  # process 0's output was shown already
+    shown = list(children[0].tail)[-1:] if children[0].proc.returncode == c.proc.returncode else []
+    if c.index != 0 and list(c.tail)[-1:] != shown:  # process 0's output was shown already
       sys.stderr.write("\n".join(f"[process {c.index}] {line}" for line in c.tail) + "\n")
     rc = c.proc.returncode
     how = (f"was lost (killed by {signal.Signals(-rc).name})" if rc < 0 and -rc in signal.valid_signals()

@@ -16,8 +16,6 @@ import warnings
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
@@ -29,15 +27,18 @@ from diloco_core import params_io
 from diloco_core import run_files
 from diloco_core.data import make_dataset
 from diloco_core.divergence import Watch, check_finite  # noqa: F401 (check_finite: re-exported)
+from diloco_core.disk_space import check_run_space, disk_full, full_disk_message
+from diloco_core.metrics_log import MetricsLog, RunFileError
 from diloco_core.drops import participation
 from diloco_core.fields import must_match_fields
-from diloco_core.mesh import fetch
 from diloco_core.backend import resolve_model_config
 from diloco_core.model import init_model, train_loss
 from diloco_core.model_config import param_count
+from diloco_core.processes import lost_process, stop_agreed
 from diloco_core.programs import PROGRAMS
 from diloco_core.run_config import TrainConfig, effective_config
 from diloco_core.schedule import sent_fragment
+from diloco_core.tree_io import one_line
 
 
 class RunWarning(UserWarning):
@@ -73,104 +74,11 @@ class TrainResult:
   state: Any  # the final training state (DiLoCoState / DPState)
 
 
-class MetricsLog:
-  """The rows of a run, its byte counters, and ``metrics.jsonl`` (when given a path).
-
-  Args:
-    tokens_per_step: M·b·T, tokens of one inner step over all replicas.
-    drops: the run simulates replica drops (rows then list each sync's participants).
-    path: ``metrics.jsonl`` to write, or None.
-    resumed: the ``metrics`` item of the checkpoint a run resumes from, or None; the file is
-      then rewritten (atomically) to that checkpoint's rows first.
-    gather: queued per-replica values (one per step) -> host ``[steps, M]``; default: stack and
-      fetch (the in-step runtime's; background gathers over the processes).
-  """
-
-  def __init__(self, tokens_per_step: int, drops: bool, path: str | None = None,
-               resumed: dict | None = None, gather=None):
-    self.tokens_per_step, self.drops = tokens_per_step, drops
-    self._gather = gather or (lambda values: fetch(jnp.stack(values)))
-    self.rows: list[dict] = [] if resumed is None else resumed["rows"]
-    self.total_bytes = 0.0 if resumed is None else resumed["total_bytes_sent"]
-    self.peak_bytes = 0.0 if resumed is None else resumed["peak_bytes_per_step"]
-    self._since_row, self._pending, self._pending_aux, self._syncs = 0.0, [], [], []
-    self._file = None
-    if path is not None and resumed is None:
-      self._file = open(path, "w")
-    elif path is not None:
-      with open(path + ".tmp", "w") as f:
-        f.writelines(json.dumps(r, allow_nan=False) + "\n" for r in self.rows[1:])  # the step-0 row is not in the file
-      os.replace(path + ".tmp", path)
-      self._file = open(path, "a")
-
-  def start(self, eval_loss: float) -> None:
-    """The step-0 row (the initial eval loss; kept in the summary's rows, not in the file)."""
-    self.rows.append(_row(0, None, eval_loss, 0, 0.0, 0.0, 0.0))
-
-  def step(self, t: int, loss: jax.Array, sent: float, present: np.ndarray | None, synced: bool,
-           aux_loss: jax.Array | None = None) -> None:
-    """Records step ``t``: its per-replica losses (on device), the bytes each replica sent, and
-    an MoE's per-replica auxiliary loss term (on device; None for a dense model)."""
-    if present is not None and synced:
-      self._syncs.append([t, [i for i in range(len(present)) if present[i]]])
-    self._pending.append(loss)
-    if aux_loss is not None:
-      self._pending_aux.append(aux_loss)
-    self.peak_bytes = max(self.peak_bytes, sent)  # what one present replica puts on the wire
-    if present is not None:
-      sent *= float(np.mean(present))  # a dropped replica sends nothing: the mean over replicas
-    self.total_bytes += sent
-    self._since_row += sent
-
-  def fetch_losses(self) -> np.ndarray:
-    """The training losses [steps since the last row, M] (one host sync)."""
-    losses, self._pending = self._gather(self._pending), []
-    return losses
-
-  def fetch_aux(self) -> float | None:
-    """The mean auxiliary loss term of the steps since the last row (None for a dense model)."""
-    if not self._pending_aux:
-      return None
-    aux, self._pending_aux = self._gather(self._pending_aux), []
-    return float(np.mean(aux))
-
-  def row(self, t: int, losses: np.ndarray, eval_loss: float | None, wall: float,
-          aux_loss: float | None = None) -> dict:
-    """Adds (and writes) the row of step ``t``; ``losses`` [M] are the means since the last row,
-    ``aux_loss`` (MoE runs only: the rows then have an ``aux_loss`` column) the auxiliary term's."""
-    row = _row(t, losses, eval_loss, t * self.tokens_per_step, self._since_row, self.total_bytes, wall)
-    if aux_loss is not None:
-      row["aux_loss"] = aux_loss
-    if self.drops:
-      row["participants"], self._syncs = self._syncs, []
-    self.rows.append(row)
-    self._since_row = 0.0
-    if self._file is not None:
-      self._file.write(json.dumps(row, allow_nan=False) + "\n")  # strict JSON
-      self._file.flush()
-    return row
-
-  def checkpoint_item(self) -> dict:
-    """What a checkpoint keeps of the log, so that a resumed run continues it exactly."""
-    return {"rows": self.rows, "total_bytes_sent": self.total_bytes,
-            "peak_bytes_per_step": self.peak_bytes}
-
-  def close(self) -> None:
-    if self._file is not None:
-      self._file.close()
-
-
-def _row(t, losses, eval_loss, tokens, step_bytes, total_bytes, wall) -> dict:
-  return {
-      "step": t,
-      "train_loss": None if losses is None else float(np.mean(losses)),
-      "replica_loss": None if losses is None else [float(x) for x in losses],
-      "eval_loss": eval_loss,
-      "tokens": tokens,
-      "bytes_sent": step_bytes,  # per replica (mean over replicas), since the previous row
-      "total_bytes_sent": total_bytes,  # per replica (mean over replicas), since the start
-      "wall_time_s": wall,
-  }
+def _finish_advice(watch: Watch) -> str:
+  """How a run that trained every step but could not write its last files finishes them."""
+  last = watch.last_checkpoint if watch.last_checkpoint and os.path.isdir(watch.last_checkpoint) else None
+  return (f"its last checkpoint {last} holds the result; free space, then run again with `resume`" if last
+          else "no checkpoint holds the result (set `checkpoint_every` to keep one)")
 
 
 def _checkpoint_meta(cfg: TrainConfig, t: int, log: MetricsLog, data_identity: dict | None = None) -> dict:
@@ -272,6 +180,10 @@ def train(cfg: TrainConfig) -> TrainResult:
       raise ValueError(f"steps ({cfg.steps}) is below the checkpoint's step {resumed.step} in"
                        f" {resumed.path}; pass `steps` >= {resumed.step}.")
     state = comm.local_state(resumed.state)
+  first = 1 if resumed is None else resumed.step + 1  # checkpoints fall on log rows: nothing pending
+  if cfg.out is not None and jax.process_index() == 0:  # only process 0 writes files
+    check_run_space(cfg, comm.global_state(state), params, first,  # before any step, not at a save
+                    on_disk=len(ckpt.finalized_steps(cfg.out)) if cfg.resume else 0)
   eval_tokens = comm.place_replicated(data.eval_batch())
   evaluate = lambda s: float(eval_fn(algo.eval_params(s), eval_tokens))
   drops = bool(cfg.drop_schedule or cfg.drop_prob)
@@ -279,7 +191,6 @@ def train(cfg: TrainConfig) -> TrainResult:
                    gather=comm.gather_rows)
   checkpoints = ckpt.CheckpointWriter(cfg.out, cfg.keep_checkpoints) if cfg.checkpoint_every else None
   last_checkpoint = None if resumed is None else resumed.path
-  first = 1 if resumed is None else resumed.step + 1  # checkpoints fall on log rows: nothing pending
 
   # ---- the run ----
   start, compile_time = time.perf_counter(), None
@@ -294,6 +205,8 @@ def train(cfg: TrainConfig) -> TrainResult:
   try:
     for t in range(first, cfg.steps + 1):
       interrupts.check()  # a stop request (SIGINT / SIGTERM under the CLI) ends the run here
+      if stop_agreed(t):  # several processes: every one stops before the same step
+        raise KeyboardInterrupt
       batch = comm.place_batch(data.train_batch(t - 1))
       present = participation(cfg, t)
       state, m = comm.step(state, batch, t, present, last=t == cfg.steps and cfg.eval_replicas)
@@ -328,10 +241,17 @@ def train(cfg: TrainConfig) -> TrainResult:
     host_replicas = comm.host_replicas(state) if cfg.eval_replicas else None
   except KeyboardInterrupt:  # Ctrl-C, or SIGTERM under the command line: one line, what to do next
     raise Interrupted(done, cfg.out, watch.last_checkpoint) from None
-  except ConnectionError as e:  # background: another process was lost; nothing here is damaged
+  except (ConnectionError, jax.errors.JaxRuntimeError) as e:  # another process was lost; nothing here is damaged
+    lost = lost_process(e)
+    if lost is None:
+      raise
     where = (f"the last intact checkpoint is {watch.last_checkpoint}: run again with `resume`"
              if watch.last_checkpoint else "no checkpoint was written: start over with `overwrite`")
-    raise ConnectionError(f"{e}; the run stopped after step {done}: {where}.") from None
+    raise ConnectionError(f"{lost}; the run stopped after step {done}: {where}.") from None
+  except RunFileError as e:  # what was written stays; the checkpoints, if any are left, go on
+    last = watch.last_checkpoint if watch.last_checkpoint and os.path.isdir(watch.last_checkpoint) else None
+    where = f"fix that, then continue with `resume` (from {last})" if last else "fix that, then start over with `overwrite`"
+    raise RunFileError(f"{e}; the run stopped after step {done}: {where}.") from None
   except files.DataChangedError as e:  # the run stops; its checkpoints are those of the old data
     where = (f"continue with `resume` (from {watch.last_checkpoint})" if watch.last_checkpoint
              else "start over with `overwrite`")
@@ -347,8 +267,11 @@ def train(cfg: TrainConfig) -> TrainResult:
   # ---- summary ----
   final_params = None
   if cfg.out is not None:  # a plain checkpoint of the global params: diloco_core.load_params(path)
-    final_params = params_io.export_params(algo.eval_params(comm.global_state(state)),
-                                           os.path.join(cfg.out, ckpt.FINAL_PARAMS))
+    try:
+      final_params = params_io.export_params(algo.eval_params(comm.global_state(state)),
+                                             os.path.join(cfg.out, ckpt.FINAL_PARAMS))
+    except OSError as e:
+      raise RunFileError(f"{e}; the run trained all {cfg.steps} steps: {_finish_advice(watch)}.") from None
   wall = time.perf_counter() - start
   compile_time = 0.0 if compile_time is None else compile_time  # resumed at the last step: no step ran
   metrics = pd.DataFrame(log.rows)
@@ -387,7 +310,12 @@ def train(cfg: TrainConfig) -> TrainResult:
       "warnings": cfg.schedule_warnings(),
   }
   if cfg.out is not None and writer:
-    with open(os.path.join(cfg.out, "summary.json"), "w") as f:
-      json.dump(summary, f, indent=2)
+    try:
+      with open(os.path.join(cfg.out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    except OSError as e:
+      why = full_disk_message(cfg.out) if disk_full(e) else one_line(e)
+      raise RunFileError(f"{cfg.out}/summary.json could not be written ({why}); the run trained all"
+                         f" {cfg.steps} steps: {_finish_advice(watch)}.") from None
   return TrainResult(metrics=metrics, summary=summary, params=algo.eval_params(state),
                      state=comm.global_state(state))

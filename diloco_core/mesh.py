@@ -6,12 +6,11 @@ The DiLoCo core is written with drjax over a placement named ``diloco``. Under
 ``reduce_mean`` becomes the cross-replica all-reduce, the only collective over ``diloco``.
 Within a replica, the batch is sharded over ``data`` (plain data parallelism inside a
 datacenter). The same code runs on 8 fake CPU devices, one TPU slice per replica, or
-several hosts after :func:`initialize_distributed`.
+several hosts after :func:`~diloco_core.processes.initialize_distributed`.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import jax
@@ -71,6 +70,35 @@ def check_mesh(shape: dict[str, int], *, replicas: int, batch_size: int,
     raise ValueError(
         f"batch_size ({batch_size}) must be divisible by the mesh's data axis ({b}) so each"
         " device gets the same number of sequences.")
+
+
+def check_process_mesh(shape: dict[str, int] | None, *, replicas: int, batch_size: int,
+                       processes: int | None = None, num_devices: int | None = None) -> None:
+  """One-line error when an in-step run over several processes would not use every device.
+
+  Each process runs the same SPMD program over the global mesh; a mesh on fewer devices than
+  there are (the default one-device mesh included) leaves a process without its part of it.
+
+  Examples:
+    >>> check_process_mesh(None, replicas=2, batch_size=4, processes=2, num_devices=2)
+    Traceback (most recent call last):
+    ...
+    ValueError: an in-step run over 2 processes needs a `mesh` over all 2 devices of the processes (e.g. `mesh`='diloco=2,data=1'), or `communication` background.
+    >>> check_process_mesh({"diloco": 2, "data": 1}, replicas=2, batch_size=4, processes=2, num_devices=2)
+  """
+  n = jax.device_count() if num_devices is None else num_devices
+  processes = jax.process_count() if processes is None else processes
+  if processes == 1 or (shape is not None and shape["diloco"] * shape["data"] == n):
+    return
+  fits = [d for d in range(n, 0, -1) if n % d == 0 and replicas % d == 0 and batch_size % (n // d) == 0]
+  fix = (f"e.g. `mesh`='diloco={fits[0]},data={n // fits[0]}'" if fits else
+         f"no mesh over {n} devices divides `replicas` ({replicas}) and `batch_size` ({batch_size}): change them")
+  if shape is None:
+    raise ValueError(f"an in-step run over {processes} processes needs a `mesh` over all {n} devices of"
+                     f" the processes ({fix}), or `communication` background.")
+  raise ValueError(f"`mesh` diloco={shape['diloco']} x data={shape['data']} uses {shape['diloco'] * shape['data']}"
+                   f" of the {n} devices of the {processes} processes; an in-step run over several"
+                   f" processes must use every device ({fix}).")
 
 
 def _largest_divisor(n: int, m: int) -> int:
@@ -199,35 +227,3 @@ def fetch(x: Any) -> np.ndarray:
     from jax.experimental import multihost_utils
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
   return np.asarray(jax.device_get(x))
-
-
-def initialize_distributed(coordinator: str | None = None, num_processes: int | None = None,
-                           process_id: int | None = None) -> bool:
-  """Starts multi-process JAX when asked (the arguments, or the ``JAX_*`` environment variables below).
-
-  Args:
-    coordinator: ``host:port`` of process 0 (env ``JAX_COORDINATOR_ADDRESS``).
-    num_processes: total processes (env ``JAX_NUM_PROCESSES``).
-    process_id: this process (env ``JAX_PROCESS_ID``).
-
-  Returns:
-    True if :func:`jax.distributed.initialize` was called. On CPU it selects the gloo
-    collectives so the replicas' all-reduce crosses processes.
-  """
-  coordinator = coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")
-  if num_processes is None and os.environ.get("JAX_NUM_PROCESSES"):
-    num_processes = int(os.environ["JAX_NUM_PROCESSES"])
-  if process_id is None and os.environ.get("JAX_PROCESS_ID"):
-    process_id = int(os.environ["JAX_PROCESS_ID"])
-  if coordinator is None and num_processes is None:
-    return False
-  if coordinator is None or num_processes is None or process_id is None:
-    raise ValueError("multi-process runs need all of `coordinator`, `num_processes` and `process_id`"
-                     " (or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID).")
-  if not 0 <= process_id < num_processes:
-    raise ValueError(f"process_id must be in [0, num_processes={num_processes}), got {process_id}.")
-  if jax.config.jax_platforms in (None, "", "cpu") or os.environ.get("JAX_PLATFORMS") == "cpu":
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
-                             process_id=process_id)
-  return True

@@ -24,7 +24,8 @@ import jax.numpy as jnp  # noqa: F401 (doctests)
 import orbax.checkpoint as ocp
 
 from diloco_core.checkpoint import CHECKPOINTS
-from diloco_core.tree_io import fingerprint, leaf_table, one_line, quiet_orbax_failed_reads
+from diloco_core.disk_space import disk_full, full_disk_message
+from diloco_core.tree_io import OrbaxLogs, fingerprint, leaf_table, one_line, quiet_orbax_failures
 
 #: The manifest an export writes last (its presence marks a complete export).
 MANIFEST = "params_manifest.json"
@@ -102,8 +103,16 @@ def export_params(params, path: str) -> str:
   """
   path = os.path.abspath(path)
   tmp = path + ".export-tmp"
-  with ocp.StandardCheckpointer() as ckptr:  # every process takes part; process 0 writes
-    ckptr.save(tmp, params, force=True)
+  quiet_orbax_failures()
+  try:
+    with OrbaxLogs(), ocp.StandardCheckpointer() as ckptr:  # every process takes part; process 0 writes
+      ckptr.save(tmp, params, force=True)
+  except Exception as e:  # noqa: BLE001 - Orbax / TensorStore: one line, and no half-written copy left
+    for name in os.listdir(os.path.dirname(path)) if os.path.isdir(os.path.dirname(path)) else []:
+      if name.startswith(os.path.basename(tmp)):
+        shutil.rmtree(os.path.join(os.path.dirname(path), name), ignore_errors=True)
+    why = full_disk_message(os.path.dirname(path)) if disk_full(e) else one_line(e)
+    raise OSError(f"the params could not be written to {path} ({why})") from None
   checksums = fingerprint(params)  # a computation on every process's arrays
   if jax.process_index() != 0:
     return path
@@ -178,7 +187,7 @@ def load_params(path: str, like=None):
     device, also when several processes wrote the checkpoint (``--communication background``).
   """
   path = check_params_dir(path)
-  quiet_orbax_failed_reads()
+  quiet_orbax_failures()
   damaged = lambda e: ValueError(f"params checkpoint {path!r} cannot be read ({one_line(e)}); it is"
                                  " damaged or incomplete.")
   manifest = _read_manifest(path)

@@ -27,7 +27,7 @@ from diloco_core.config import DiLoCoConfig
 from diloco_core.data import DataConfig
 from diloco_core.fields import field
 from diloco_core.footprint import check_fits
-from diloco_core.mesh import check_mesh, parse_mesh
+from diloco_core.mesh import check_mesh, check_process_mesh, parse_mesh
 from diloco_core.model_config import (ATTENTIONS, COMPUTE_DTYPES, PRESETS, REMATS, ModelConfig, get_preset,
                                       param_count)
 
@@ -221,6 +221,8 @@ class TrainConfig:
       mesh = parse_mesh(self.mesh)
       check_mesh(mesh, replicas=self.algo.replicas, batch_size=self.batch_size)
       devices = math.prod(mesh.values()) if isinstance(mesh, dict) else devices
+    if self.communication == "in-step":  # several processes: one SPMD program over every device
+      check_process_mesh(parse_mesh(self.mesh), replicas=self.algo.replicas, batch_size=self.batch_size)
     vocab = self.vocab_size or self.data.vocab_size  # the data's vocabulary is only known later
     M = self.algo.replicas
     model = self.model_config(vocab_size=vocab)

@@ -3,7 +3,7 @@
 Checkpoints (:mod:`diloco_core.checkpoint`) and exported params (:mod:`diloco_core.params_io`)
 both record each leaf's path, shape and dtype (:func:`leaf_table`) and a checksum of its bits
 (:func:`fingerprint`), and report a failed read in one line (:func:`one_line`), with Orbax's
-leftover asyncio noise silenced (:func:`quiet_orbax_failed_reads`).
+leftover asyncio noise silenced (:func:`quiet_orbax_failures`).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import re
 import sys
 import threading
 import traceback
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -59,25 +60,29 @@ def fingerprint(tree) -> list[int]:
   return [int(v) for v in fetch(_checksums(jax.tree.leaves(tree)))]
 
 
-def quiet_orbax_failed_reads() -> None:
-  """After a failed Orbax read, its leftover callbacks can hit a closed event loop, and
-  Python prints "RuntimeError: Event loop is closed" with a traceback. Such failures are
-  reported in one line by the caller, so those errors (and only those) are dropped.
-  Installed before reading, because the callbacks may fire before the failure surfaces."""
+def quiet_orbax_failures() -> None:
+  """After a failed Orbax read or write (a damaged checkpoint, a full disk), its leftover
+  callbacks can hit a closed event loop, and Python prints "RuntimeError: Event loop is
+  closed" with a traceback. Such failures are reported in one line by the caller, so those
+  errors (and only those) are dropped. Installed before reading or writing, because the
+  callbacks may fire before the failure surfaces."""
   closed = lambda e: isinstance(e, RuntimeError) and "Event loop is closed" in str(e)
-  for owner, name in ((sys, "unraisablehook"), (threading, "excepthook")):
+  for owner, name in ((sys, "unraisablehook"), (threading, "excepthook"), (sys, "excepthook")):
     previous = getattr(owner, name)
     if getattr(previous, "_diloco_quiet", False):
       continue
 
-    def hook(info, previous=previous):  # both hooks' arguments carry .exc_value
-      if not closed(info.exc_value):
-        previous(info)
+    def hook(*args, previous=previous):  # (info) with .exc_value, or sys.excepthook's (type, value, tb)
+      if not closed(args[1] if len(args) == 3 else args[0].exc_value):
+        previous(*args)
 
     hook._diloco_quiet = True
     setattr(owner, name, hook)
   # Orbax's concurrent reads of a damaged checkpoint: the tasks whose failure is not the one
   # raised end up in asyncio's "Task exception was never retrieved" log, with a traceback.
+  # Its writes cut short by a full disk leave coroutines that Python reports at exit.
+  warnings.filterwarnings("ignore", message=r"coroutine '[^']*serializ[^']*' was never awaited",
+                          category=RuntimeWarning)
   asyncio_log = logging.getLogger("asyncio")
   if not any(isinstance(f, OrbaxReadFailures) for f in asyncio_log.filters):
     asyncio_log.addFilter(OrbaxReadFailures())
@@ -89,6 +94,22 @@ class OrbaxReadFailures(logging.Filter):
   def filter(self, record: logging.LogRecord) -> bool:
     tb = record.exc_info[2] if record.exc_info else None
     return not (tb is not None and any("orbax" in frame.filename for frame in traceback.extract_tb(tb)))
+
+
+class OrbaxLogs(logging.Filter):
+  """Within the block, Orbax's own warnings and errors (``WARNING:absl:...``, ``ERROR:absl:...``
+  with a traceback) are dropped: the caller checks what they are about (a failed write, a
+  checkpoint removed under it) and reports it in one line (a context manager)."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not (record.levelno >= logging.WARNING and "orbax" in record.pathname)
+
+  def __enter__(self) -> "OrbaxLogs":
+    logging.getLogger("absl").addFilter(self)
+    return self
+
+  def __exit__(self, *exc) -> None:
+    logging.getLogger("absl").removeFilter(self)
 
 
 def one_line(e: Exception) -> str:

@@ -440,7 +440,7 @@ def test_checkpoints_removed_during_a_run_one_line(how, tmp_path, monkeypatch, c
   assert " at 0x" not in err and "Traceback" not in err and "WARNING" not in err
   assert lines[0].endswith("then start over with --overwrite (no checkpoint is left)."), lines[0]
   if how == "removed":  # the advice works
-    assert f"({run}/checkpoints was removed during the run)" in lines[0]
+    assert f"({run}/checkpoints was removed or replaced during the run)" in lines[0]
     monkeypatch.setattr(loop, "_checkpoint_meta", real)
     assert main(BASE + ["--out", str(run), "--checkpoint-every", "2", "--overwrite"]) == 0
 

@@ -355,10 +355,10 @@ def test_asyncio_logs_of_failed_orbax_reads_are_dropped_and_others_kept():
     return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, "Task exception was never retrieved",
                              None, info)
 
-  tree_io.quiet_orbax_failed_reads()
+  tree_io.quiet_orbax_failures()
   filters = [f for f in logging.getLogger("asyncio").filters if isinstance(f, tree_io.OrbaxReadFailures)]
   assert len(filters) == 1
-  tree_io.quiet_orbax_failed_reads()  # installed once
+  tree_io.quiet_orbax_failures()  # installed once
   assert len([f for f in logging.getLogger("asyncio").filters if isinstance(f, tree_io.OrbaxReadFailures)]) == 1
   assert not filters[0].filter(record_of("/site-packages/orbax/checkpoint/_src/serialization.py"))
   assert filters[0].filter(record_of("/home/user/my_code.py"))

@@ -1,0 +1,148 @@
+"""Multi-process runs: joining the processes, with a bounded wait, and stopping them together.
+
+A run over several processes (one per host, or several on one machine under
+:mod:`diloco_core.launch`) starts with :func:`initialize_distributed` (``jax.distributed``; on
+CPU the cross-process collectives go through gloo). Two things a single process never needs:
+
+* **A bounded wait for the others.** JAX waits for every process to register with the
+  coordinator, then aborts the process with a C++ stack (five minutes by default). Here a
+  process that is still alone after ``join_timeout`` seconds (:data:`JOIN_TIMEOUT_S`,
+  ``--join-timeout``) prints one ``error:`` line naming the coordinator and the process
+  count, and exits with 2.
+* **One step at which every process stops.** A stop request reaches each process at its own
+  moment; a process that stopped alone would leave the others waiting in a collective.
+  Once ``jax.distributed`` is up, JAX's preemption service takes SIGTERM: it tells every
+  process, and :func:`stop_agreed` answers True for the same step on all of them (the
+  largest step any of them had reached, plus one). The command line forwards SIGINT to the
+  same path (:func:`diloco_core.interrupts.forward`).
+
+Examples:
+  >>> initialize_distributed()  # no coordinator, no JAX_* variables: a single process
+  False
+  >>> stop_agreed(1)  # a single process never waits for an agreement
+  False
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+import jax
+
+#: Seconds a process waits for every process to join before it gives up (``--join-timeout``).
+JOIN_TIMEOUT_S = 120.0
+#: Seconds after which the coordinator declares a silent process lost (JAX's heartbeat).
+HEARTBEAT_S = 30
+#: Seconds a process waits at exit for the others to exit too (JAX's shutdown barrier).
+SHUTDOWN_S = 10
+
+
+def initialize_distributed(coordinator: str | None = None, num_processes: int | None = None,
+                           process_id: int | None = None, join_timeout: float = JOIN_TIMEOUT_S,
+                           describe=None) -> bool:
+  """Starts multi-process JAX when asked (the arguments, or the ``JAX_*`` environment variables below).
+
+  Args:
+    coordinator: ``host:port`` of process 0 (env ``JAX_COORDINATOR_ADDRESS``).
+    num_processes: total processes (env ``JAX_NUM_PROCESSES``).
+    process_id: this process (env ``JAX_PROCESS_ID``).
+    join_timeout: seconds to wait for every process to join; past it the process prints one
+      ``error:`` line and exits with 2 (JAX itself would abort it later, with a C++ stack).
+    describe: rewrites that line's option names (the command line passes its ``to_flags``).
+
+  Returns:
+    True if :func:`jax.distributed.initialize` was called. On CPU it selects the gloo
+    collectives so the replicas' all-reduce crosses processes.
+  """
+  coordinator = coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")
+  if num_processes is None and os.environ.get("JAX_NUM_PROCESSES"):
+    num_processes = int(os.environ["JAX_NUM_PROCESSES"])
+  if process_id is None and os.environ.get("JAX_PROCESS_ID"):
+    process_id = int(os.environ["JAX_PROCESS_ID"])
+  if isinstance(join_timeout, bool) or not 0 < join_timeout < float("inf"):
+    raise ValueError(f"`join_timeout` must be a finite number of seconds > 0, got {join_timeout:g}.")
+  if coordinator is None and num_processes is None:
+    return False
+  if coordinator is None or num_processes is None or process_id is None:
+    raise ValueError("multi-process runs need all of `coordinator`, `num_processes` and `process_id`"
+                     " (or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID).")
+  if isinstance(num_processes, bool) or num_processes < 1:
+    raise ValueError(f"num_processes must be an integer >= 1, got {num_processes}.")
+  if not 0 <= process_id < num_processes:
+    raise ValueError(f"process_id must be in [0, num_processes={num_processes}), got {process_id}.")
+  if jax.config.jax_platforms in (None, "", "cpu") or os.environ.get("JAX_PLATFORMS") == "cpu":
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  joined = threading.Event()
+  message = join_timeout_message(join_timeout, coordinator, num_processes, process_id)
+  threading.Thread(target=_give_up_unless, args=(joined, (describe or str)(message), join_timeout),
+                   daemon=True, name="join-timeout").start()
+  jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
+                             process_id=process_id, initialization_timeout=int(join_timeout) + 60,
+                             heartbeat_timeout_seconds=HEARTBEAT_S, shutdown_timeout_seconds=SHUTDOWN_S)
+  joined.set()
+  return True
+
+
+def join_timeout_message(timeout: float, coordinator: str, num_processes: int, process_id: int) -> str:
+  """The one line of a process the others did not join (fields in backticks, as library errors).
+
+  Examples:
+    >>> join_timeout_message(5, "127.0.0.1:4000", 2, 0)
+    'process 0 of 2 (`num_processes`) waited 5 s (`join_timeout`) at 127.0.0.1:4000 for the others to join and gave up: start every process with the same `coordinator` and `num_processes`, each with its own `process_id`, or wait longer with `join_timeout`.'
+  """
+  return (f"process {process_id} of {num_processes} (`num_processes`) waited {timeout:g} s (`join_timeout`)"
+          f" at {coordinator} for the others to join and gave up: start every process with the same"
+          " `coordinator` and `num_processes`, each with its own `process_id`, or wait longer with"
+          " `join_timeout`.")
+
+
+def _give_up_unless(joined: threading.Event, message: str, timeout: float) -> None:
+  if joined.wait(timeout):
+    return
+  print(f"error: {message}", file=sys.stderr, flush=True)
+  os._exit(2)  # the main thread is inside JAX's blocking connect; nothing was written yet
+
+
+def stop_agreed(step: int) -> bool:
+  """Whether every process stops before ``step`` (multi-process runs; call it at every step).
+
+  True on every process at the same step once any of them got SIGTERM (JAX's preemption
+  service: the largest step the processes had reached when told, plus one); always False
+  in a single process.
+  """
+  if jax.process_count() == 1:
+    return False
+  from jax.experimental import multihost_utils
+  return bool(multihost_utils.reached_preemption_sync_point(step))
+
+
+def lost_process(error: Exception) -> str | None:
+  """What a failed collective says of the processes: a line naming the lost peer, or None when
+  ``error`` is not about another process (a single process, or not a runtime error).
+
+  Examples:
+    >>> lost_process(ConnectionError("fragment 0 @ step 10 failed: another process was lost"))
+    'fragment 0 @ step 10 failed: another process was lost'
+    >>> lost_process(ValueError("x")) is None
+    True
+  """
+  if isinstance(error, ConnectionError):
+    return str(error)
+  if not isinstance(error, jax.errors.JaxRuntimeError) or jax.process_count() == 1:
+    return None
+  first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+  return f"a collective across the {jax.process_count()} processes failed: another process was lost or cut off ({first})"
+
+
+def exit_without_peers(code: int) -> None:
+  """Ends this process now, skipping JAX's shutdown barrier (after another process was lost).
+
+  At exit, ``jax.distributed`` waits for every process at a barrier; a lost one never comes,
+  and JAX then aborts with a C++ stack. Call it after the run's files are closed and its
+  one-line error is printed.
+  """
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code)
