@@ -17,7 +17,6 @@ Errors (unknown names, out-of-range values) print one line to stderr and exit wi
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 
@@ -32,6 +31,7 @@ from analysis.planning.models import MODELS
 from analysis.planning.models import get_model
 from analysis.planning.models import model_stats
 from analysis.planning.models import model_table
+from analysis.flag_names import as_flags, option_strings
 from diloco_core.wire_formats import DEFAULT_CHUNK
 from diloco_core.wire_formats import topk_bits_per_element
 from diloco_core.validity import FRAGMENT_PATTERNS
@@ -180,6 +180,7 @@ def _plan(a) -> None:
 
 def _simulate(a) -> None:
   check_real("--latency", a.latency, low=0.0)
+  _ = a.step_time is None or check_real("--step-time", a.step_time, low=0.0, low_open=True)
   if a.rounding is not None and not a.table:
     raise ValueError("--rounding applies to --table (the paper's grid); the other output prints both"
                      " roundings: pass --table or drop --rounding.")
@@ -439,9 +440,8 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   try:
     args.func(args)
-  except (ValueError, OSError) as e:  # the trainer's checks name options in backticks: `topk` -> --topk
-    message = re.sub(r"`([a-z_]+)`", lambda m: "--" + m.group(1).replace("_", "-"), str(e))
-    print(f"error: {message}", file=sys.stderr)
+  except (ValueError, OSError) as e:
+    print(f"error: {as_flags(str(e), option_strings(parser))}", file=sys.stderr)
     return 2
   return 0
 

@@ -22,7 +22,7 @@ import warnings
 from diloco_core import interrupts
 from diloco_core.fields import spec, walk
 from diloco_core.backend import configure_determinism
-from diloco_core.processes import JOIN_TIMEOUT_S, exit_without_peers, initialize_distributed
+from diloco_core.processes import JOIN_TIMEOUT_S, exit_without_peers, initialize_distributed, leave_together
 from diloco_core.run_config import TrainConfig
 
 #: The ``--help`` groups, in order (a field's metadata names its group).
@@ -57,16 +57,20 @@ def to_flags(message: str, cls=TrainConfig) -> str:
 
   Examples:
     >>> to_flags("resume needs `out`: the directory of the run to continue.")
-    'resume needs --out: the directory of the run to continue.'
+    '--resume needs --out: the directory of the run to continue.'
     >>> to_flags("written with n_layers=None but this run has n_layers=4 (`n_layers`); lower `inner_lr`")
     'written with n_layers=None but this run has n_layers=4 (--layers); lower --inner-lr'
     >>> to_flags("`data.seed` and `progress` and `unknown`")
     '--data-seed and --no-progress and unknown'
     >>> to_flags("DataConfig.workers must be an integer >= 0; DataConfig.order too")
     '--data-workers must be an integer >= 0; --data-order too'
+    >>> to_flags("outer_momentum (μ) must be a finite number in [0, 1), got 2.0.")  # a check's leading name
+    '--outer-momentum (μ) must be a finite number in [0, 1), got 2.0.'
   """
   table = FLAGS if cls is TrainConfig else flags(cls)
   message = re.sub(r"`([A-Za-z_][\w.]*)`", lambda m: table.get(m.group(1), m.group(1)), message)
+  # The checks of diloco_core.validity start with the bare name: "replicas (M) must be ...".
+  message = re.sub(r"^([A-Za-z_][\w.]*)(?=[\s:=])", lambda m: table.get(m.group(1), m.group(1)), message)
   # DataConfig's own checks name its fields as DataConfig.<name> (it is also used on its own).
   return re.sub(r"\bDataConfig\.(\w+)", lambda m: table.get("data." + m.group(1), m.group(0)), message)
 
@@ -200,13 +204,13 @@ def _main(argv: list[str] | None) -> int:
       exit_without_peers(code)
     return code
   except (ValueError, OSError, FloatingPointError) as e:
-    return command_error(e)
+    return leave_together(command_error(e)) if several else command_error(e)
   except Interrupted as e:
     print(to_flags(str(e)), file=sys.stderr)
-    return 130
+    return leave_together(130) if several else 130
   s = result.summary
   floor = "n/a" if s["loss_floor"] is None else f"{s['loss_floor']:.4f}"
   aux = "" if s["final_aux_loss"] is None else f" (+ aux {s['final_aux_loss']:.4f} in training)"
   print(f"{s['algorithm']} ({s['compute_dtype']}): final eval loss {s['final_eval_loss']:.4f}{aux} (floor {floor}), "
         f"{s['total_bytes_per_replica'] / 1e6:.2f} MB sent per replica, {s['wall_time_s']:.1f} s")
-  return 0
+  return leave_together(0) if several else 0

@@ -300,8 +300,9 @@ def _supervise(children: list[_Child]) -> int:
     codes = [c.proc.poll() for c in children]
     if all(rc is not None for rc in codes):
       break
-    if first_failure is None:
-      first_failure = next((c for c, rc in zip(children, codes) if rc not in (None, 0)), None)
+    if first_failure is None:  # of those that failed together, one killed by a signal is the cause
+      failed = [c for c, rc in zip(children, codes) if rc not in (None, 0)]
+      first_failure = min(failed, key=lambda c: (c.proc.returncode > 0, c.index), default=None)
     if stopping_since is None and (first_failure is not None or interrupts.requested()):
       stopping_since = time.monotonic()
       for c in children:
@@ -320,8 +321,8 @@ def _supervise(children: list[_Child]) -> int:
     return 130
   if first_failure is not None:
     c = first_failure
-    shown = list(children[0].tail)[-1:] if children[0].proc.returncode == c.proc.returncode else []
-    if c.index != 0 and list(c.tail)[-1:] != shown:  # process 0's output was shown already
+    said = c.tail[-1] if c.tail else None  # every process refusing the same options: said once
+    if c.index != 0 and said not in children[0].tail:  # process 0's output was shown already
       sys.stderr.write("\n".join(f"[process {c.index}] {line}" for line in c.tail) + "\n")
     rc = c.proc.returncode
     how = (f"was lost (killed by {signal.Signals(-rc).name})" if rc < 0 and -rc in signal.valid_signals()

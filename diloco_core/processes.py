@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 
 import jax
 
@@ -134,6 +135,26 @@ def lost_process(error: Exception) -> str | None:
     return None
   first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
   return f"a collective across the {jax.process_count()} processes failed: another process was lost or cut off ({first})"
+
+
+def leave_together(code: int, timeout: float = SHUTDOWN_S) -> int:
+  """The end of a multi-process run: waits up to ``timeout`` seconds for every process to
+  reach its end too, and returns ``code`` when they did (JAX's shutdown barrier at exit then
+  passes at once). When one does not come (it was lost, or is stuck in a collective with a
+  lost one), this process exits with ``code`` now, without that barrier
+  (:func:`exit_without_peers`).
+  """
+  from jax._src import distributed  # the coordination service's client (no public accessor)
+  client, rank, deadline = distributed.global_state.client, jax.process_index(), time.monotonic() + timeout
+  try:
+    client.key_value_set(f"diloco/end/{rank}", str(code))
+    for other in range(jax.process_count()):
+      if other != rank:
+        left_ms = max(int((deadline - time.monotonic()) * 1000), 1)
+        client.blocking_key_value_get(f"diloco/end/{other}", left_ms)
+  except Exception:  # noqa: BLE001 - a timeout, or the coordinator itself gone
+    exit_without_peers(code)
+  return code
 
 
 def exit_without_peers(code: int) -> None:

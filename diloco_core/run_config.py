@@ -185,7 +185,7 @@ class TrainConfig:
       v.check_int(name, getattr(self, name))
     if self.warmup_steps is not None and (
         not v.is_int(self.warmup_steps) or not 0 <= self.warmup_steps < self.steps):
-      raise ValueError(f"warmup_steps must be an integer in [0, steps={self.steps}), got {self.warmup_steps!r}.")
+      raise ValueError(f"warmup_steps must be an integer in [0, `steps`={self.steps}), got {self.warmup_steps!r}.")
     v.check_real("inner_lr", self.inner_lr, low=0.0, low_open=True)
     v.check_real("weight_decay", self.weight_decay, low=0.0)
     v.check_choice("`inner_optimizer`", self.inner_optimizer, INNER_OPTIMIZERS)
@@ -258,7 +258,7 @@ class TrainConfig:
       raise ValueError("eval_replicas compares each replica with the global params; algorithm 'dp' has"
                        " one model: use `algorithm` diloco or streaming.")
     if self.algo.outer_overlap != "none":
-      raise ValueError(f"eval_replicas is not supported with outer_overlap={self.algo.outer_overlap!r};"
+      raise ValueError(f"eval_replicas is not supported with `outer_overlap` {self.algo.outer_overlap!r};"
                        " use outer_overlap='none'.")
     if self.checkpoint_every or self.resume:
       raise ValueError("eval_replicas leaves the replicas unmerged after the last step, which a"
@@ -270,7 +270,7 @@ class TrainConfig:
       raise ValueError("checkpoint_every needs `out`: checkpoints go to <out>/checkpoints/<step>.")
     if ce % self.log_every:
       raise ValueError(
-          f"checkpoint_every ({ce}) must be a multiple of log_every ({self.log_every}) so every"
+          f"checkpoint_every ({ce}) must be a multiple of `log_every` ({self.log_every}) so every"
           f" checkpoint falls on a log row; e.g. `checkpoint_every`={-(-ce // self.log_every) * self.log_every}.")
     v.check_int("keep_checkpoints", self.keep_checkpoints)
     v.check_bool("resume", self.resume)

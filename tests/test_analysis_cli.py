@@ -44,7 +44,7 @@ def test_roofline_command_refuses_what_the_trainer_refuses():
   r = _run("roofline", "--hardware", "v5p", "--model", "8B", "--global-batch-tokens",
            "4194304", "--slices", "4", "--sync-every", "10", "--fragments", "3")
   assert r.returncode == 2 and r.stdout == ""
-  assert "sync_every (H=10) must be a multiple of fragments (P=3)" in r.stderr
+  assert "--sync-every (H=10) must be a multiple of fragments (P=3)" in r.stderr
 
 
 def test_plan_command():
@@ -89,12 +89,12 @@ def test_simulate_table_command():
       "--mfu", "1.5"), "mfu must be a finite number in (0, 1], got 1.5."),
     (("plan", "--model", "qwen3-8b", "--hardware", "v5p", "--slices", "2", "--chips-per-slice",
       "64", "--seq-len", "4096", "--global-batch-tokens", "2097152", "--link-gbps", "100",
-      "--sync-every", "0"), "sync_every must be an integer >= 1, got 0."),
+      "--sync-every", "0"), "--sync-every must be an integer >= 1, got 0."),
     (("plan", "--model", "qwen3-8b", "--hardware", "v5p", "--slices", "2.5"),
      "argument --slices: invalid int value: '2.5'"),
     (("plan", "--model", "qwen3-8b", "--hardware", "v5p", "--slices", "2", "--chips-per-slice",
       "64", "--seq-len", "4096", "--global-batch-tokens", "1", "--link-gbps", "100"),
-     "global_batch_tokens (1) must be at least seq_len (4096): a step trains on whole sequences."),
+     "--global-batch-tokens (1) must be at least seq_len (4096): a step trains on whole sequences."),
 ])
 def test_errors_are_one_line_exit_2(args, message):
   r = _run(*args)
@@ -146,7 +146,7 @@ def test_plan_refuses_overlaps_no_streaming_candidate_can_use(capsys):
                    "64", "--seq-len", "4096", "--global-batch-tokens", "2097152", "--link-gbps", "100",
                    "--overlaps", "100000"]) == 2
   err = capsys.readouterr().err
-  assert err.count("\n") == 1 and err.startswith("error: overlaps (100000,) leave no Streaming candidate: τ must"
+  assert err.count("\n") == 1 and err.startswith("error: --overlaps (100000,) leave no Streaming candidate: τ must"
                                                  " be below H, and the largest H considered for Streaming is 1000;"
                                                  " give overlaps in [0, 999]."), err
 

@@ -124,11 +124,11 @@ CASES = [
     # ---- options ----
     ("steps-not-a-number", lambda t, f: ["--steps", "ten"], "argument --steps: invalid int value: 'ten'"),
     ("unknown-flag", lambda t, f: ["--stpes", "10"], "unrecognized arguments: --stpes"),
-    ("replicas-zero", lambda t, f: ["--replicas", "0"], "replicas (M) must be an integer >= 1"),
+    ("replicas-zero", lambda t, f: ["--replicas", "0"], "--replicas (M) must be an integer >= 1"),
     ("h-not-multiple-of-p", lambda t, f: ["--algorithm", "streaming", "--fragments", "3", "--sync-every", "4"],
-     "sync_every (H=4) must be a multiple of fragments (P=3)"),
-    ("overlap-too-large", lambda t, f: ["--overlap", "2"], "overlap (τ) must be an integer with 0 <= τ < sync_every"),
-    ("warmup-not-below-steps", lambda t, f: ["--warmup-steps", "4"], "warmup_steps must be an integer in [0, steps=4)"),
+     "--sync-every (H=4) must be a multiple of fragments (P=3)"),
+    ("overlap-too-large", lambda t, f: ["--overlap", "2"], "--overlap (τ) must be an integer with 0 <= τ < sync_every"),
+    ("warmup-not-below-steps", lambda t, f: ["--warmup-steps", "4"], "--warmup-steps must be an integer in [0, --steps=4)"),
     ("experts-zero", lambda t, f: ["--experts", "0"], "--experts (E) must be an integer >= 1, got 0"),
     ("experts-per-token-above-experts", lambda t, f: ["--experts", "2", "--experts-per-token", "3"],
      "--experts-per-token (k=3) must be <= --experts (E=2)"),
@@ -169,11 +169,11 @@ CASES = [
     ("batch-beyond-memory", lambda t, f: ["--batch-size", "100000000000"], "logits"),
     ("layers-beyond-memory", lambda t, f: ["--layers", "100000000"], "training state"),
     # ---- checkpoint options ----
-    ("checkpoint-every-without-out", lambda t, f: ["--checkpoint-every", "2"], "checkpoint_every needs --out"),
+    ("checkpoint-every-without-out", lambda t, f: ["--checkpoint-every", "2"], "--checkpoint-every needs --out"),
     ("checkpoint-every-off-log-rows", lambda t, f: ["--checkpoint-every", "3", "--out", str(t / "o")],
-     "checkpoint_every (3) must be a multiple of log_every (2)"),
-    ("checkpoint-every-negative", lambda t, f: ["--checkpoint-every", "-1"], "checkpoint_every must be an integer >= 0"),
-    ("keep-zero-checkpoints", lambda t, f: ["--keep-checkpoints", "0"], "keep_checkpoints must be an integer >= 1"),
+     "--checkpoint-every (3) must be a multiple of --log-every (2)"),
+    ("checkpoint-every-negative", lambda t, f: ["--checkpoint-every", "-1"], "--checkpoint-every must be an integer >= 0"),
+    ("keep-zero-checkpoints", lambda t, f: ["--keep-checkpoints", "0"], "--keep-checkpoints must be an integer >= 1"),
     ("resume-without-out", lambda t, f: ["--resume"], "resume needs --out"),
     ("resume-without-checkpoint", lambda t, f: ["--resume", "--out", str(t)], "--resume: no checkpoint in"),
     ("resume-other-replicas", lambda t, f: ["--resume", "--out", unfinished(t, f), "--replicas", "4"],
@@ -229,13 +229,15 @@ CASES = [
      "--error-feedback-decay 0.9 decays the error-feedback residual: pass --error-feedback"),
     ("allow-data-change-without-resume", lambda t, f: ["--allow-data-change"],
      "--allow-data-change only applies to --resume (a new run reads the data as it is): drop --allow-data-change."),
+    ("join-timeout-infinite", lambda t, f: ["--join-timeout", "inf"],
+     "--join-timeout must be a finite number of seconds > 0, got inf."),
     ("data-workers-negative", lambda t, f: ["--data-workers", "-1"], "--data-workers must be an integer >= 0"),
     ("experts-beyond-memory", lambda t, f: ["--experts", "1000000000"], "--seq-len, --layers or --experts."),
     # ---- replica drops ----
     ("drop-schedule-malformed", lambda t, f: ["--drop-schedule", "2-1"], "must look like step:replica"),
     ("drop-schedule-bad-replica", lambda t, f: ["--drop-schedule", "2:5"], "replica 5 (at step 2) is not in [0, replicas=2)"),
     ("drop-schedule-no-sync", lambda t, f: ["--drop-schedule", "3:0"], "no sync after step 3"),
-    ("drop-prob-out-of-range", lambda t, f: ["--drop-prob", "1.5"], "drop_prob must be a number in [0, 1)"),
+    ("drop-prob-out-of-range", lambda t, f: ["--drop-prob", "1.5"], "--drop-prob must be a number in [0, 1)"),
     ("drops-with-dp", lambda t, f: ["--algorithm", "dp", "--drop-prob", "0.1"], "algorithm 'dp' has none to miss"),
     # ---- the replica-vs-global diagnostic ----
     ("eval-replicas-with-dp", lambda t, f: ["--algorithm", "dp", "--eval-replicas"], "algorithm 'dp' has one model"),
@@ -259,7 +261,7 @@ def test_out_not_writable(tmp_path, monkeypatch, capsys):
   # Tests may run as root, which can write anywhere: pretend the directory is read-only.
   monkeypatch.setattr(os, "access", lambda path, mode: False)
   assert main(BASE + ["--out", str(tmp_path)]) == 2
-  assert capsys.readouterr().err.strip() == f"error: out={str(tmp_path)!r} is not writable; choose another directory."
+  assert capsys.readouterr().err.strip() == f"error: --out={str(tmp_path)!r} is not writable; choose another directory."
   def refuse(path, *args, **kwargs):  # a read-only file system refuses root too
     raise PermissionError(13, "Permission denied", path)
 
@@ -366,7 +368,7 @@ def test_overwrite_keeps_foreign_files_and_h_over_steps_warns(tmp_path, finished
   assert (run / "final_params" / "mine.txt").read_text() == "mine"
   assert set(load_params(str(run / "final_params"))) == set(load_params(str(finished / "final_params")))
   h = "sync_every (H=8) > steps (4): the global params are never updated (fragment(s) [0] never sent)"
-  assert any(w.startswith(f"warning: {h}") and "lower --sync-every to at most 4" in w for w in warned), err
+  assert any(w.startswith(f"warning: --sync-every (H=8) > steps (4): the global params are never updated") and "lower --sync-every to at most 4" in w for w in warned), err
   summary = json.loads((run / "summary.json").read_text())
   assert len(summary["warnings"]) == 1 and summary["warnings"][0].startswith(h)
 
@@ -559,7 +561,7 @@ def test_compare_errors_and_interrupt_are_one_line(tmp_path, monkeypatch, capsys
   write(tmp_path / "cmp" / "dp" / "summary.json", b"{}")
   assert compare_main(COMPARE + ["--out", str(tmp_path / "cmp")]) == 2
   err = capsys.readouterr().err
-  assert err == (f"error: out={str(tmp_path / 'cmp' / 'dp')!r} already holds a run; pass --overwrite to"
+  assert err == (f"error: --out={str(tmp_path / 'cmp' / 'dp')!r} already holds a run; pass --overwrite to"
                  " replace it, or choose another directory.\n"), err
   real = loop.participation
 

@@ -130,7 +130,7 @@ def test_eval_replicas_leaves_the_global_params_alone():
 
 @pytest.mark.parametrize("changes,message", [
     ({"algo": DiLoCoConfig(algorithm="dp")}, "algorithm 'dp' has one model"),
-    ({"algo": DiLoCoConfig(outer_overlap="eager", sync_every=4)}, "not supported with outer_overlap='eager'"),
+    ({"algo": DiLoCoConfig(outer_overlap="eager", sync_every=4)}, "not supported with `outer_overlap` 'eager'"),
     ({"checkpoint_every": 4, "out": "unused-dir"}, "drop `checkpoint_every`"),
 ])
 def test_eval_replicas_refuses_what_it_cannot_do(changes, message):

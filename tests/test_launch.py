@@ -222,15 +222,20 @@ def test_over_a_shaped_link_steps_run_while_a_fragment_is_in_flight(tmp_path):
 
 
 def test_a_shaped_link_runs_every_process_in_a_namespace_and_removes_it():
+  """... and removes the namespace a launcher killed with SIGKILL left behind (its pid is gone)."""
   why = _can_shape()
   if why is not None:
     pytest.skip(why)
+  gone = subprocess.Popen(["true"])  # a pid that no longer runs
+  gone.wait()
+  stale = f"{launch.LINK_PREFIX}{gone.pid}"
+  subprocess.run(["ip", "netns", "add", stale], check=True)
   r = run_launcher("--processes", "2", "--link-mbit", "50", "--module", "launch_child", "--", "netns")
   assert r.returncode == 0, r.stderr
   name = f"diloco-link-"  # the launcher's pid follows
   assert name in r.stdout and "tbf" in r.stdout and "rate 50Mbit" in r.stdout, r.stdout
   left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-  assert "diloco-link-" not in left
+  assert "diloco-link-" not in left and stale not in left
 
 
 def test_shaping_without_root_says_what_is_needed(monkeypatch, capsys):
@@ -239,3 +244,134 @@ def test_shaping_without_root_says_what_is_needed(monkeypatch, capsys):
   err = capsys.readouterr().err
   assert err == ("error: --link-mbit needs Linux, root and iproute2 (ip, tc) to shape a network"
                  " namespace's loopback (not root); run without --link-mbit, or as root.\n")
+
+
+# ---- stopping, losing and missing processes (issue: the launcher stops when told) ----------------
+LONG = ["--model", "tiny", "--replicas", "2", "--batch-size", "2", "--seq-len", "8", "--warmup-steps", "1",
+        "--no-progress", "--sync-every", "10", "--log-every", "10", "--eval-every", "1000", "--steps", "100000",
+        "--checkpoint-every", "20"]
+RUNTIMES = {"background": ["--communication", "background", "--algorithm", "streaming", "--fragments", "2",
+                           "--overlap", "3"],
+            "in-step": SAME_MESH}
+
+
+def _start(out, runtime, module="diloco_core.train"):
+  """A long two-process run; returns once its first checkpoint is complete."""
+  from diloco_core.checkpoint import finalized_steps
+  p = subprocess.Popen([sys.executable, "-m", "diloco_core.launch", "--processes", "2", "--devices-per-process", "1",
+                        "--module", module, "--", *LONG, *RUNTIMES[runtime], "--out", str(out)],
+                       env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  deadline = time.monotonic() + 240
+  while not finalized_steps(str(out)):
+    assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+    time.sleep(0.1)
+  return p
+
+
+def _trainers(marker: str) -> list[int]:
+  """The pids of the processes whose command line holds ``marker``."""
+  found = []
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      with open(f"/proc/{pid}/cmdline", "rb") as f:
+        if marker.encode() in f.read() and int(pid) != os.getpid():
+          found.append(int(pid))
+    except OSError:
+      pass
+  return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum,runtime", [(signal.SIGINT, "background"), (signal.SIGTERM, "in-step")])
+def test_stopping_the_launcher_stops_every_trainer_at_one_step(signum, runtime, tmp_path):
+  """Ctrl-C or SIGTERM to the launcher: every trainer stops before the same step (JAX's
+  preemption service), says how to resume, and the launcher exits with 130 well before it
+  would kill them (GRACE_S); the resume it advises works."""
+  out = tmp_path / "run"
+  p = _start(out, runtime)
+  start = time.monotonic()
+  p.send_signal(signum)
+  stdout, stderr = p.communicate(timeout=120)
+  took = time.monotonic() - start
+  assert p.returncode == 130, stderr[-2000:]
+  assert stderr.strip().splitlines()[-1] == "launch: stopped on request; every process ended (130, 130)."
+  lines = [line for line in stdout.splitlines() if line.startswith("interrupted at step ")]
+  assert len(lines) == 1 and "; resume with --resume (from " in lines[0], stdout[-2000:]
+  assert "Traceback" not in stdout + stderr and "Check failure" not in stdout + stderr
+  assert took < launch.GRACE_S, took  # they stopped by themselves, not by the launcher's SIGKILL
+  if runtime == "in-step":
+    step = int(lines[0].split()[3].rstrip(";"))
+    r = run_launcher("--processes", "2", "--devices-per-process", "1", "--", *LONG, *RUNTIMES[runtime],
+                     "--out", str(out), "--resume", "--steps", str(step + 20), timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_killed_launcher_takes_its_trainers_with_it():
+  """SIGKILL of the launcher (it cannot stop anything itself): the processes die with it."""
+  marker = f"wait-{os.getpid()}-{time.time_ns()}"
+  p = subprocess.Popen([sys.executable, "-m", "diloco_core.launch", "--processes", "2", "--module", "launch_child",
+                        "--", "wait", marker], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  assert p.stdout.readline().startswith("child 0 of 2")
+  deadline = time.monotonic() + 60
+  while len(_trainers(marker)) < 3:  # the launcher and its two processes
+    assert time.monotonic() < deadline
+    time.sleep(0.1)
+  p.kill()
+  p.wait()
+  deadline = time.monotonic() + 10
+  while _trainers(marker):
+    assert time.monotonic() < deadline, _trainers(marker)
+    time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_a_killed_process_in_step_is_one_line(tmp_path):
+  """In-step over two processes, process 1 SIGKILLed mid-run: process 0 says it in one line (no
+  traceback, no abort at JAX's shutdown barrier) and the launcher names the lost process."""
+  out = tmp_path / "run"
+  p = _start(out, "in-step")
+  for pid in _trainers(str(out)):
+    with open(f"/proc/{pid}/environ", "rb") as f:
+      if b"JAX_PROCESS_ID=1\0" in f.read():
+        os.kill(pid, signal.SIGKILL)
+  stdout, stderr = p.communicate(timeout=120)
+  assert p.returncode == 128 + signal.SIGKILL, stderr[-2000:]
+  assert stderr.strip().splitlines()[-1].startswith("launch: process 1 of 2 was lost (killed by SIGKILL); the"
+                                                    " others were stopped (the last intact checkpoint is ")
+  assert "Traceback" not in stdout + stderr and "Check failure" not in stdout + stderr, stdout[-3000:]
+  said = [line for line in stdout.splitlines() if line.startswith(("error: ", "interrupted at step "))]
+  assert len(said) == 1, stdout[-3000:]  # the lost peer, or the launcher's stop if that came first
+  assert said[0].startswith(("error: a collective across the 2 processes failed: another process was lost",
+                             "interrupted at step "))
+
+
+def test_a_missing_peer_is_one_line_after_the_join_timeout():
+  start = time.monotonic()
+  r = subprocess.run([sys.executable, "-m", "diloco_core.train", "--model", "tiny", "--steps", "2",
+                      "--coordinator", f"127.0.0.1:{launch.free_port()}", "--num-processes", "2",
+                      "--process-id", "0", "--join-timeout", "3"], env=ENV, capture_output=True, text=True, timeout=120)
+  assert r.returncode == 2
+  lines = [line for line in r.stderr.splitlines() if line.strip()]
+  assert lines == [f"error: process 0 of 2 (--num-processes) waited 3 s (--join-timeout) at {r.args[8]} for the"
+                   " others to join and gave up: start every process with the same --coordinator and"
+                   " --num-processes, each with its own --process-id, or wait longer with --join-timeout."], r.stderr
+  assert time.monotonic() - start < 60
+
+
+@pytest.mark.parametrize("launcher,train,message", [
+    (["--processes", "2", "--devices-per-process", "1"], [], "error: an in-step run over 2 processes needs a --mesh over all 2 devices of the"
+                               " processes (e.g. --mesh='diloco=2,data=1'), or --communication background."),
+    (["--processes", "2", "--devices-per-process", "3"], ["--mesh", "diloco=2,data=2", "--batch-size", "6"],
+     "error: --mesh diloco=2 x data=2 uses 4 of the 6 devices of the 2 processes; an in-step run over several"
+     " processes must use every device (e.g. --mesh='diloco=2,data=3')."),
+    (["--processes", "2", "--devices-per-process", "1"], [*SAME_MESH, "--outer-momentum", "2"],  # said once, as typed
+     "error: --outer-momentum (μ) must be a finite number in [0, 1), got 2.0."),
+])
+def test_in_step_over_processes_needs_a_mesh_over_every_device(launcher, train, message):
+  r = run_launcher(*launcher, "--", "--model", "tiny", "--replicas", "2", "--seq-len", "8", "--steps", "2",
+                   "--no-progress", *train)
+  assert r.returncode == 2, r.stderr[-2000:]
+  said = [line for line in (r.stdout + r.stderr).splitlines() if line.startswith("error: ")]
+  assert said == [message], r.stdout + r.stderr
+  assert "Traceback" not in r.stdout + r.stderr

@@ -60,15 +60,15 @@ def test_training_approaches_the_floor():
 
 @pytest.mark.parametrize("argv,message", [
     (["--replicas", "0"], "replicas (M) must be an integer >= 1"),
-    (["--sync-every", "0"], "sync_every (H) must be an integer >= 1"),
-    (["--outer-lr", "-1"], "outer_lr (η) must be a finite number >= 0"),
-    (["--outer-momentum", "1"], "outer_momentum (μ) must be a finite number in [0, 1)"),
-    (["--batch-size", "0"], "batch_size must be an integer >= 1"),
-    (["--seq-len", "0"], "seq_len must be an integer >= 1"),
+    (["--sync-every", "0"], "--sync-every (H) must be an integer >= 1"),
+    (["--outer-lr", "-1"], "--outer-lr (η) must be a finite number >= 0"),
+    (["--outer-momentum", "1"], "--outer-momentum (μ) must be a finite number in [0, 1)"),
+    (["--batch-size", "0"], "--batch-size must be an integer >= 1"),
+    (["--seq-len", "0"], "--seq-len must be an integer >= 1"),
     (["--steps", "0"], "steps must be an integer >= 1"),
     (["--algorithm", "sgd"], "algorithm must be one of"),
     (["--algorithm", "streaming", "--fragments", "4", "--sync-every", "12"], "P - 1 must divide the number of layers"),
-    (["--inner-lr", "0"], "inner_lr must be a finite number > 0"),
+    (["--inner-lr", "0"], "--inner-lr must be a finite number > 0"),
     (["--model", "huge"], "model must be one of"),
     (["--data", "no_such_file.txt"], "no_such_file.txt"),
 ])

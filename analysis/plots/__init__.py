@@ -26,4 +26,5 @@ from analysis.plots.tables import side_by_side
 from analysis.plots.timelines import plot_hiding
 from analysis.plots.timelines import plot_schedule
 from analysis.plots.timelines import plot_timeline
+from analysis.plots.timelines import schedule_frame
 from analysis.plots.timelines import schedule_text

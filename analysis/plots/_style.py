@@ -43,6 +43,10 @@ SYMBOLS: dict[str, str] = {
 }
 
 
+#: How the legends name the algorithms (a legend entry is the name, not ``algorithm=dp``).
+ALGORITHMS: dict[str, str] = {"dp": "DP", "diloco": "DiLoCo", "streaming": "Streaming DiLoCo"}
+
+
 def label(column: str) -> str:
   """The axis label of a column (its symbol and name), or the column name itself."""
   return LABELS.get(column, column.replace("_", " "))
@@ -87,10 +91,11 @@ def groups(df: pd.DataFrame, hue: str | Sequence[str] | None):
   cols = [hue] if isinstance(hue, str) else list(hue)
   keys = df[cols].map(fmt) if len(cols) > 1 else df[cols[0]].map(fmt)
   # keep the order of first appearance (sweep order), not string order
+  entry = lambda c, v: ALGORITHMS.get(v, v) if c == "algorithm" else f"{short(c)}={v}"
   if len(cols) > 1:
-    keys = keys.apply(lambda r: ", ".join(f"{short(c)}={r[c]}" for c in cols), axis=1)
+    keys = keys.apply(lambda r: ", ".join(entry(c, r[c]) for c in cols), axis=1)
   for k in dict.fromkeys(keys):
-    name = k if len(cols) > 1 else f"{short(cols[0])}={k}"
+    name = k if len(cols) > 1 else entry(cols[0], k)
     yield name, df[keys == k]
 
 

@@ -125,8 +125,8 @@ def plot_tradeoff(df: pd.DataFrame, *, x: str = "total_bytes_per_replica",
   for name, g in groups(df, hue):
     g = g[g[x] > 0] if logx else g
     pts = ax.scatter(g[x], g[y], s=24, label=name)
-    if annotate is not None:
-      for _, r in g.iterrows():
+    if annotate is not None:  # DP has no H, P or τ: its points are not labelled
+      for _, r in (g[g["algorithm"] != "dp"] if "algorithm" in g else g).iterrows():
         ax.annotate(fmt(r[annotate]), (r[x], r[y]), textcoords="offset points", xytext=(4, 3),
                     fontsize=7, color=pts.get_facecolor()[0])
   if logx:

@@ -33,6 +33,23 @@ def _schedule_rows(sync_every: int, fragments: int, overlap: int, steps: int):
   return rows
 
 
+def schedule_frame(sync_every: int, fragments: int, overlap: int, steps: int) -> pd.DataFrame:
+  """Streaming DiLoCo's schedule as a table to show: one column per inner step, the fragment
+  sent and the fragment merged after it (an integer id; ``–``: none), from
+  :func:`diloco_core.schedule.schedule_table`.
+
+  Examples:
+    >>> schedule_frame(sync_every=6, fragments=3, overlap=1, steps=6)
+    step             1  2  3  4  5  6
+    fragment sent    –  0  –  1  –  2
+    fragment merged  –  –  0  –  1  –
+  """
+  rows = schedule_table(sync_every=sync_every, fragments=fragments, overlap=overlap, steps=steps)
+  cell = lambda p: "–" if p is None else str(p)
+  return pd.DataFrame({r["step"]: {"fragment sent": cell(r["send"]), "fragment merged": cell(r["merge"])}
+                       for r in rows}).rename_axis(columns="step")
+
+
 def schedule_text(sync_every: int, fragments: int, overlap: int, steps: int) -> str:
   """The communication schedule of DP, DiLoCo and Streaming DiLoCo as an ASCII timeline.
 
