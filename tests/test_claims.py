@@ -85,6 +85,20 @@ def test_a_contradicting_measurement_changes_that_verdict(claim, changes, verdic
   assert out.loc[claim, "verdict"] == verdict, out.loc[claim, "measured"]
 
 
+def test_a_diverged_arm_is_no_measurement():
+  """The delayed arm ending above a uniform guess (ln 8 = 2.08) on every seed: claim 7 is not
+  resolved whatever the interval says, and the condition says why; the other claims keep theirs."""
+  df = _fake_claims({"delayed": 5.16})
+  df["data_vocab_size"] = 8
+  out = claims.evaluate_all(df).set_index("claim")
+  assert out.loc[7, "verdict"] == claims.NOT_RESOLVED
+  assert "[not a result: 6 of the delayed runs diverged, a final loss at or above ln V]" in out.loc[7, "measured"]
+  assert "every arm trains" in out.loc[7, "resolve"]
+  assert (out.drop(index=7)["verdict"] == claims.AGREES).all()
+  trained = claims.evaluate_all(_fake_claims()).set_index("claim")  # the same numbers without the vocabulary
+  assert trained.loc[7, "verdict"] == claims.AGREES
+
+
 def test_every_claim_names_its_paper_setting_and_number():
   assert [c.number for c in claims.CLAIMS] == list(range(1, 9))
   for c in claims.CLAIMS:

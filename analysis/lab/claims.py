@@ -41,10 +41,30 @@ class Paired:
   high: float
   sd: float
   n: int
+  diverged: tuple = ()  # (arm, runs that did not train) of the arms compared: no measurement
 
   def text(self) -> str:
     """``+0.12% [−0.05, +0.29]`` (mean and 95% interval)."""
     return f"{self.mean:+.2f}% [{self.low:+.2f}, {self.high:+.2f}]"
+
+
+def did_not_train(df: pd.DataFrame) -> pd.Series:
+  r"""Runs that diverged: a final loss that is not finite, or at least a uniform guess over
+  the vocabulary, :math:`\ln V` (``vocab_size``, else the data's ``data_vocab_size``; a frame
+  without either counts every finite loss as trained).
+
+  Examples:
+    >>> df = pd.DataFrame({"final_eval_loss": [0.9, 5.2, float("nan")], "data_vocab_size": [8, 8, 8]})
+    >>> did_not_train(df).tolist()
+    [False, True, True]
+  """
+  loss = df["final_eval_loss"].astype(float)
+  vocab = None
+  for column in ("vocab_size", "data_vocab_size"):
+    if column in df:
+      vocab = df[column] if vocab is None else vocab.fillna(df[column])
+  over = loss >= np.log(vocab.astype(float)) if vocab is not None else False
+  return ~np.isfinite(loss) | over
 
 
 def interval(values: Sequence[float], level: float = LEVEL) -> tuple[float, float, float, float]:
@@ -90,7 +110,10 @@ def paired(df: pd.DataFrame, weights: Mapping[str, float], base: str, label: str
   combo = sum(w * series[arm].loc[seeds].to_numpy() for arm, w in weights.items())
   values = 100.0 * combo / series[base].loc[seeds].to_numpy()
   mean, low, high, sd = interval(values)
-  return Paired(label, mean, low, high, sd, len(seeds))
+  failed = did_not_train(df)
+  diverged = tuple((arm, int(failed[df["arm"] == arm].sum())) for arm in sorted(series)
+                   if failed[df["arm"] == arm].any())
+  return Paired(label, mean, low, high, sd, len(seeds), diverged)
 
 
 def no_worse(p: Paired, tolerance: float) -> str:
@@ -158,7 +181,17 @@ class Claim:
 
 
 def _outcome(conditions, resolve: str) -> Outcome:
-  return Outcome(combine([v for _, _, v in conditions]), tuple(conditions), resolve)
+  """A claim's outcome; a condition over an arm whose runs diverged (:func:`did_not_train`) is
+  no measurement: it is not resolved, whatever its interval says, and says why."""
+  checked = []
+  for description, p, verdict in conditions:
+    if p.diverged:
+      runs = ", ".join(f"{k} of the {arm} runs" for arm, k in p.diverged)
+      description = f"{description} [not a result: {runs} diverged, a final loss at or above ln V]"
+      verdict = NOT_RESOLVED
+      resolve = "a setting in which every arm trains (a diverged run measures nothing)"
+    checked.append((description, p, verdict))
+  return Outcome(combine([v for _, _, v in checked]), tuple(checked), resolve)
 
 
 #: Tolerance (percent of the loss) of the "costs nothing" findings 1-3 and of DiLoCo M = 1 vs DP.

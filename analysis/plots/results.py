@@ -208,8 +208,9 @@ def plot_lines(df: pd.DataFrame, *, x: str, y: str | Sequence[str], hue: str | N
       ax.plot(g[x], g[ys[0]], lw=1.5, label=name)
   else:
     d = df.sort_values(x)
-    for col in ys:
-      ax.plot(d[x], d[col], lw=1.5, label=label(col) if len(ys) > 1 else None)
+    for i, col in enumerate(ys):  # line styles and widths differ, so lines that coincide both show
+      ax.plot(d[x], d[col], lw=2.6 - 0.5 * (i % 3), ls=("-", "--", ":", "-.")[i % 4],
+              label=label(col) if len(ys) > 1 else None)
   for i, (name, v) in enumerate((hlines or {}).items()):
     ax.axhline(v, color=f"C{7 + i % 3}", ls="--", lw=1, label=name)
   for i, (name, v) in enumerate((vlines or {}).items()):
