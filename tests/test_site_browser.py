@@ -6,7 +6,9 @@ skipped when it is missing, the link check is not. The site is built once
 ``http.server``, and the landing page, the theory page and one notebook page are loaded:
 MathJax must have rendered the math (``mjx-container`` elements, no raw ``$$`` left in the
 text) and every figure image must load. Screenshots go to ``_build/screenshots/`` (kept as
-CI artifacts).
+CI artifacts). Every page of the guide and the notebooks is also read as a reader would
+(:func:`reader_problems`): no missing value printed in a table, no raw backticks or TeX in
+the text, no empty figure.
 """
 
 from __future__ import annotations
@@ -176,3 +178,84 @@ def _parse(path: pathlib.Path) -> _Links:
   p = _Links()
   p.feed(path.read_text(errors="replace"))
   return p
+
+
+class _Reading(html.parser.HTMLParser):
+  """What a reader sees of a page: table cells (with whether they hold code) and the prose
+  outside code, math and scripts."""
+
+  HIDDEN = ("script", "style", "mjx-container", "math")
+  CODE = ("code", "pre", "kbd", "tt", "samp")
+  VOID = ("area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "wbr")
+
+  def __init__(self):
+    super().__init__()
+    self.cells, self.prose = [], []
+    self._open: list[tuple[str, str]] = []  # (tag, "hidden" | "code" | "")
+    self._cell: list[str] | None = None
+    self._cell_code = False
+
+  def _inside(self, kind: str) -> bool:
+    return any(k == kind for _, k in self._open)
+
+  def handle_starttag(self, tag, attrs):
+    if tag in self.VOID:
+      return
+    classes = (dict(attrs).get("class") or "").split()
+    kind = ("hidden" if tag in self.HIDDEN or "math" in classes else
+            "code" if tag in self.CODE or (tag == "span" and "pre" in classes) else "")
+    self._open.append((tag, kind))
+    if kind == "code" and self._cell is not None:
+      self._cell_code = True
+    if tag in ("td", "th"):
+      self._cell, self._cell_code = [], False
+
+  def handle_endtag(self, tag):
+    if tag in ("td", "th") and self._cell is not None:
+      self.cells.append(("".join(self._cell).strip(), self._cell_code))
+      self._cell = None
+    for i in range(len(self._open) - 1, -1, -1):
+      if self._open[i][0] == tag:
+        del self._open[i:]
+        break
+
+  def handle_data(self, data):
+    if self._inside("hidden"):
+      return
+    if self._cell is not None:
+      self._cell.append(data)
+    if not self._inside("code"):
+      self.prose.append(data)
+
+
+#: What pandas prints for a missing value: a table showing it has not been written for a reader.
+MISSING = {"NaN", "nan", "<NA>", "NaT"}
+
+
+def reader_problems(page: pathlib.Path) -> list[str]:
+  """A built page's problems as a reader sees them: a missing value printed in a table cell,
+  backticks or TeX left raw in the prose, a figure image that is empty (tiny, or one colour)."""
+  import matplotlib.image
+  import numpy as np
+  r = _Reading()
+  text = page.read_text(errors="replace")
+  r.feed(text)
+  found = [f"table cell {cell!r}" for cell, code in r.cells if cell in MISSING and not code]
+  prose = " ".join(r.prose)
+  found += [f"raw backticks: …{m.group(0)}…" for m in re.finditer(r".{0,30}`[^`\s][^`]{0,40}`.{0,10}", prose)]
+  found += [f"raw TeX: …{m.group(0)}…" for m in re.finditer(r".{0,30}(\$\$|\\\(|\\\[|\\frac\{).{0,20}", prose)]
+  for src in re.findall(r'<img[^>]+src="([^"]+_images/[^"]+\.png)"', text):
+    path = (page.parent / urllib.parse.unquote(src)).resolve()
+    pixels = matplotlib.image.imread(path) if path.is_file() else None
+    if pixels is None or path.stat().st_size < 1000 or float(np.asarray(pixels).std()) == 0.0:
+      found.append(f"empty figure {src}")
+  return found
+
+
+def test_every_page_reads_clean(site):
+  """No page shows NaN in a table, raw backticks or TeX in its text, or an empty figure."""
+  pages = [p for p in sorted((site / "docs").glob("*.html")) + sorted((site / "notebooks").glob("*.html"))]
+  assert len(pages) >= 15
+  problems = {str(p.relative_to(site)): reader_problems(p) for p in pages}
+  problems = {k: v for k, v in problems.items() if v}
+  assert not problems, "\n".join(f"{k}: {v[:5]}" for k, v in problems.items())

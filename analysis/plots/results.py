@@ -24,7 +24,7 @@ from analysis.plots._style import short
 
 def plot_curves(curves: pd.DataFrame, *, x: str = "step", y: str = "eval_loss",
                 hue: str | Sequence[str] | None = "algorithm", floor: float | None = None,
-                logy: bool = False, title: str | None = None, ax=None):
+                logy: bool = False, logx: bool = False, title: str | None = None, ax=None):
   """Loss (or any metric) against step or tokens, one line per ``hue`` group.
 
   Args:
@@ -33,6 +33,7 @@ def plot_curves(curves: pd.DataFrame, *, x: str = "step", y: str = "eval_loss",
     hue: column(s) whose values make one line each.
     floor: draw the data's entropy floor as a dashed line.
     logy: log-scale the y axis.
+    logx: log-scale the x axis (e.g. bytes sent, which differ by orders of magnitude).
     title: the axes title.
     ax: draw into this Axes instead of a new figure.
 
@@ -49,6 +50,8 @@ def plot_curves(curves: pd.DataFrame, *, x: str = "step", y: str = "eval_loss",
   ax.set_ylabel(label(y))
   if logy:
     ax.set_yscale("log")
+  if logx:
+    ax.set_xscale("log")
   if title:
     ax.set_title(title)
   ax.legend(fontsize=8)
