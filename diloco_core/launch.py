@@ -4,7 +4,7 @@
 ``python -m diloco_core.train <train flags>`` joined by ``jax.distributed`` (a free
 coordinator port on 127.0.0.1; each process gets ``JAX_COORDINATOR_ADDRESS``,
 ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID``; on CPU the cross-process collectives go
-through gloo, see :func:`diloco_core.mesh.initialize_distributed`). The processes are those
+through gloo, see :func:`diloco_core.processes.initialize_distributed`). The processes are those
 a multi-host run starts one per host with ``--coordinator/--num-processes/--process-id``.
 
 * Process 0's output (its progress bar and result lines) is shown as it comes; the others'

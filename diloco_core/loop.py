@@ -1,7 +1,7 @@
 """The training loop: ``train(config)`` sets a run up, runs it and summarizes it.
 
 Metrics stay on device and are fetched once every ``log_every`` steps (one host sync per log
-row, not per step); the progress bar updates at the same cadence. :class:`MetricsLog` keeps
+row, not per step); the progress bar updates at the same cadence. :class:`~diloco_core.metrics_log.MetricsLog` keeps
 the rows, the byte counters and ``metrics.jsonl``; a run with ``out`` also writes
 ``summary.json`` and ``final_params/``, and with ``checkpoint_every`` its checkpoints.
 """
