@@ -79,7 +79,7 @@ _TRAINING = {"named_sweep": "analysis.lab.experiments", "grid": "analysis.lab.sw
 #: Every module of the two halves by its short name (``from analysis import roofline, stored``).
 _MODULES = {**{m: f"analysis.planning.{m}" for m in (
     "hardware", "models", "roofline", "bandwidth", "memory", "simulate", "sim_events",
-    "paper_tables", "plan", "candidates")}, **{m: f"analysis.lab.{m}" for m in (
+    "paper_tables", "plan", "candidates", "maxtext")}, **{m: f"analysis.lab.{m}" for m in (
     "sweeps", "sweep_cache", "experiments", "live", "stored", "storing", "recheck", "realizations",
     "cpu_kind", "claims", "measured")}}
 __getattr__, __dir__ = lazy_exports(__name__, _TRAINING, globals(), modules=_MODULES)

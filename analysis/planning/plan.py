@@ -108,8 +108,9 @@ class Plan:
   topk: int | None = None  # DiLoCo/Streaming send top-k sparse pseudo-gradients (None: dense)
   topk_chunk: int = DEFAULT_CHUNK  # elements per top-k chunk
 
-  def train_args(self) -> list[str]:
-    """The trainer options (``python -m diloco_core.train``) of the suggested candidate.
+  def train_args(self, label: str | None = None) -> list[str]:
+    """The trainer options (``python -m diloco_core.train``) of the suggested candidate (or of
+    the table's row ``label``).
 
     The algorithm, :math:`M` (one replica per slice), and for DiLoCo and Streaming
     :math:`H`, :math:`P`, :math:`\\tau`, the outer-overlap mode and the wire format of
@@ -125,10 +126,14 @@ class Plan:
       ...              global_batch_tokens=2**21, link_gbps=20)
       >>> " ".join(p.train_args())
       '--algorithm streaming --replicas 2 --sync-every 10 --fragments 10 --overlap 0 --compression bf16'
+      >>> " ".join(p.train_args("DiLoCo H=20"))
+      '--algorithm diloco --replicas 2 --sync-every 20 --compression bf16'
     """
-    if self.choice is None:
+    if label is None and self.choice is None:
       raise ValueError(f"the plan suggests nothing to train: {self.reason}")
-    row = self.table.loc[self.choice]
+    if label is not None and label not in self.table.index:
+      raise ValueError(f"label {label!r} is not a candidate of this plan; its rows: {list(self.table.index)}.")
+    row = self.table.loc[self.choice if label is None else label]
     argv = ["--algorithm", str(row["method"]), "--replicas", str(self.slices)]
     if row["method"] == "dp":
       return argv
