@@ -6,13 +6,15 @@ notebook shows them only where they are displayed or glued (:func:`~analysis.plo
 build, shown in the cell elsewhere). By figure family:
 :mod:`analysis.plots.results` (sweep results and calculator tables),
 :mod:`analysis.plots.timelines` (communication schedules and simulated runs) and
-:mod:`analysis.plots.tables` (a paper's table beside ours, colored).
+:mod:`analysis.plots.tables` (a paper's table beside ours, colored) and
+:mod:`analysis.plots.design` (the device mesh and its collectives).
 """
 
 from analysis.plots._style import LABELS
 from analysis.plots._style import SYMBOLS
 from analysis.plots._style import label
 from analysis.plots._style import short
+from analysis.plots.design import plot_mesh
 from analysis.plots.notebook import glue
 from analysis.plots.results import plot_bars
 from analysis.plots.results import VERDICT_COLORS
