@@ -8,7 +8,7 @@ MathJax must have rendered the math (``mjx-container`` elements, no raw ``$$`` l
 text) and every figure image must load. Screenshots go to ``_build/screenshots/`` (kept as
 CI artifacts). Every page of the guide and the notebooks is also read as a reader would
 (:func:`reader_problems`): no missing value printed in a table, no raw backticks or TeX in
-the text, no empty figure.
+the text, no empty figure; and, in the browser, no table wider than the page's column.
 """
 
 from __future__ import annotations
@@ -259,3 +259,54 @@ def test_every_page_reads_clean(site):
   problems = {str(p.relative_to(site)): reader_problems(p) for p in pages}
   problems = {k: v for k, v in problems.items() if v}
   assert not problems, "\n".join(f"{k}: {v[:5]}" for k, v in problems.items())
+
+
+#: Measures, in the browser, every table of every page against the width of its article.
+WIDTHS_PAGE = """<!doctype html><html><body><pre id=out>pending</pre><script>
+const pages = PAGES; const found = {}; let i = 0;
+function next() {
+  if (i >= pages.length) { document.getElementById('out').textContent = 'DONE ' + JSON.stringify(found); return; }
+  const f = document.createElement('iframe'); f.width = 1280; f.height = 800; f.src = pages[i];
+  f.onload = () => {
+    const d = f.contentDocument; const art = d.querySelector('article') || d.body;
+    const w = art.getBoundingClientRect().width;
+    const wide = [...art.querySelectorAll('table')].map(t => t.getBoundingClientRect().width).filter(x => x > w + 1);
+    if (wide.length) found[pages[i]] = [Math.round(w), wide.map(Math.round)];
+    f.remove(); i += 1; next();
+  };
+  document.body.appendChild(f);
+}
+next();
+</script></body></html>"""
+
+
+def test_no_table_is_wider_than_its_column(site):
+  """At a 1280-pixel window, every table of every page fits the article's width (a wider one
+  cuts off its last columns or makes the reader scroll sideways)."""
+  import json
+  pages = [str(p.relative_to(site)) for p in sorted((site / "docs").glob("*.html")) + sorted((site / "notebooks").glob("*.html"))]
+  page = WIDTHS_PAGE.replace("PAGES", json.dumps(pages)).encode()
+
+  class Handler(QuietHandler):
+    def do_GET(self):
+      if self.path.startswith("/_widths.html"):
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(page)))
+        self.end_headers()
+        self.wfile.write(page)
+        return
+      super().do_GET()
+
+  httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(site)))
+  threading.Thread(target=httpd.serve_forever, daemon=True).start()
+  try:
+    proc = run_chromium("--window-size=1280,800", "--virtual-time-budget=120000", "--dump-dom",
+                        f"http://127.0.0.1:{httpd.server_address[1]}/_widths.html", timeout=300)
+  finally:
+    httpd.shutdown()
+    httpd.server_close()
+  done = re.search(r"DONE (\{.*?\})</pre>", proc.stdout, re.S)
+  assert done, f"the measuring page did not finish: {proc.stdout[-500:]} {proc.stderr[-500:]}"
+  wide = json.loads(done.group(1))
+  assert not wide, f"tables wider than the column (page: [column px, [table px]]): {wide}"
