@@ -9,11 +9,12 @@ a multi-host run starts one per host with ``--coordinator/--num-processes/--proc
 
 * Process 0's output (its progress bar and result lines) is shown as it comes; the others'
   is kept in memory and its last lines are shown if that process fails.
-* When any process fails, the others are stopped (SIGTERM, then SIGKILL after
-  :data:`GRACE_S` seconds); Ctrl-C or SIGTERM to the launcher stops them all the same way
-  (every trainer stops before the same step, :func:`diloco_core.processes.stop_agreed`, and
-  says how to resume). The exit code is the worst one:
-  that of the first process that failed, 130 for a stop request, else 0.
+* When any process fails, the others end by themselves (they notice the lost peer) or are
+  killed after :data:`FAILURE_GRACE_S` seconds. Ctrl-C or SIGTERM to the launcher sends SIGTERM
+  to every process: they stop before one agreed step
+  (:func:`diloco_core.processes.stop_agreed`) and say how to resume; SIGKILL follows after
+  :data:`GRACE_S` seconds. The exit code is that of the process that failed first (one killed
+  by a signal the launcher did not send is the cause), 130 for a stop request, else 0.
 * ``--pin-cpus`` gives each process an equal, disjoint share of the CPUs (as separate hosts
   would have): the processes then do not slow each other down unevenly.
 * The processes die with the launcher, even when it is killed with SIGKILL (Linux).
@@ -50,6 +51,8 @@ from diloco_core.cli import PROCESS_FLAGS
 
 #: Seconds the processes get to stop after SIGTERM before they are killed.
 GRACE_S = 30.0
+#: Seconds the other processes get to end by themselves after one failed, before SIGKILL.
+FAILURE_GRACE_S = 10.0
 #: Lines of a failed process's output shown with its error.
 TAIL_LINES = 20
 #: The token bucket of a shaped link: burst and queue limit (``tc ... tbf``).
@@ -225,6 +228,7 @@ class _Child:
   def __init__(self, index: int, cmd: list[str], env: dict, show: bool, cpus: list[int] | None = None):
     self.index, self.cmd = index, cmd
     self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    self.signalled: set[int] = set()  # the signals the launcher sent it
     self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  start_new_session=True, preexec_fn=_child_setup(cpus, os.getpid()))
     self._reader = threading.Thread(target=self._read, args=(show,), daemon=True)
@@ -244,6 +248,7 @@ class _Child:
 
   def stop(self, sig: int) -> None:
     if self.proc.poll() is None:
+      self.signalled.add(sig)
       try:
         os.killpg(self.proc.pid, sig)
       except ProcessLookupError:
@@ -296,23 +301,36 @@ def _supervise(children: list[_Child]) -> int:
   """Waits for every child; stops them all on a failure or a stop request; the worst code."""
   first_failure: _Child | None = None
   stopping_since = None
+  ended: dict[int, float] = {}  # child index -> when the launcher saw it end
   while True:
     codes = [c.proc.poll() for c in children]
+    for c, rc in zip(children, codes):
+      if rc is not None:
+        ended.setdefault(c.index, time.monotonic())
     if all(rc is not None for rc in codes):
       break
-    if first_failure is None:  # of those that failed together, one killed by a signal is the cause
-      failed = [c for c, rc in zip(children, codes) if rc not in (None, 0)]
-      first_failure = min(failed, key=lambda c: (c.proc.returncode > 0, c.index), default=None)
+    if first_failure is None:
+      first_failure = next((c for c, rc in zip(children, codes) if rc not in (None, 0)), None)
     if stopping_since is None and (first_failure is not None or interrupts.requested()):
       stopping_since = time.monotonic()
-      for c in children:
-        c.stop(signal.SIGTERM)
-    if stopping_since is not None and time.monotonic() - stopping_since > GRACE_S:
+      # A stop request: every trainer stops at one agreed step (SIGTERM). A failure: the others
+      # notice the lost process and end by themselves; SIGTERM would ask them for an agreement
+      # the lost one can never join.
+      grace = GRACE_S if first_failure is None else FAILURE_GRACE_S
+      if first_failure is None:
+        for c in children:
+          c.stop(signal.SIGTERM)
+    if stopping_since is not None and time.monotonic() - stopping_since > grace:
       for c in children:
         c.stop(signal.SIGKILL)
     time.sleep(0.1)
   for c in children:
     c.join()
+  # A process killed by a signal the launcher did not send is the cause, even when a peer that
+  # lost it exited first (the kernel may still have been tearing the killed one down).
+  lost = [c for c in children if c.proc.returncode < 0 and -c.proc.returncode not in c.signalled]
+  if lost:
+    first_failure = min(lost, key=lambda c: (ended[c.index], c.index))
   if first_failure is None:
     first_failure = next((c for c in children if c.proc.returncode != 0), None)
   if interrupts.requested() and (first_failure is None or first_failure.proc.returncode in (130, -2, -15)):

@@ -34,8 +34,10 @@ import jax
 
 #: Seconds a process waits for every process to join before it gives up (``--join-timeout``).
 JOIN_TIMEOUT_S = 120.0
-#: Seconds after which the coordinator declares a silent process lost (JAX's heartbeat).
-HEARTBEAT_S = 30
+#: Seconds after which the coordinator declares a silent process lost (JAX's heartbeat; it then
+#: aborts every process). Longer than the link's own wait (``link.PEER_TIMEOUT_S``), so that a
+#: lost peer of a background run is reported by the link, in one line, first.
+HEARTBEAT_S = 100
 #: Seconds a process waits at exit for the others to exit too (JAX's shutdown barrier).
 SHUTDOWN_S = 10
 

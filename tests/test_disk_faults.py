@@ -159,6 +159,7 @@ def test_on_a_real_small_disk(tmp_path):
   why = _small_disk(disk)
   if why is not None:
     pytest.skip(why)
+  p = None
   try:
     train = [sys.executable, "-m", "diloco_core.train", "--model", "tiny", "--batch-size", "2", "--seq-len", "16",
              "--no-progress", "--sync-every", "10", "--checkpoint-every", "10"]
@@ -179,5 +180,9 @@ def test_on_a_real_small_disk(tmp_path):
     assert p.returncode == 2 and "no space left on the disk of" in one_error_line(err)
     left = os.listdir(disk / "r2" / "checkpoints")
     assert left and all(name.isdigit() for name in left), left  # complete ones only
-  finally:
-    subprocess.run(["umount", str(disk)], capture_output=True)
+  finally:  # a trainer still running keeps the disk busy: stop it first
+    if p is not None and p.poll() is None:
+      p.kill()
+      p.wait()
+    if subprocess.run(["umount", str(disk)], capture_output=True).returncode != 0:
+      subprocess.run(["umount", "-l", str(disk)], capture_output=True)

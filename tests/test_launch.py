@@ -49,10 +49,12 @@ def test_a_failing_process_stops_the_others_and_sets_the_exit_code():
   start = time.monotonic()
   r = run_launcher("--processes", "3", "--module", "launch_child", "--", "fail1")
   assert r.returncode == 3, r.stderr
-  assert time.monotonic() - start < 60  # process 0 and 2 waited 600 s: they were stopped
+  # Process 0 and 2 would wait 600 s: they were killed FAILURE_GRACE_S after process 1 failed
+  # (a real trainer notices the lost peer and ends by itself first).
+  assert time.monotonic() - start < launch.FAILURE_GRACE_S + 30
   assert "[process 1] error: process 1 failed on purpose" in r.stderr
   assert "launch: process 1 of 3 exited with 3; the others were stopped (nothing was saved: no --out)." in r.stderr
-  assert "child 0 stopped" in r.stdout  # process 0's output is shown (SIGTERM reached it)
+  assert r.stdout.startswith("child 0 of 3")  # process 0's output is shown as it comes
 
 
 def test_a_stop_request_stops_every_process_with_130():
@@ -331,12 +333,15 @@ def test_a_killed_process_in_step_is_one_line(tmp_path):
   traceback, no abort at JAX's shutdown barrier) and the launcher names the lost process."""
   out = tmp_path / "run"
   p = _start(out, "in-step")
+  killed = []
   for pid in _trainers(str(out)):
     with open(f"/proc/{pid}/environ", "rb") as f:
       if b"JAX_PROCESS_ID=1\0" in f.read():
         os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+  assert len(killed) == 1, killed
   stdout, stderr = p.communicate(timeout=120)
-  assert p.returncode == 128 + signal.SIGKILL, stderr[-2000:]
+  assert p.returncode == 128 + signal.SIGKILL, (killed, stdout[-2000:], stderr[-2000:])
   assert stderr.strip().splitlines()[-1].startswith("launch: process 1 of 2 was lost (killed by SIGKILL); the"
                                                     " others were stopped (the last intact checkpoint is ")
   assert "Traceback" not in stdout + stderr and "Check failure" not in stdout + stderr, stdout[-3000:]
