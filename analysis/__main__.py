@@ -162,8 +162,8 @@ def _plan(a) -> None:
         f"seq_len {p.seq_len}; step time {p.step_time:.4g} s at MFU {p.mfu:g}; DP across "
         f"slices is compute-bound above {p.dp_critical_tokens:,.0f} tokens per slice")
   print(f"network per slice: link {p.link_gbps:,.4g} Gbit/s, in-pod DCN {p.dcn_gbps:,.4g} Gbit/s;"
-        f" {_payload(p)} payload; Gbit/s per slice: {p.target:.0%} utilization (tau = 0) or "
-        f"every fragment hidden behind its step's backward pass and tau steps (tau >= 1)")
+        f" {_payload(p)} payload; Gbit/s per slice under each row's criterion: utilization = {p.target:.0%} of"
+        f" the time computing, no wait = every transfer hidden behind its step's backward pass and tau steps")
   print()
   fmt = {"Gbit/s per slice": _fmt, "GB per sync": lambda v: f"{v:,.3g}",
          "memory GB/replica": lambda v: f"{v:,.0f}", "memory GB/chip": lambda v: f"{v:,.2f}"}

@@ -22,7 +22,7 @@ import warnings
 from diloco_core import interrupts
 from diloco_core.fields import spec, walk
 from diloco_core.backend import configure_determinism
-from diloco_core.processes import JOIN_TIMEOUT_S, exit_without_peers, initialize_distributed, leave_together
+from diloco_core.processes import JOIN_TIMEOUT_S, SHUTDOWN_S, exit_without_peers, initialize_distributed, leave_together
 from diloco_core.run_config import TrainConfig
 
 #: The ``--help`` groups, in order (a field's metadata names its group).
@@ -204,7 +204,7 @@ def _main(argv: list[str] | None) -> int:
       exit_without_peers(code)
     return code
   except (ValueError, OSError, FloatingPointError) as e:
-    return leave_together(command_error(e)) if several else command_error(e)
+    return leave_together(command_error(e), SHUTDOWN_S) if several else command_error(e)
   except Interrupted as e:
     print(to_flags(str(e)), file=sys.stderr)
     return leave_together(130) if several else 130

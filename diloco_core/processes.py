@@ -40,6 +40,11 @@ JOIN_TIMEOUT_S = 120.0
 HEARTBEAT_S = 100
 #: Seconds a process waits at exit for the others to exit too (JAX's shutdown barrier).
 SHUTDOWN_S = 10
+#: Seconds a process that ended its run (or stopped at the agreed step) waits at the end for
+#: the others to end theirs: a peer may still evaluate and write its final checkpoint and
+#: params long after the last collective (process 0 hosts the coordination service and must
+#: outlive it). As long as the heartbeat, past which JAX would call the peer lost anyway.
+END_WAIT_S = HEARTBEAT_S
 
 
 def initialize_distributed(coordinator: str | None = None, num_processes: int | None = None,
@@ -139,12 +144,18 @@ def lost_process(error: Exception) -> str | None:
   return f"a collective across the {jax.process_count()} processes failed: another process was lost or cut off ({first})"
 
 
-def leave_together(code: int, timeout: float = SHUTDOWN_S) -> int:
+def leave_together(code: int, timeout: float = END_WAIT_S) -> int:
   """The end of a multi-process run: waits up to ``timeout`` seconds for every process to
   reach its end too, and returns ``code`` when they did (JAX's shutdown barrier at exit then
   passes at once). When one does not come (it was lost, or is stuck in a collective with a
   lost one), this process exits with ``code`` now, without that barrier
   (:func:`exit_without_peers`).
+
+  Args:
+    code: the exit code of this process.
+    timeout: :data:`END_WAIT_S` after a run that ended or stopped at the agreed step (the
+      others end too, maybe after long final writes); :data:`SHUTDOWN_S` after an error of
+      this process alone (the others are not ending: they wait for it in a collective).
   """
   from jax._src import distributed  # the coordination service's client (no public accessor)
   client, rank, deadline = distributed.global_state.client, jax.process_index(), time.monotonic() + timeout

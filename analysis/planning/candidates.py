@@ -91,6 +91,28 @@ def candidates(layers: int, sync_every=None, overlaps=OVERLAPS, eager: bool = Fa
   return out
 
 
+#: The two rules a candidate's bandwidth follows (:func:`criterion`): the waits of a sync period
+#: leave the target share of the wall time to compute, or no step waits at all.
+CRITERIA = ("utilization", "no wait")
+
+
+def criterion(method: str, overlap: int = 0, outer_overlap: str = "none") -> str:
+  """Which rule of :data:`CRITERIA` prices a candidate (:func:`candidate_bandwidth`).
+
+  DP, DiLoCo and Streaming with :math:`\\tau = 0` are priced by the utilization they keep;
+  Streaming with :math:`\\tau \\ge 1` and DiLoCo with an outer overlap by the bandwidth at
+  which every transfer arrives before it is needed. The two differ, so a table mixing them
+  in one column could show a :math:`\\tau = 1` row needing more than its :math:`\\tau = 0` row.
+
+  Examples:
+    >>> criterion("dp"), criterion("streaming", 0), criterion("streaming", 1), criterion("diloco", 0, "eager")
+    ('utilization', 'utilization', 'no wait', 'no wait')
+  """
+  if method == "dp" or (overlap == 0 and outer_overlap == "none"):
+    return CRITERIA[0]
+  return CRITERIA[1]
+
+
 def candidate_bandwidth(method, *, target, payload, step_time, layers, sync_every=1,
                         fragments=1, overlap=0, first_fragment=0.0, latency=0.0,
                         outer_overlap="none"):
@@ -126,19 +148,20 @@ def candidate_bandwidth(method, *, target, payload, step_time, layers, sync_ever
     1.606
   """
   check_choice("method", method, METHODS)
-  if check_outer_overlap(outer_overlap, overlap) != "none":
+  utilization = criterion(method, overlap, check_outer_overlap(outer_overlap, overlap)) == CRITERIA[0]
+  if outer_overlap != "none":
     if method != "diloco":
       raise ValueError(f"outer_overlap={outer_overlap!r} is planned for 'diloco' only, got {method!r}.")
     overlap = sync_every - 1  # due when the next sync is sent
   if method == "dp":
     return required_bandwidth(target, payload, step_time, 1, latency, chunks=layers)
   if method == "diloco" or fragments == 1:  # one payload of the whole model
-    if overlap == 0:
+    if utilization:
       return required_bandwidth(target, payload, step_time, sync_every, latency,
                                    chunks=layers)
     return hidden_bandwidth(payload, step_time, overlap, sync_every, chunks=layers)
   p = fragments - 1  # layer fragments
-  if overlap == 0:
+  if utilization:
     return streaming_required_bandwidth(target, payload - first_fragment, step_time,
                                            sync_every, p, layers, 0, latency,
                                            first_payload=first_fragment)
@@ -173,7 +196,7 @@ def candidate_table(model: ModelConfig, hardware: HardwareSpec, cands, *, slices
 
   Returns:
     A DataFrame indexed by :func:`label`, with the columns of :class:`~analysis.planning.plan.Plan`'s table except
-    ``fits link``.
+    ``fits link``; ``criterion`` names the rule of ``Gbit/s per slice`` (:func:`criterion`).
   """
   model, hw = check_model(model), check_hardware(hardware)
   dcn_gbps = hw.dcn_bandwidth * chips_per_slice / GBIT
@@ -192,7 +215,7 @@ def candidate_table(model: ModelConfig, hardware: HardwareSpec, cands, *, slices
                              overlap=tau).total
     rows[label(method, h, p, tau, mode)] = {
         "method": method, "H": h, "P": p, "tau": tau, "outer overlap": mode,
-        "Gbit/s per slice": w / GBIT,
+        "Gbit/s per slice": w / GBIT, "criterion": criterion(method, tau, mode),
         "GB per sync": largest / 1e9, "memory GB/replica": mem / 1e9,
         "memory GB/chip": mem / chips_per_slice / 1e9, "fits DCN": w / GBIT <= dcn_gbps}
   return pd.DataFrame.from_dict(rows, orient="index").rename_axis("label")

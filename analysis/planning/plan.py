@@ -75,8 +75,9 @@ class Plan:
   """Inputs, derived sizes, the candidates table and the suggestion of :func:`plan_run`.
 
   ``table`` is indexed by label ("DP", "DiLoCo H=…", "Streaming H=… P=… tau=…") with
-  columns ``method``, ``H``, ``P``, ``tau``, ``Gbit/s per slice`` (needed for the
-  target), ``GB per sync`` (largest transfer: the whole model for DP and DiLoCo, the
+  columns ``method``, ``H``, ``P``, ``tau``, ``outer overlap``, ``Gbit/s per slice`` (needed
+  under the row's ``criterion``: the target utilization, or no step waiting, see
+  :func:`~analysis.planning.candidates.criterion`), ``GB per sync`` (largest transfer: the whole model for DP and DiLoCo, the
   largest fragment for Streaming), ``memory GB/replica``, ``memory GB/chip``,
   ``fits DCN`` and ``fits link``.
   """
