@@ -10,9 +10,10 @@ alone, without waiting for the others):
 1. ``inner``: one inner step of the local replicas;
 2. ``send`` (fragment p due): the local replicas' payloads
    :math:`Q(\\Delta_m + \\beta e_m)` (compression and error feedback as in-step), flattened into
-   one float32 buffer and handed to the :class:`~diloco_core.link.Link` thread, which gathers
-   every process's payloads (``process_allgather``: gloo on CPU, NCCL on GPU) while the
-   main thread goes on training;
+   one float32 buffer and handed to the :class:`~diloco_core.link.Link` thread, which packs them
+   to the wire format's own bits (:mod:`~diloco_core.wire_packing`, exactly: they unpack to the
+   same float32 values) and gathers every process's payloads (``process_allgather``: gloo on
+   CPU, NCCL on GPU) while the main thread goes on training;
 3. ``settle`` (the payloads have arrived): the average (``jnp.mean`` over the M payloads in
    replica order, the reduction the SPMD program computes) and what the SPMD send did with it:
    the outer step (``outer_overlap="none"``), the average kept in flight (``"delayed"``) or
@@ -34,8 +35,8 @@ on the compiled HLO), the link alone moves data. A background run therefore equa
 run *on the same mesh* bit for bit: metrics, checkpoints, final params and summary, with the
 replicas split over processes or not (tested: two processes with one replica each against one
 process with two devices, for DiLoCo with 4-bit payloads and error feedback, Streaming and
-eager; one process and one device with M = 2 and M = 4), except with M > 2 replicas sending
-a compressed format. Two more things make the equality hold: the mean is the same reduction
+eager; one process and one device with M = 2 and M = 4, and bf16 and fp4 payloads), except with
+M > 2 replicas sending a compressed format and with fp8 or top-k payloads (:data:`TOLERANCE`). Two more things make the equality hold: the mean is the same reduction
 in replica order (the link moves the payloads, not a partial sum), and the settle program reads
 the gathered payloads as leaves shaped like the in-step program's (split on the host, before
 the program), so XLA fuses the outer step into the same kernels and contracts the same
@@ -46,8 +47,8 @@ its own).
 
 **Per-step records.** Each process appends to ``<out>/trace/process-<rank>.jsonl`` (kept in
 ``Background.trace`` without ``out``): when each step computed (``compute``: the step's
-programs, waited for), when each payload was handed over, gathered and settled
-(``transfer``), and how long the main thread waited for one (``wait``). Times are
+programs, waited for), when each payload was handed over, gathered and settled, and the
+bytes this process handed to the link and received from the others (``transfer``), and how long the main thread waited for one (``wait``). Times are
 ``time.time()`` seconds, comparable across the processes of one machine.
 
 Not supported here (one-line errors, :func:`check_background`): data parallelism (it
@@ -76,17 +77,19 @@ from diloco_core.link import Link, wait
 from diloco_core.mesh import AXES, MeshPlacement, global_array, parse_mesh, replica_sharding, replicated
 from diloco_core.schedule import merged_fragment, sent_fragment
 from diloco_core.state import DiLoCoState
+from diloco_core.wire_packing import WireLayout
 
 #: How far (relative, and absolute near 0) two runs of one config may be where they are not
 #: equal bit for bit, in two cases. (1) Different meshes (both replicas batched on one device,
 #: or one replica per device or per process), in either runtime: XLA compiles the inner step
 #: for each device's replicas, and its kernels for another shape round differently (without any
 #: sync, a few inner steps already differ by an ulp in many elements). (2) More than two
-#: replicas sending a compressed format (``compression`` other than ``"none"``): the in-step
-#: program lets XLA fuse the quantizer into the average's reduction, and there a few values
-#: round to the neighbouring code (a fused sum differs in a few elements from the sum of the
-#: same quantized values computed on their own). Otherwise a background run equals the in-step
-#: run on the same mesh bit for bit.
+#: replicas sending a compressed format (``compression`` other than ``"none"``), and fp8 or
+#: top-k payloads at any M: the in-step program lets XLA fuse the quantizer into the average's
+#: reduction, and there a few values round differently (a fused sum differs in a few elements
+#: from the sum of the same quantized values computed on their own; packing them for the link
+#: changes nothing, tested). Otherwise a background run equals the in-step run on the same
+#: mesh bit for bit.
 TOLERANCE = 1e-5
 #: The trace file of process r under ``<out>``.
 TRACE_FILE = os.path.join("trace", "process-{rank}.jsonl")
@@ -300,7 +303,8 @@ class Background(PhasePrograms, MeshPlacement):
         state = self._settle(state, p, t)
       state, flat = self.send_program(state, p, hp)
       flat = self.own_rows(flat)  # waits for the payload program
-      self._in_flight[p] = _InFlight(t, self.link.gather(flat, f"fragment {p} @ step {t}"), time.time())
+      self._in_flight[p] = _InFlight(t, self.link.gather(flat, f"fragment {p} @ step {t}",
+                                                         self._layout(state, p)), time.time())
       if cfg.outer_overlap == "eager":
         self._stale_global.add(p)
     is_merge, q = merged_fragment(t, cfg.sync_every, cfg.fragments, cfg.overlap, cfg.fragment_order)
@@ -324,13 +328,24 @@ class Background(PhasePrograms, MeshPlacement):
     self._record({"kind": "settle", "step": t, "fragment": p, "sent_at": flight.step, "time": now})
     return self.settle_program(state, p, self._leaves_of(state, p, gathered), self._hyperparams(False))
 
-  def _leaves_of(self, state, p: int, gathered) -> list[jax.Array]:
-    """Fragment p's gathered ``[M, n]`` buffer as its leaves, ``[M, ...]`` each (:func:`~diloco_core.background_programs.split_buffer`)."""
+  def _leaf_shapes(self, state, p: int) -> list:
+    """Fragment p's leaves as the payload holds them, ``[M, ...]`` each (abstract)."""
     branch, k = fragment_branch(p, self.config.fragments)
     if branch not in self._shapes:  # the leaves' shapes do not depend on k (a layer's slice)
       take = lambda params, k: self.algo.fragments.take(jax.tree.leaves(params), self.algo.leaf_kinds, branch, k, axis=1)
       self._shapes[branch] = jax.eval_shape(take, state.params, 0 if k is None else k)
-    return self.place_replicated(split_buffer(np.asarray(gathered), self._shapes[branch]))
+    return self._shapes[branch]
+
+  def _layout(self, state, p: int) -> WireLayout:
+    """Fragment p's payload on the wire (:mod:`~diloco_core.wire_packing`): its leaves in the
+    run's format, each leaf's blocks or top-k chunks as the quantizer cut them."""
+    cfg = self.config
+    sizes = tuple(int(np.prod(x.shape[1:], dtype=np.int64)) for x in self._leaf_shapes(state, p))
+    return WireLayout(sizes, cfg.compression, cfg.wire["block_size"], cfg.wire["topk"], cfg.wire["topk_chunk"])
+
+  def _leaves_of(self, state, p: int, gathered) -> list[jax.Array]:
+    """Fragment p's gathered ``[M, n]`` buffer as its leaves, ``[M, ...]`` each (:func:`~diloco_core.background_programs.split_buffer`)."""
+    return self.place_replicated(split_buffer(np.asarray(gathered), self._leaf_shapes(state, p)))
 
   def _refresh_global(self, state, p: int):
     """Eager: θ_g[p] = the mean of every replica's own outer params (gathered)."""
@@ -380,8 +395,9 @@ class Background(PhasePrograms, MeshPlacement):
     return jnp.asarray(every.reshape(-1)), glob
 
   # ---- records -------------------------------------------------------------------------------
-  def _transferred(self, what: str, launched: float, finished: float) -> None:
-    self._record({"kind": "transfer", "what": what, "launched": launched, "finished": finished})
+  def _transferred(self, what: str, launched: float, finished: float, sent: int, received: int) -> None:
+    self._record({"kind": "transfer", "what": what, "launched": launched, "finished": finished,
+                  "sent_bytes": sent, "received_bytes": received})
 
   def _record(self, row: dict) -> None:
     self.trace.append(row)

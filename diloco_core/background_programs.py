@@ -26,7 +26,7 @@ from diloco_core.state import DiLoCoState, MergeOperands, SendOperands
 
 
 def flat_buffer(leaves: list) -> jax.Array:
-  """Per-replica leaves ``[m, ...]`` as one float32 ``[m, n]`` buffer (what crosses the link)."""
+  """Per-replica leaves ``[m, ...]`` as one float32 ``[m, n]`` buffer (the link packs it to the wire format, :mod:`~diloco_core.wire_packing`)."""
   return jnp.concatenate([x.reshape(x.shape[0], -1).astype(jnp.float32) for x in leaves], axis=1)
 
 

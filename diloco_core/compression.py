@@ -342,15 +342,13 @@ def _divide_exactly_rounded(mant: jax.Array, odd: int) -> tuple[jax.Array, jax.A
   return quo + (2 * rem > odd).astype(jnp.int32), k
 
 
-def _quantize_blocks(blocks: jax.Array, name: str) -> jax.Array:
-  """Absmax-scaled quantize/dequantize of each row of a (num_blocks, block) array."""
-  fmt = MINIFLOATS[name]
-  odd, exp2 = _odd_times_pow2(fmt.max_value)  # q_max = odd * 2^exp2: 7 * 2^6, 3 * 2^1, 1
-  absmax = jnp.max(jnp.abs(blocks), axis=1, keepdims=True)  # NaN if the block has a NaN
+def _scaling(absmax: jax.Array, name: str) -> tuple:
+  """What decoding a block needs from its absmax: ``(finite, tiny, a, s_n, pexp)`` (see
+  :func:`_quantize_blocks`); the receiver of a packed payload rebuilds it the same way."""
+  odd, exp2 = _odd_times_pow2(MINIFLOATS[name].max_value)  # q_max = odd * 2^exp2: 7 * 2^6, 3 * 2^1, 1
   finite = jnp.isfinite(absmax)
   # Blocks below 2^-100 (float32 subnormals included) are scaled up by 2^64, exactly.
   tiny = absmax < 2.0**-100
-  blocks = jnp.where(tiny, blocks * 2.0**64, blocks)
   a = jnp.where(tiny, absmax * 2.0**64, absmax)
   a = jnp.where(finite & (a > 0), a, 1.0)
   # a = mant * 2^(ef - 150) = a_n * p with a_n = mant * 2^-23 in [1, 2), p = 2^(ef - 127).
@@ -361,10 +359,48 @@ def _quantize_blocks(blocks: jax.Array, name: str) -> jax.Array:
   # The scale s = a / q_max, correctly rounded, as s_n * p (s_n never under- or overflows).
   quo, k = _divide_exactly_rounded(mant, odd)
   s_n = quo.astype(jnp.float32) * pow2(-23 - k - exp2)
+  return finite, tiny, a, s_n, pexp
+
+
+def _decode(q: jax.Array, scaling: tuple, name: str) -> jax.Array:
+  """The float32 values of unscaled codes ``q`` under a block's :func:`_scaling`."""
+  finite, tiny, a, s_n, pexp = scaling
+  decoded = (q * s_n) * pow2(pexp)
+  decoded = jnp.where(jnp.abs(q) == MINIFLOATS[name].max_value, jnp.copysign(a, q), decoded)
+  decoded = jnp.where(tiny, decoded * 2.0**-64, decoded)
+  return jnp.where(finite, decoded, jnp.nan)
+
+
+@functools.partial(jax.jit, static_argnames=("name",))
+def decode_scaled(q: jax.Array, absmax: jax.Array, name: str) -> jax.Array:
+  """The values a receiver decodes from unscaled codes and their block's absmax.
+
+  The second half of :func:`quantize` for the scaled formats, the same operations in the
+  same order (:func:`diloco_core.wire_packing.unpack_payload` rebuilds a packed payload with it).
+
+  Args:
+    q: unscaled values of the format's grid (:func:`~diloco_core.minifloat.representable_values`, or -0).
+    absmax: the absmax of each one's block, broadcastable against ``q``.
+    name: ``fp8``, ``fp4`` or ``e3m0``.
+
+  Returns:
+    float32 values, shaped like ``q`` broadcast against ``absmax``.
+
+  Examples:
+    >>> decode_scaled(jnp.array([6.0, 3.0, -0.5]), jnp.float32(12.0), "fp4").tolist()
+    [12.0, 6.0, -1.0]
+  """
+  q, absmax = jnp.broadcast_arrays(jnp.asarray(q, jnp.float32), jnp.asarray(absmax, jnp.float32))
+  return _decode(q, _scaling(absmax, name), name)
+
+
+def _quantize_blocks(blocks: jax.Array, name: str) -> jax.Array:
+  """Absmax-scaled quantize/dequantize of each row of a (num_blocks, block) array."""
+  absmax = jnp.max(jnp.abs(blocks), axis=1, keepdims=True)  # NaN if the block has a NaN
+  scaling = _scaling(absmax, name)
+  _, tiny, _, s_n, pexp = scaling
+  blocks = jnp.where(tiny, blocks * 2.0**64, blocks)
   half = pexp // 2  # x / p in two exact steps (2^-pexp alone may not be a normal float)
   x_n = blocks * pow2(-half) * pow2(half - pexp)
   q = round_to_format(x_n / s_n, name)
-  decoded = (q * s_n) * pow2(pexp)
-  decoded = jnp.where(jnp.abs(q) == fmt.max_value, jnp.copysign(a, q), decoded)
-  decoded = jnp.where(tiny, decoded * 2.0**-64, decoded)
-  return jnp.where(finite, decoded, jnp.nan)
+  return _decode(q, scaling, name)

@@ -1,7 +1,9 @@
 """The cross-process link of ``communication="background"``: one FIFO thread for the collectives.
 
 Every process of a background run holds a :class:`Link`. Fragment payloads are handed to it
-(:meth:`Link.gather`) and cross processes on its one thread, through JAX's own collectives
+(:meth:`Link.gather`), packed to their wire format's own bits on its one thread
+(:mod:`diloco_core.wire_packing`: two fp4 values per byte, a bf16 value in two bytes, top-k
+as its values and positions), and cross processes there, through JAX's own collectives
 (:func:`jax.experimental.multihost_utils.process_allgather`: gloo on CPU, NCCL on GPU), while
 the main thread goes on with local inner steps. JAX releases the GIL while a collective runs,
 so the two overlap; a collective dispatched from the main thread would not (the local
@@ -20,6 +22,9 @@ Examples:
   >>> link = Link()
   >>> link.gather(np.arange(3.0)[None], what="payload").result().tolist()
   [[0.0, 1.0, 2.0]]
+  >>> bf16 = wire_packing.WireLayout(sizes=(2,), name="bf16")  # two bytes per value on the wire
+  >>> link.gather(np.array([[1.5, -2.0]], np.float32), "payload", bf16).result().tolist()
+  [[1.5, -2.0]]
   >>> link.exchange("row/1", np.array([0.5])).tolist()
   [[0.5]]
   >>> link.close()
@@ -34,6 +39,8 @@ import time
 
 import jax
 import numpy as np
+
+from diloco_core import wire_packing
 
 #: Seconds a process waits for another's per-row values before it says which one is lost.
 PEER_TIMEOUT_S = 45
@@ -53,6 +60,8 @@ def wait(future: concurrent.futures.Future, what: str):
       return future.result(timeout=0.1)
     except concurrent.futures.TimeoutError:
       continue
+    except wire_packing.WirePackingError:  # this process's own payload, not a lost peer
+      raise
     except Exception as e:
       first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
       raise LostProcessError(f"{what} failed: another process was lost or cut off ({first})") from None
@@ -67,8 +76,10 @@ class Link:
   """The collectives of one background-mode process, run in order on one thread.
 
   Args:
-    on_transfer: called on the link thread as ``on_transfer(what, launched, finished)``
-      (``time.time()`` seconds) after each collective; the run's trace records them.
+    on_transfer: called on the link thread after each collective as ``on_transfer(what,
+      launched, finished, sent_bytes, received_bytes)``: ``time.time()`` seconds when the job
+      started (before packing) and when the gathered rows were unpacked, the bytes this process
+      handed to the collective and those it received from the others; the run's trace records them.
   """
 
   def __init__(self, on_transfer=None):
@@ -84,23 +95,27 @@ class Link:
       job = self._jobs.get()
       if job is None:
         return
-      future, what, x = job
+      future, what, x, layout = job
       launched = time.time()
       try:
-        out = x if self.processes == 1 else _allgather(x)
+        sent = x if layout is None else wire_packing.pack_payload(x, layout)
+        got = sent if self.processes == 1 else _allgather(sent)
+        out = got if layout is None else wire_packing.unpack_payload(got, layout)
       except BaseException as e:  # a lost peer, a gloo error: the waiting step re-raises it
         future.set_exception(e)
         continue
       if self._on_transfer is not None:
-        self._on_transfer(what, launched, time.time())
+        self._on_transfer(what, launched, time.time(), sent.nbytes, got.nbytes - sent.nbytes)
       future.set_result(out)
 
-  def gather(self, x: np.ndarray, what: str) -> concurrent.futures.Future:
+  def gather(self, x: np.ndarray, what: str, layout: wire_packing.WireLayout | None = None) -> concurrent.futures.Future:
     """Starts gathering ``x`` ``[n, ...]`` of every process along axis 0, in process order.
 
     Args:
-      x: this process's rows (float32; the same shape on every process).
+      x: this process's rows (the same shape on every process).
       what: a label for the trace (e.g. ``"fragment 1 @ step 6"``).
+      layout: the payload's wire layout: the rows (float32 ``[n, elements]``) cross packed to
+        its bits and come back as float32, bit for bit; None: ``x`` crosses as it is.
 
     Returns:
       A future of the ``[processes * n, ...]`` array; it raises what the collective raised.
@@ -108,7 +123,7 @@ class Link:
     if self._closed:
       raise RuntimeError("the link is closed.")
     future: concurrent.futures.Future = concurrent.futures.Future()
-    self._jobs.put((future, what, np.ascontiguousarray(x)))
+    self._jobs.put((future, what, np.ascontiguousarray(x), layout))
     return future
 
   def exchange(self, key: str, x: np.ndarray, timeout_s: float = PEER_TIMEOUT_S) -> np.ndarray:

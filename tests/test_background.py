@@ -6,6 +6,7 @@ two-process runs over the launcher are in test_launch.py.
 
 import functools
 import json
+import math
 import os
 import shutil
 
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from diloco_core import DiLoCoConfig, TrainConfig
-from diloco_core.background import TOLERANCE, TRACE_FILE
+from diloco_core.background import TOLERANCE, TRACE_FILE, Background
 from diloco_core.loop import train
 from tiny_run import metrics_rows, tiny
 
@@ -151,3 +152,55 @@ def test_the_phases_hold_no_collective():
   in_step = algo.lower(algo.init(params), algo.place_batch(np.zeros((2, 2, 9), np.int32))).compile().as_text()
   assert "all-reduce" in in_step
   comm.close()
+
+
+WIRES = {  # the wire formats, packed on the link: dense, in blocks, top-k (float32: CASES above)
+    "bf16": dict(compression="bf16"), "fp8-blocks": dict(compression="fp8", compression_block=16),
+    "fp4": dict(compression="fp4", error_feedback=True), "e3m0-topk": dict(compression="e3m0", topk=3, topk_chunk=8),
+    "bf16-topk": dict(compression="bf16", topk=5, topk_chunk=16),
+}
+#: In-step within TOLERANCE, not bit for bit, with or without packing (background.TOLERANCE says why).
+NOT_EXACT = {"fp8-blocks", "e3m0-topk", "bf16-topk"}
+
+
+@pytest.fixture(scope="module")
+def wires(tmp_path_factory):
+  """Per format: the in-step run, the background run, and where in-step is not bit for bit
+  (:data:`NOT_EXACT`) the background run with its payloads crossing as float32 (``_layout``
+  None): the reference for the packing alone."""
+  out = {}
+  with pytest.MonkeyPatch.context() as mp:
+    for name, kw in WIRES.items():
+      runs = {}
+      for comm in ("in-step", "background", "unpacked")[:3 if name in NOT_EXACT else 2]:
+        if comm == "unpacked":
+          mp.setattr(Background, "_layout", lambda self, state, p: None)
+        d = tmp_path_factory.mktemp(f"wire-{name}-{comm}")
+        runs[comm] = (train(tiny("streaming", fragments=3, sync_every=3, steps=6, log_every=1, eval_every=6,
+                                 communication=comm.replace("unpacked", "background"), out=str(d), **kw)), d)
+      mp.undo()
+      out[name] = runs
+  return out
+
+
+@pytest.mark.parametrize("name", sorted(WIRES))
+def test_each_wire_format_crosses_packed_bit_for_bit_and_measures_what_is_counted(wires, name):
+  """Packing changes no number: the background run equals in-step bit for bit, or where in-step
+  is only within TOLERANCE (fp8, top-k), the same background run with float32 payloads. The bytes the link carried are those the metrics
+  count: per sync, each replica's counted bytes rounded up to a whole byte (a packed row pads
+  its last byte)."""
+  runs = wires[name]
+  (a, da), (b, db) = runs["in-step"], runs["background"]
+  reference = runs.get("unpacked", runs["in-step"])[0]
+  for x, y in zip(_leaves(reference.state), _leaves(b.state)):
+    np.testing.assert_array_equal(x, y)
+  for x, y in zip(_leaves(a.state), _leaves(b.state)):
+    np.testing.assert_allclose(x, y, rtol=TOLERANCE, atol=TOLERANCE)
+  rows = metrics_rows(db / "metrics.jsonl")
+  assert [r["total_bytes_sent"] for r in rows] == [r["total_bytes_sent"] for r in metrics_rows(da / "metrics.jsonl")]
+  counted = np.diff([0.0] + [r["total_bytes_sent"] for r in rows])  # per step, per replica
+  trace = [json.loads(line) for line in open(db / TRACE_FILE.format(rank=0))]
+  transfers = {int(r["what"].split("@ step ")[1]): r for r in trace if r["kind"] == "transfer"}
+  assert sorted(transfers) == [t for t, c in enumerate(counted, 1) if c > 0] == [1, 2, 3, 4, 5, 6]
+  for t, r in transfers.items():
+    assert r["sent_bytes"] == 2 * math.ceil(counted[t - 1]) and r["received_bytes"] == 0, (t, r)

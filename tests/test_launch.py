@@ -124,6 +124,13 @@ def test_background_over_two_processes_equals_in_step_on_the_same_mesh_bit_for_b
   if case == "diloco":
     assert len(sb["final_replica_eval_losses"]) == 2  # eval_replicas: the replicas gathered at the end
   assert sorted(os.listdir(launched / case / "background" / "trace")) == ["process-0.jsonl", "process-1.jsonl"]
+  # What crossed the link, measured per process: its replica's packed payload out, the other's in,
+  # and added up, the bytes the run counts per replica (each sync's row pads its last byte).
+  for rank in (0, 1):
+    trace = [json.loads(line) for line in open(launched / case / "background" / "trace" / f"process-{rank}.jsonl")]
+    syncs = [r for r in trace if r["kind"] == "transfer" and r["what"].startswith("fragment")]
+    assert syncs and all(r["sent_bytes"] == r["received_bytes"] > 0 for r in syncs)
+    assert 0 <= sum(r["sent_bytes"] for r in syncs) - sb["total_bytes_per_replica"] < len(syncs)
 
 
 @pytest.mark.slow
