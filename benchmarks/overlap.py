@@ -10,7 +10,15 @@ time per step, the fraction of the communication hidden, the measured compute ut
 for the same T, payload, rate and schedule. Targets: τ ≥ k hides ≥ 90%; measured within 0.10
 of simulated in every row. Measured, never asserted. Needs Linux, root and iproute2.
 
-Usage: python benchmarks/overlap.py [--k 3] [--sync-every 12] [--steps 60] [--model small]
+With ``--wire`` it measures instead the packed wire formats
+(:func:`analysis.lab.wire_measured.wire_benchmark`): over one shaped link, float32, bf16 and fp4
+payloads (τ = 0), the bytes each process handed to the link and received per sync, the median
+transfer time and float32's time over it (target: close to the bit ratio, >= 5x for fp4 once
+the payload dominates the per-collective cost), the utilization measured and simulated for
+each (within 0.10); then the bytes one process sends and receives per sync with 2 and 4
+processes (fp4, unshaped).
+
+Usage: python benchmarks/overlap.py [--k 3] [--sync-every 12] [--steps 60] [--model small] [--wire]
 """
 
 from __future__ import annotations
@@ -31,10 +39,13 @@ def main(argv=None) -> None:
   p.add_argument("--steps", type=int, default=60, help="steps per run (60)")
   p.add_argument("--model", default="small", help="model preset (small)")
   p.add_argument("--batch-size", type=int, default=16, help="sequences per replica (16)")
+  p.add_argument("--wire", action="store_true", help="measure the packed wire formats instead")
   a = p.parse_args(argv)
   why = can_shape()
   if why is not None:
     sys.exit(f"overlap benchmark: {why}")
+  if a.wire:
+    return wire(a)
   with tempfile.TemporaryDirectory() as tmp:
     s, table = overlap_benchmark(tmp, k=a.k, sync_every=a.sync_every, steps=a.steps, model=a.model,
                                  batch_size=a.batch_size)
@@ -49,6 +60,25 @@ def main(argv=None) -> None:
     hidden = "-" if r.hidden != r.hidden else f"{r.hidden:.1%}"
     print(f"{r.run:<20} {r.s_per_step:8.4f} {hidden:>7} {r.measured:16.3f} {r.simulated:17.3f}"
           f" {abs(r.measured - r.simulated):7.3f}")
+
+
+def wire(a) -> None:
+  from analysis.lab.wire_measured import wire_benchmark
+  with tempfile.TemporaryDirectory() as tmp:
+    s, formats, processes = wire_benchmark(tmp, model=a.model, batch_size=a.batch_size)
+  print(f"model {s['model']}: T = {s['step_s'] * 1e3:.1f} ms per step, float32 payload"
+        f" {s['payload_bytes'] / 1e6:.3f} MB, one collective unshaped {s['latency_s'] * 1e3:.1f} ms; link"
+        f" {s['mbit']:.1f} Mbit/s (a float32 gather ≈ {s['k']} steps), H = {s['sync_every']}, τ = 0")
+  print(f"{'format':<7} {'sent B':>10} {'received B':>11} {'counted B':>10} {'transfer s':>11}"
+        f" {'f32 / this':>10} {'util meas.':>10} {'util sim.':>9} {'|diff|':>7}")
+  for r in formats.itertuples():
+    print(f"{r.format:<7} {r.sent_bytes:10.0f} {r.received_bytes:11.0f} {r.counted_bytes:10.1f}"
+          f" {r.transfer_s:11.4f} {r.f32_over_this:10.2f} {r.measured:10.3f} {r.simulated:9.3f}"
+          f" {abs(r.measured - r.simulated):7.3f}")
+  print("fp4, unshaped, per process and sync:")
+  for r in processes.itertuples():
+    print(f"  {r.processes} processes: sent {r.sent_bytes:.0f} B, received {r.received_bytes:.0f} B"
+          f" ({r.received_over_sent:.0f}x what it sent)")
 
 
 if __name__ == "__main__":

@@ -88,8 +88,10 @@ from diloco_core.wire_packing import WireLayout
 #: top-k payloads at any M: the in-step program lets XLA fuse the quantizer into the average's
 #: reduction, and there a few values round differently (a fused sum differs in a few elements
 #: from the sum of the same quantized values computed on their own; packing them for the link
-#: changes nothing, tested). Otherwise a background run equals the in-step run on the same
-#: mesh bit for bit.
+#: changes nothing, tested). (3) More than two processes against in-step on as many devices:
+#: the in-step all-reduce across devices sums in its own order, the background mean sums the
+#: gathered rows in replica order (tested with four). Otherwise a background run equals the
+#: in-step run on the same mesh bit for bit.
 TOLERANCE = 1e-5
 #: The trace file of process r under ``<out>``.
 TRACE_FILE = os.path.join("trace", "process-{rank}.jsonl")

@@ -317,6 +317,12 @@ def _to_bytes(fields: list[tuple[np.ndarray, int]], row_bytes: int) -> np.ndarra
   if all(width % 8 == 0 for _, width in fields):  # whole bytes: the same stream, without the bits
     parts = [v.astype(f"<u{width // 8}").view(np.uint8).reshape(m, -1) for v, width in fields if width]
     return np.concatenate(parts, axis=1) if parts else np.zeros((m, 0), np.uint8)
+  if all(width % 4 == 0 for _, width in fields):  # whole nibbles (4-bit codes): two per byte
+    nibbles = np.concatenate([((v[:, :, None] >> np.arange(0, width, 4, dtype=np.uint64)) & 15)
+                              .astype(np.uint8).reshape(m, -1) for v, width in fields if width], axis=1)
+    if nibbles.shape[1] % 2:
+      nibbles = np.pad(nibbles, ((0, 0), (0, 1)))
+    return nibbles[:, 0::2] | (nibbles[:, 1::2] << 4)
   bits = [((v[:, :, None] >> np.arange(width, dtype=np.uint64)) & 1).astype(np.uint8).reshape(m, -1)
           for v, width in fields if width]
   out = np.packbits(np.concatenate(bits, axis=1), axis=1, bitorder="little")
@@ -335,6 +341,14 @@ def _from_bytes(packed: np.ndarray, fields: list[tuple[int, int]]) -> list[np.nd
       size = count * width // 8
       out.append(packed[:, at:at + size].copy().view(f"<u{width // 8}").astype(np.uint64))
       at += size
+    return out
+  if all(width % 4 == 0 for _, width in fields):
+    nibbles = np.stack([packed & 15, packed >> 4], axis=2).reshape(M, -1).astype(np.uint64)
+    shifts = np.arange(0, 64, 4, dtype=np.uint64)
+    for count, width in fields:
+      chunk = nibbles[:, at:at + count * width // 4].reshape(M, count, width // 4)
+      out.append((chunk << shifts[:width // 4]).sum(axis=2, dtype=np.uint64))
+      at += count * width // 4
     return out
   bits = np.unpackbits(packed, axis=1, bitorder="little")
   weights = np.uint64(1) << np.arange(64, dtype=np.uint64)

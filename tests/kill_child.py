@@ -19,14 +19,14 @@ def main():
   if os.environ["JAX_PROCESS_ID"] == os.environ.get("KILL_RANK", "1"):
     at, gather = f"@ step {os.environ.get('KILL_AT_STEP', '10')}", link.Link.gather
 
-    def gather_or_die(self, x, what):
+    def gather_or_die(self, x, what, *args, **kwargs):
       if what.endswith(at):
         stamp = os.environ.get("KILL_STAMP")
         if stamp:
           with open(stamp, "w") as f:
             f.write(repr(time.time()))
         os.kill(os.getpid(), signal.SIGKILL)
-      return gather(self, x, what)
+      return gather(self, x, what, *args, **kwargs)
 
     link.Link.gather = gather_or_die
   sys.exit(train_main(sys.argv[1:]))

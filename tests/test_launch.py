@@ -202,6 +202,56 @@ def test_a_killed_process_stops_the_other_and_the_job_resumes(launched, tmp_path
   assert metrics_rows(os.path.join(out, "metrics.jsonl")) == metrics_rows(launched / "streaming" / "background" / "metrics.jsonl")
 
 
+FOUR = [*COMMON, "--replicas", "4", "--steps", "6", "--sync-every", "3", "--log-every", "3", "--eval-every", "3"]
+FOUR_CASES = {"streaming": ["--algorithm", "streaming", "--fragments", "3", "--overlap", "1"],  # float32
+              "diloco-fp4": ["--compression", "fp4", "--error-feedback"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(FOUR_CASES))
+def test_four_processes_equal_in_step_on_the_same_mesh(tmp_path, case):
+  """M = 4 over four processes, one replica each, against one process with four devices
+  (``--mesh diloco=4,data=1``): within TOLERANCE (the in-step all-reduce over four devices sums
+  in its own order, the background mean in replica order; steps, tokens and bytes exactly);
+  each process hands its packed payload to the link and receives the three others'."""
+  from diloco_core.background import TOLERANCE
+  runs = {"in-step": (["--processes", "1", "--devices-per-process", "4"], ["--mesh", "diloco=4,data=1"]),
+          "background": (["--processes", "4", "--devices-per-process", "1"], ["--communication", "background"])}
+  for name, (launcher, extra) in runs.items():
+    r = run_launcher(*launcher, "--", *FOUR, *FOUR_CASES[case], *extra, "--out", str(tmp_path / name), timeout=400)
+    assert r.returncode == 0, r.stderr[-2000:] + r.stdout[-2000:]
+  (ra, pa, sa), (rb, pb, sb) = (_outputs(tmp_path / m) for m in ("in-step", "background"))
+  for x, y in zip(pa, pb, strict=True):
+    np.testing.assert_allclose(x, y, rtol=TOLERANCE, atol=TOLERANCE)
+  assert [{k: v for k, v in r.items() if "loss" not in k} for r in ra] == \
+         [{k: v for k, v in r.items() if "loss" not in k} for r in rb]
+  np.testing.assert_allclose(sa["final_eval_loss"], sb["final_eval_loss"], rtol=TOLERANCE)
+  for rank in range(4):
+    trace = [json.loads(line) for line in open(tmp_path / "background" / "trace" / f"process-{rank}.jsonl")]
+    syncs = [r for r in trace if r["kind"] == "transfer" and r["what"].startswith("fragment")]
+    assert syncs and all(r["received_bytes"] == 3 * r["sent_bytes"] > 0 for r in syncs)
+    assert 0 <= sum(r["sent_bytes"] for r in syncs) - sb["total_bytes_per_replica"] < len(syncs)
+
+
+@pytest.mark.slow
+def test_one_of_four_processes_killed_ends_the_job_in_one_line(tmp_path):
+  """Process 2 of 4 is SIGKILLed as it sends the fragment of step 4: the launcher's last line
+  names it and the last intact checkpoint, and every process is gone within 60 s."""
+  out = str(tmp_path / "job")
+  stamp = tmp_path / "killed_at"
+  killed = subprocess.run([sys.executable, "-m", "diloco_core.launch", "--processes", "4", "--devices-per-process",
+                           "1", "--module", "kill_child", "--", *FOUR, *FOUR_CASES["streaming"], "--steps", "9",
+                           "--checkpoint-every", "3", "--communication", "background", "--out", out],
+                          env=dict(ENV, KILL_STAMP=str(stamp), KILL_RANK="2", KILL_AT_STEP="4"),
+                          capture_output=True, text=True, timeout=400)
+  stopped_after = time.time() - float(stamp.read_text())
+  assert killed.returncode == 128 + signal.SIGKILL, killed.stderr[-2000:]
+  line = killed.stderr.strip().splitlines()[-1]
+  assert line.startswith("launch: process 2 of 4 was lost (killed by SIGKILL); the others were stopped"), line
+  assert os.path.join(out, "checkpoints", "3") in line and "--resume" in line
+  assert stopped_after < 60, stopped_after
+
+
 def _can_shape() -> str | None:
   return launch.ShapedLink.unavailable()
 

@@ -128,7 +128,7 @@ def simulated(step_s: float, payload_bytes: float, rate_mbit: float, *, processe
     (its step time then includes ``host_s``).
   """
   n = processes
-  values = payload_bytes / 4.0  # float32 on the link
+  values = payload_bytes / 4.0  # the bytes on the link, as float32 values (bits=32 below)
   effective = rate_mbit * 1e6 / (n * (n - 1)) * (2 * (n - 1) / n)
   r = run_simulation(SimModel(params=values, layers=1, step_time=step_s + host_s), "diloco", effective / 1e9,
                      replicas=n, sync_every=sync_every, fragment_layers=1, overlap=overlap, bits=32,
@@ -145,12 +145,13 @@ def can_shape() -> str | None:
 
 def launch_run(out: str, train_args: list[str], mbit: float | None = None, processes: int = 2) -> None:
   """Runs ``python -m diloco_core.launch`` (one device and an equal share of the CPUs per
-  process, over a link shaped to ``mbit`` when given) with ``train_args``, writing to ``out``;
-  a failure raises with its output."""
+  process when there are enough, over a link shaped to ``mbit`` when given) with
+  ``train_args``, writing to ``out``; a failure raises with its output."""
   shaping = [] if mbit is None else ["--link-mbit", f"{mbit:.3f}"]
+  pin = ["--pin-cpus"] if processes <= len(os.sched_getaffinity(0)) else []
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   cmd = [sys.executable, "-m", "diloco_core.launch", "--processes", str(processes), "--devices-per-process", "1",
-         "--pin-cpus", *shaping, "--", *train_args, "--no-progress", "--out", out]
+         *pin, *shaping, "--", *train_args, "--no-progress", "--out", out]
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
   r = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=env)
   if r.returncode != 0:
