@@ -203,17 +203,19 @@ def test_a_killed_process_stops_the_other_and_the_job_resumes(launched, tmp_path
 
 
 FOUR = [*COMMON, "--replicas", "4", "--steps", "6", "--sync-every", "3", "--log-every", "3", "--eval-every", "3"]
-FOUR_CASES = {"streaming": ["--algorithm", "streaming", "--fragments", "3", "--overlap", "1"],  # float32
-              "diloco-fp4": ["--compression", "fp4", "--error-feedback"]}
+FOUR_CASES = {"streaming": ["--algorithm", "streaming", "--fragments", "3", "--overlap", "1"],
+              "streaming-fp4": ["--algorithm", "streaming", "--fragments", "3", "--overlap", "1",
+                                "--compression", "fp4", "--error-feedback"]}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", sorted(FOUR_CASES))
+@pytest.mark.parametrize("case", ["streaming-fp4"])  # float32 at N = 4 agrees the same way (one case: CI time)
 def test_four_processes_equal_in_step_on_the_same_mesh(tmp_path, case):
   """M = 4 over four processes, one replica each, against one process with four devices
-  (``--mesh diloco=4,data=1``): within TOLERANCE (the in-step all-reduce over four devices sums
-  in its own order, the background mean in replica order; steps, tokens and bytes exactly);
-  each process hands its packed payload to the link and receives the three others'."""
+  (``--mesh diloco=4,data=1``), Streaming with packed fp4 payloads and error feedback: within
+  TOLERANCE (the in-step all-reduce over four devices sums in its own order, the background
+  mean in replica order; steps, tokens and bytes exactly); each process hands its packed
+  payload to the link and receives the three others'."""
   from diloco_core.background import TOLERANCE
   runs = {"in-step": (["--processes", "1", "--devices-per-process", "4"], ["--mesh", "diloco=4,data=1"]),
           "background": (["--processes", "4", "--devices-per-process", "1"], ["--communication", "background"])}
