@@ -343,7 +343,7 @@ class Background(PhasePrograms, MeshPlacement):
     run's format, each leaf's blocks or top-k chunks as the quantizer cut them."""
     cfg = self.config
     sizes = tuple(int(np.prod(x.shape[1:], dtype=np.int64)) for x in self._leaf_shapes(state, p))
-    return WireLayout(sizes, cfg.compression, cfg.wire["block_size"], cfg.wire["topk"], cfg.wire["topk_chunk"])
+    return WireLayout(sizes, cfg.compression, **cfg.wire)
 
   def _leaves_of(self, state, p: int, gathered) -> list[jax.Array]:
     """Fragment p's gathered ``[M, n]`` buffer as its leaves, ``[M, ...]`` each (:func:`~diloco_core.background_programs.split_buffer`)."""

@@ -59,14 +59,14 @@ class WireLayout:
     name: the wire format (``compression``).
     block_size: elements per absmax block of a scaled format (None: one per leaf).
     topk: entries kept per chunk (None: dense).
-    chunk: elements per top-k chunk.
+    topk_chunk: elements per top-k chunk (the names are those of ``DiLoCoConfig.wire``).
   """
 
   sizes: tuple[int, ...]
   name: str
   block_size: int | None = None
   topk: int | None = None
-  chunk: int | None = None
+  topk_chunk: int | None = None
 
   def __post_init__(self):
     validate_format(self.name)
@@ -130,7 +130,7 @@ def _chunks(layout: WireLayout, n: int) -> list[tuple[int, int]]:
   if n == 0:
     return []
   if layout.topk is not None:
-    size = int(layout.chunk)
+    size = int(layout.topk_chunk)
   elif layout.block_size is not None:
     size = int(layout.block_size)
   else:

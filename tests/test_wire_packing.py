@@ -74,7 +74,7 @@ def test_topk_failed_chunk_and_kept_zeros(name):
   """A chunk holding an inf decodes to all NaN; kept values that round to (-)0 stay as sent."""
   x = jnp.array([np.inf, 1.0, 2.0, 3.0, -1e-9, 1.0, 0.0, 0.0, 5.0, -4.0])
   rows = np.asarray(compression.quantize(x, name, topk=2, topk_chunk=4))[None]
-  layout = wp.WireLayout((10,), name, topk=2, chunk=4)
+  layout = wp.WireLayout((10,), name, topk=2, topk_chunk=4)
   assert same_bits(wp.unpack_payload(wp.pack_payload(rows, layout), layout), rows)
 
 
@@ -85,7 +85,7 @@ def test_a_value_off_the_grid_is_refused():
   with pytest.raises(wp.WirePackingError, match="bfloat16"):
     wp.pack_payload(np.array([[1.0 + 2.0**-20]], np.float32), wp.WireLayout((1,), "bf16"))
   with pytest.raises(wp.WirePackingError, match="more than 1 nonzero"):
-    wp.pack_payload(np.array([[1.0, 2.0]], np.float32), wp.WireLayout((2,), "none", topk=1, chunk=2))
+    wp.pack_payload(np.array([[1.0, 2.0]], np.float32), wp.WireLayout((2,), "none", topk=1, topk_chunk=2))
 
 
 def test_error_feedback_payloads_over_many_steps():
