@@ -75,6 +75,7 @@ from diloco_core.diloco import DiLoCo
 from diloco_core.hyperparams import resolve_optimizer
 from diloco_core.link import Link, wait
 from diloco_core.mesh import AXES, MeshPlacement, global_array, parse_mesh, replica_sharding, replicated
+from diloco_core.reduce_scatter import ChunkPlan
 from diloco_core.schedule import merged_fragment, sent_fragment
 from diloco_core.state import DiLoCoState
 from diloco_core.wire_packing import WireLayout
@@ -189,6 +190,7 @@ class Background(PhasePrograms, MeshPlacement):
       os.makedirs(os.path.dirname(path), exist_ok=True)
       self._trace_file = open(path, "a" if resumed else "w")
     self.link = Link(on_transfer=self._transferred)
+    wait(self.link.connect(all_to_all=cfg.reduction == "reduce-scatter"), "connecting to the other processes")
     self._in_flight: dict[int, _InFlight] = {}
     self._stale_global: set[int] = set()  # eager: fragments whose θ_g waits for the replicas' mean
     self._init_programs()
@@ -304,9 +306,12 @@ class Background(PhasePrograms, MeshPlacement):
       if p in self._in_flight:  # delayed / eager: the previous sync of p arrives now (H steps on)
         state = self._settle(state, p, t)
       state, flat = self.send_program(state, p, hp)
-      flat = self.own_rows(flat)  # waits for the payload program
-      self._in_flight[p] = _InFlight(t, self.link.gather(flat, f"fragment {p} @ step {t}",
-                                                         self._layout(state, p)), time.time())
+      flat, what = self.own_rows(flat), f"fragment {p} @ step {t}"  # waits for the payload program
+      if cfg.reduction == "reduce-scatter":
+        future = self.link.reduce(flat, what, ChunkPlan(self._layout(state, p), self.processes))
+      else:
+        future = self.link.gather(flat, what, self._layout(state, p))
+      self._in_flight[p] = _InFlight(t, future, time.time())
       if cfg.outer_overlap == "eager":
         self._stale_global.add(p)
     is_merge, q = merged_fragment(t, cfg.sync_every, cfg.fragments, cfg.overlap, cfg.fragment_order)
@@ -397,9 +402,10 @@ class Background(PhasePrograms, MeshPlacement):
     return jnp.asarray(every.reshape(-1)), glob
 
   # ---- records -------------------------------------------------------------------------------
-  def _transferred(self, what: str, launched: float, finished: float, sent: int, received: int) -> None:
+  def _transferred(self, what: str, launched: float, finished: float, sent: int, received: int,
+                   padding: int) -> None:
     self._record({"kind": "transfer", "what": what, "launched": launched, "finished": finished,
-                  "sent_bytes": sent, "received_bytes": received})
+                  "sent_bytes": sent, "received_bytes": received, "padding_bytes": padding})
 
   def _record(self, row: dict) -> None:
     self.trace.append(row)

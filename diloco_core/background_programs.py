@@ -143,7 +143,10 @@ class PhasePrograms:
 
     def fn(state, gathered, k, hp):
       frag, ops = algo.fragments, self._ops(state)
-      mean = [jnp.mean(x, axis=0) for x in gathered]  # float32 payloads, [M, ...] each
+      if cfg.reduction == "reduce-scatter":  # the link delivered the mean, [1, ...] each
+        mean = [x[0] for x in gathered]
+      else:  # float32 payloads, [M, ...] each
+        mean = [jnp.mean(x, axis=0) for x in gathered]
       if cfg.outer_overlap == "none":
         update = algo.outer_step(branch, k, hp, ops, None, mean, ops.ef_residual)
         ops = ops._replace(global_params=update.global_params, outer_state=update.outer_state)

@@ -19,6 +19,7 @@ FRAGMENT_PATTERNS = v.FRAGMENT_PATTERNS
 OUTER_OVERLAPS = v.OUTER_OVERLAPS
 FRAGMENT_ORDERS = v.FRAGMENT_ORDERS
 OUTER_OPTIMIZERS = v.OUTER_OPTIMIZERS
+REDUCTIONS = v.REDUCTIONS
 COMPRESSIONS = FORMATS  # the wire formats of diloco_core.compression
 
 
@@ -85,6 +86,10 @@ class DiLoCoConfig:
   error_feedback_decay: float = _field(
       1.0, flag="error-feedback-decay", symbol="β", traced="float32",
       help="residual decay e <- Δ + β·e - sent, in (0, 1] (SparseLoCo: β < 1 in place of outer momentum)")
+  reduction: str = _field(
+      "all-gather", flag="reduction",
+      help=f"how the payloads are averaged: one of {REDUCTIONS} (reduce-scatter: the mean is"
+           " re-quantized to --compression's format; 2(N-1)/N of a payload per process)")
 
   def __post_init__(self):
     self.validate()
@@ -140,6 +145,11 @@ class DiLoCoConfig:
       check_topk_block(self.compression_block)
     v.check_real("error_feedback_decay (β)", self.error_feedback_decay, low=0.0, high=1.0,
                  low_open=True, high_open=False)
+    v.check_choice("`reduction`", self.reduction, REDUCTIONS)
+    if self.reduction == "reduce-scatter" and self.topk is not None:
+      raise ValueError(f"`reduction` reduce-scatter re-quantizes the mean of dense payloads, and topk"
+                       f" (k={self.topk}) sends sparse ones (their mean is not sparse): use `reduction`"
+                       " all-gather or drop `topk`.")
     self._check_no_dead_options()
     if num_layers is not None:
       v.check_fragments_divide_layers(self.fragments, num_layers)
@@ -183,7 +193,7 @@ class DiLoCoConfig:
 #: The outer-loop options that DP has no use for; each must keep its default ("off") there.
 _OFF_UNDER_DP_FIELDS = ("overlap", "alpha", "outer_overlap", "compression", "error_feedback",
                         "compression_block", "topk", "topk_chunk", "error_feedback_decay",
-                        "outer_optimizer", "outer_beta2", "fragment_order")
+                        "outer_optimizer", "outer_beta2", "fragment_order", "reduction")
 _OFF_UNDER_DP = {f.name: f.default for f in dataclasses.fields(DiLoCoConfig)
                  if f.name in _OFF_UNDER_DP_FIELDS}
 _DEFAULT_BETA2 = _OFF_UNDER_DP["outer_beta2"]

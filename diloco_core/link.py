@@ -33,6 +33,7 @@ Examples:
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import queue
 import threading
 import time
@@ -40,7 +41,7 @@ import time
 import jax
 import numpy as np
 
-from diloco_core import wire_packing
+from diloco_core import reduce_scatter, wire_packing
 
 #: Seconds a process waits for another's per-row values before it says which one is lost.
 PEER_TIMEOUT_S = 45
@@ -76,10 +77,12 @@ class Link:
   """The collectives of one background-mode process, run in order on one thread.
 
   Args:
-    on_transfer: called on the link thread after each collective as ``on_transfer(what,
-      launched, finished, sent_bytes, received_bytes)``: ``time.time()`` seconds when the job
-      started (before packing) and when the gathered rows were unpacked, the bytes this process
-      handed to the collective and those it received from the others; the run's trace records them.
+    on_transfer: called on the link thread after each job as ``on_transfer(what, launched,
+      finished, sent_bytes, received_bytes, padding_bytes)``: ``time.time()`` seconds when the
+      job started (before packing) and when the result was unpacked, the bytes this process
+      handed to the collectives and those it received from the others (payload bytes, each
+      counted once), and the padding the collectives added to equalize blocks (reduce-scatter
+      only); the run's trace records them.
   """
 
   def __init__(self, on_transfer=None):
@@ -95,18 +98,23 @@ class Link:
       job = self._jobs.get()
       if job is None:
         return
-      future, what, x, layout = job
+      future, what, work = job
       launched = time.time()
       try:
-        sent = x if layout is None else wire_packing.pack_payload(x, layout)
-        got = sent if self.processes == 1 else _allgather(sent)
-        out = got if layout is None else wire_packing.unpack_payload(got, layout)
+        out, sent, received, padding = work()
       except BaseException as e:  # a lost peer, a gloo error: the waiting step re-raises it
         future.set_exception(e)
         continue
-      if self._on_transfer is not None:
-        self._on_transfer(what, launched, time.time(), sent.nbytes, got.nbytes - sent.nbytes)
+      if self._on_transfer is not None and sent is not None:  # connect() moves no payload
+        self._on_transfer(what, launched, time.time(), sent, received, padding)
       future.set_result(out)
+
+  def _submit(self, what: str, work) -> concurrent.futures.Future:
+    if self._closed:
+      raise RuntimeError("the link is closed.")
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    self._jobs.put((future, what, work))
+    return future
 
   def gather(self, x: np.ndarray, what: str, layout: wire_packing.WireLayout | None = None) -> concurrent.futures.Future:
     """Starts gathering ``x`` ``[n, ...]`` of every process along axis 0, in process order.
@@ -120,11 +128,64 @@ class Link:
     Returns:
       A future of the ``[processes * n, ...]`` array; it raises what the collective raised.
     """
-    if self._closed:
-      raise RuntimeError("the link is closed.")
-    future: concurrent.futures.Future = concurrent.futures.Future()
-    self._jobs.put((future, what, np.ascontiguousarray(x), layout))
-    return future
+    x = np.ascontiguousarray(x)
+
+    def work():
+      sent = x if layout is None else wire_packing.pack_payload(x, layout)
+      got = sent if self.processes == 1 else _allgather(sent)
+      out = got if layout is None else wire_packing.unpack_payload(got, layout)
+      return out, sent.nbytes, got.nbytes - sent.nbytes, 0
+    return self._submit(what, work)
+
+  def connect(self, all_to_all: bool = False) -> concurrent.futures.Future:
+    """Runs the collectives of the run once on one byte each (the all-gather, and with
+    ``all_to_all`` the reduce-scatter's all-to-all), so that each sets up its gloo context while
+    the processes are together: the first use of a device set waits at most 30 s for every
+    process, which a process still compiling its first step can miss."""
+    def work():
+      if self.processes > 1:
+        _allgather(np.zeros((1, 1), np.uint8))
+        if all_to_all:
+          _all_to_all(np.zeros((self.processes, 1), np.uint8))
+      return None, None, None, None
+    return self._submit("connect", work)
+
+  def reduce(self, x: np.ndarray, what: str, plan: reduce_scatter.ChunkPlan) -> concurrent.futures.Future:
+    """Starts the reduction that scales (:mod:`~diloco_core.reduce_scatter`) of every process's
+    payload rows: an all-to-all of packed chunks, each owner's re-quantized mean, an all-gather.
+
+    Args:
+      x: this process's payload rows, float32 ``[m, elements]`` (values on the format's grid).
+      what: a label for the trace.
+      plan: the payload's chunks, one per process (``plan.parts`` = the process count).
+
+    Returns:
+      A future of the mean ``[1, elements]`` (float32, re-quantized).
+    """
+    x = np.ascontiguousarray(x, np.float32)
+    if plan.parts != self.processes:
+      raise ValueError(f"a reduce-scatter over {self.processes} processes needs {self.processes} chunks,"
+                       f" got {plan.parts}.")
+
+    def work():
+      r, n = self.rank, self.processes
+      mine = reduce_scatter.scatter(x, plan)
+      if n == 1:
+        received = mine
+      else:
+        width = max(b.size for b in mine)
+        got = _all_to_all(np.stack([np.pad(b, (0, width - b.size)) for b in mine]))
+        received = [got[s, :mine[r].size] for s in range(n)]  # each process's rows of my chunk
+      packed, _ = reduce_scatter.reduce_owned(received, plan, r)
+      if n == 1:
+        reduced = [packed]
+      else:
+        width2 = max(plan.chunk(d).row_bytes for d in range(n))
+        reduced = list(_allgather(np.pad(packed, (0, width2 - packed.size))[None]))
+      sent, received_bytes = reduce_scatter.traffic(plan, r, x.shape[0])
+      padding = 0 if n == 1 else (n - 1) * (width + width2) - received_bytes
+      return reduce_scatter.assemble(reduced, plan), sent, received_bytes, padding
+    return self._submit(what, work)
 
   def exchange(self, key: str, x: np.ndarray, timeout_s: float = PEER_TIMEOUT_S) -> np.ndarray:
     """Every process's ``x`` (small: a log row's values) as ``[processes, ...]``, through the
@@ -150,6 +211,33 @@ class Link:
     if not self._closed:
       self._closed = True
       self._jobs.put(None)
+
+
+def _process_mesh():
+  """A mesh of one device per process (each process's first), along ``"processes"``."""
+  from jax.sharding import Mesh
+  n = jax.process_count()
+  firsts = [min((d for d in jax.devices() if d.process_index == r), key=lambda d: d.id) for r in range(n)]
+  return Mesh(np.array(firsts), ("processes",))
+
+
+def _all_to_all(blocks: np.ndarray) -> np.ndarray:
+  """Block d of ``blocks`` ``[N, B]`` goes to process d; returns ``[N, B]``, row s from process s
+  (``jax.lax.all_to_all`` over one device per process: gloo on CPU, NCCL on GPU)."""
+  from jax.sharding import NamedSharding, PartitionSpec
+  mesh, n = _process_mesh(), blocks.shape[0]
+  spec = PartitionSpec("processes")
+  mine = jax.device_put(blocks, mesh.devices[jax.process_index()])
+  x = jax.make_array_from_single_device_arrays((n * n, blocks.shape[1]), NamedSharding(mesh, spec), [mine])
+  out = _all_to_all_program(mesh)(x)
+  return np.asarray(out.addressable_shards[0].data)
+
+
+@functools.lru_cache(maxsize=None)
+def _all_to_all_program(mesh):
+  swap = lambda x: jax.lax.all_to_all(x, "processes", 0, 0, tiled=True)
+  spec = jax.sharding.PartitionSpec("processes")
+  return jax.jit(jax.shard_map(swap, mesh=mesh, in_specs=spec, out_specs=spec))
 
 
 def _allgather(x: np.ndarray) -> np.ndarray:

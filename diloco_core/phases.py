@@ -19,6 +19,7 @@ import optax
 
 from diloco_core import compression, eager
 from diloco_core.hyperparams import resolve_optimizer
+from diloco_core.reduce_scatter import requantize_mean
 from diloco_core.state import MergeOperands, OuterUpdate, SendOperands
 
 
@@ -137,11 +138,13 @@ class Phases:
       The averaged leaves (no replica axis); see the class docstring.
     """
     if present is None:
-      return drjax.reduce_mean(sent)
-    on = present > 0
-    kept = drjax.map_fn(lambda s, o: [jnp.where(o, x, 0.0) for x in s], (sent, on))
-    scale = self.config.replicas / jnp.maximum(jnp.sum(present), 1.0)
-    return [x * scale for x in drjax.reduce_mean(kept)]
+      mean = drjax.reduce_mean(sent)
+    else:
+      on = present > 0
+      kept = drjax.map_fn(lambda s, o: [jnp.where(o, x, 0.0) for x in s], (sent, on))
+      scale = self.config.replicas / jnp.maximum(jnp.sum(present), 1.0)
+      mean = [x * scale for x in drjax.reduce_mean(kept)]
+    return requantize_mean(mean, self.config)
 
   def outer_step(self, branch, k, hp, ops: SendOperands, sent: list, delta: list, ef) -> OuterUpdate:
     """Phase: the fragment's outer step on θ_g[p] and its own slice of the outer state.

@@ -38,6 +38,10 @@ COMMUNICATIONS = ("in-step", "background")
 OUTER_OVERLAPS = ("none", "delayed", "eager")
 #: Which fragment a send picks: the semantics page's order (embeddings first) or MaxText's.
 FRAGMENT_ORDERS = ("embeddings-first", "embeddings-last")
+#: How the replicas' payloads are averaged across processes: every process gathers every payload
+#: (the exact mean of what was sent), or a reduce-scatter of chunks whose mean is re-quantized to
+#: the wire format, then an all-gather (2 (N - 1) / N of a payload per process; semantics page).
+REDUCTIONS = ("all-gather", "reduce-scatter")
 #: The inner optimizers of the trainer (:mod:`diloco_core.optimizers`).
 INNER_OPTIMIZERS = ("adamw", "muon")
 #: The outer optimizers of the trainer (:mod:`diloco_core.optimizers`).

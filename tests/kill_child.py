@@ -17,18 +17,20 @@ def main():
   from diloco_core import link
   from diloco_core.cli import main as train_main
   if os.environ["JAX_PROCESS_ID"] == os.environ.get("KILL_RANK", "1"):
-    at, gather = f"@ step {os.environ.get('KILL_AT_STEP', '10')}", link.Link.gather
+    at = f"@ step {os.environ.get('KILL_AT_STEP', '10')}"
 
-    def gather_or_die(self, x, what, *args, **kwargs):
-      if what.endswith(at):
-        stamp = os.environ.get("KILL_STAMP")
-        if stamp:
-          with open(stamp, "w") as f:
-            f.write(repr(time.time()))
-        os.kill(os.getpid(), signal.SIGKILL)
-      return gather(self, x, what, *args, **kwargs)
+    def or_die(job):
+      def job_or_die(self, x, what, *args, **kwargs):
+        if what.endswith(at):
+          stamp = os.environ.get("KILL_STAMP")
+          if stamp:
+            with open(stamp, "w") as f:
+              f.write(repr(time.time()))
+          os.kill(os.getpid(), signal.SIGKILL)
+        return job(self, x, what, *args, **kwargs)
+      return job_or_die
 
-    link.Link.gather = gather_or_die
+    link.Link.gather, link.Link.reduce = or_die(link.Link.gather), or_die(link.Link.reduce)
   sys.exit(train_main(sys.argv[1:]))
 
 

@@ -205,17 +205,23 @@ def test_a_killed_process_stops_the_other_and_the_job_resumes(launched, tmp_path
 FOUR = [*COMMON, "--replicas", "4", "--steps", "6", "--sync-every", "3", "--log-every", "3", "--eval-every", "3"]
 FOUR_CASES = {"streaming": ["--algorithm", "streaming", "--fragments", "3", "--overlap", "1"],
               "streaming-fp4": ["--algorithm", "streaming", "--fragments", "3", "--overlap", "1",
-                                "--compression", "fp4", "--error-feedback"]}
+                                "--compression", "fp4", "--error-feedback"],
+              "streaming-fp4-reduce-scatter": ["--algorithm", "streaming", "--fragments", "3", "--overlap", "1",
+                                               "--compression", "fp4", "--compression-block", "32",
+                                               "--error-feedback", "--reduction", "reduce-scatter"]}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["streaming-fp4"])  # float32 at N = 4 agrees the same way (one case: CI time)
+@pytest.mark.parametrize("case", ["streaming-fp4-reduce-scatter"])  # all-gather: the same way (one case: CI time;
+# its bytes over four processes are checked in the kill test below, before the kill)
 def test_four_processes_equal_in_step_on_the_same_mesh(tmp_path, case):
   """M = 4 over four processes, one replica each, against one process with four devices
   (``--mesh diloco=4,data=1``), Streaming with packed fp4 payloads and error feedback: within
   TOLERANCE (the in-step all-reduce over four devices sums in its own order, the background
-  mean in replica order; steps, tokens and bytes exactly); each process hands its packed
-  payload to the link and receives the three others'."""
+  mean in replica order; steps, tokens and bytes exactly). All-gather: each process hands its
+  packed payload to the link and receives the three others'. Reduce-scatter: each hands one
+  payload's worth (its rows of the others' chunks, its reduced chunk) and receives 2 (N - 1) / N
+  = 1.5 of one, exactly so added over the four processes (the chunks' sizes add up to one row)."""
   from diloco_core.background import TOLERANCE
   runs = {"in-step": (["--processes", "1", "--devices-per-process", "4"], ["--mesh", "diloco=4,data=1"]),
           "background": (["--processes", "4", "--devices-per-process", "1"], ["--communication", "background"])}
@@ -228,17 +234,26 @@ def test_four_processes_equal_in_step_on_the_same_mesh(tmp_path, case):
   assert [{k: v for k, v in r.items() if "loss" not in k} for r in ra] == \
          [{k: v for k, v in r.items() if "loss" not in k} for r in rb]
   np.testing.assert_allclose(sa["final_eval_loss"], sb["final_eval_loss"], rtol=TOLERANCE)
+  received, sent = {}, {}
   for rank in range(4):
     trace = [json.loads(line) for line in open(tmp_path / "background" / "trace" / f"process-{rank}.jsonl")]
     syncs = [r for r in trace if r["kind"] == "transfer" and r["what"].startswith("fragment")]
-    assert syncs and all(r["received_bytes"] == 3 * r["sent_bytes"] > 0 for r in syncs)
-    assert 0 <= sum(r["sent_bytes"] for r in syncs) - sb["total_bytes_per_replica"] < len(syncs)
+    if case.endswith("reduce-scatter"):
+      received[rank], sent[rank] = [r["received_bytes"] for r in syncs], [r["sent_bytes"] for r in syncs]
+      slack = 4 * len(syncs)  # each of the four chunks rounds its last byte up
+    else:
+      assert syncs and all(r["received_bytes"] == 3 * r["sent_bytes"] > 0 for r in syncs)
+      slack = len(syncs)
+    assert 0 <= sum(r["sent_bytes"] for r in syncs) - sb["total_bytes_per_replica"] < slack
+  if case.endswith("reduce-scatter"):  # per sync, over the processes: received = 1.5 x sent, exactly
+    assert [2 * sum(x) for x in zip(*received.values())] == [3 * sum(x) for x in zip(*sent.values())] != []
 
 
 @pytest.mark.slow
 def test_one_of_four_processes_killed_ends_the_job_in_one_line(tmp_path):
   """Process 2 of 4 is SIGKILLed as it sends the fragment of step 4: the launcher's last line
-  names it and the last intact checkpoint, and every process is gone within 60 s."""
+  names it and the last intact checkpoint, and every process is gone within 60 s. Before the
+  kill, each sync's all-gather delivered every process the three others' payloads."""
   out = str(tmp_path / "job")
   stamp = tmp_path / "killed_at"
   killed = subprocess.run([sys.executable, "-m", "diloco_core.launch", "--processes", "4", "--devices-per-process",
@@ -252,6 +267,10 @@ def test_one_of_four_processes_killed_ends_the_job_in_one_line(tmp_path):
   assert line.startswith("launch: process 2 of 4 was lost (killed by SIGKILL); the others were stopped"), line
   assert os.path.join(out, "checkpoints", "3") in line and "--resume" in line
   assert stopped_after < 60, stopped_after
+  for rank in (0, 1, 3):
+    trace = [json.loads(line) for line in open(os.path.join(out, "trace", f"process-{rank}.jsonl"))]
+    syncs = [r for r in trace if r["kind"] == "transfer" and r["what"].startswith("fragment")]
+    assert len(syncs) >= 3 and all(r["received_bytes"] == 3 * r["sent_bytes"] > 0 for r in syncs), syncs
 
 
 def _can_shape() -> str | None:
