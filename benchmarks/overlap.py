@@ -16,7 +16,8 @@ payloads (τ = 0), the bytes each process handed to the link and received per sy
 transfer time and float32's time over it (target: close to the bit ratio, >= 5x for fp4 once
 the payload dominates the per-collective cost), the utilization measured and simulated for
 each (within 0.10); then the bytes one process sends and receives per sync with 2 and 4
-processes (fp4, unshaped).
+processes (fp4 in blocks, unshaped), by all-gather and, for 4, by reduce-scatter (target: it
+receives 2 (N - 1) / N = 1.5 payloads where the all-gather receives N - 1 = 3).
 
 Usage: python benchmarks/overlap.py [--k 3] [--sync-every 12] [--steps 60] [--model small] [--wire]
 """
@@ -75,10 +76,10 @@ def wire(a) -> None:
     print(f"{r.format:<7} {r.sent_bytes:10.0f} {r.received_bytes:11.0f} {r.counted_bytes:10.1f}"
           f" {r.transfer_s:11.4f} {r.f32_over_this:10.2f} {r.measured:10.3f} {r.simulated:9.3f}"
           f" {abs(r.measured - r.simulated):7.3f}")
-  print("fp4, unshaped, per process and sync:")
+  print("fp4 in blocks, unshaped, per process and sync:")
   for r in processes.itertuples():
-    print(f"  {r.processes} processes: sent {r.sent_bytes:.0f} B, received {r.received_bytes:.0f} B"
-          f" ({r.received_over_sent:.0f}x what it sent)")
+    print(f"  {r.processes} processes, {r.reduction:<14}: sent {r.sent_bytes:.0f} B, received"
+          f" {r.received_bytes:.0f} B ({r.received_over_sent:.2f}x what it sent)")
 
 
 if __name__ == "__main__":

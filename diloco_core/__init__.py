@@ -67,6 +67,8 @@ _PUBLIC = {
     "WirePackingError": "diloco_core.wire_packing",
     "pack_payload": "diloco_core.wire_packing",
     "unpack_payload": "diloco_core.wire_packing",
+    "ChunkPlan": "diloco_core.reduce_scatter",
+    "requantize_mean": "diloco_core.reduce_scatter",
     "DataConfig": "diloco_core.data",
     "MarkovSource": "diloco_core.data",
     "make_dataset": "diloco_core.data",

@@ -13,9 +13,12 @@ alone, without waiting for the others):
    one float32 buffer and handed to the :class:`~diloco_core.link.Link` thread, which packs them
    to the wire format's own bits (:mod:`~diloco_core.wire_packing`, exactly: they unpack to the
    same float32 values) and gathers every process's payloads (``process_allgather``: gloo on
-   CPU, NCCL on GPU) while the main thread goes on training;
+   CPU, NCCL on GPU), or with ``reduction="reduce-scatter"`` reduces them
+   (:mod:`~diloco_core.reduce_scatter`: each process receives 2 (N - 1) / N of a payload and
+   the re-quantized mean comes back), while the main thread goes on training;
 3. ``settle`` (the payloads have arrived): the average (``jnp.mean`` over the M payloads in
-   replica order, the reduction the SPMD program computes) and what the SPMD send did with it:
+   replica order, the reduction the SPMD program computes; reduce-scatter: the mean the link
+   delivered) and what the SPMD send did with it:
    the outer step (``outer_overlap="none"``), the average kept in flight (``"delayed"``) or
    each replica's others' part (``"eager"``);
 4. ``merge`` (fragment sent τ steps ago): the blend with α.
@@ -91,8 +94,11 @@ from diloco_core.wire_packing import WireLayout
 #: from the sum of the same quantized values computed on their own; packing them for the link
 #: changes nothing, tested). (3) More than two processes against in-step on as many devices:
 #: the in-step all-reduce across devices sums in its own order, the background mean sums the
-#: gathered rows in replica order (tested with four). Otherwise a background run equals the
-#: in-step run on the same mesh bit for bit.
+#: gathered rows in replica order (tested with four). (4) Float32 payloads with
+#: ``reduction="reduce-scatter"``: the settle program reads the mean the link computed, and XLA
+#: contracts the Nesterov update's products otherwise than in the in-step program, which fuses
+#: the mean into it (the compressed formats' re-quantized mean is equal bit for bit, tested).
+#: Otherwise a background run equals the in-step run on the same mesh bit for bit.
 TOLERANCE = 1e-5
 #: The trace file of process r under ``<out>``.
 TRACE_FILE = os.path.join("trace", "process-{rank}.jsonl")

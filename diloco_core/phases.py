@@ -127,8 +127,10 @@ class Phases:
     With a participation mask, the mean over the present replicas only: the others are
     zeroed (``where``, not a product, so a dropped replica's non-finite Δ cannot leak in)
     and the mean rescaled by M / count, which is exactly 1 with everyone present (then
-    bit-identical to the unmasked mean). The background runtime computes the same mean
-    after its link (the same reduction, in replica order).
+    bit-identical to the unmasked mean). With ``reduction="reduce-scatter"`` the mean is then
+    re-quantized to the wire format (:func:`~diloco_core.reduce_scatter.requantize_mean`). The
+    background runtime computes the same mean after its link (the same reduction, in replica
+    order), or its link does (reduce-scatter).
 
     Args:
       sent: the payload leaves of :meth:`pseudo_gradients`.

@@ -3,9 +3,9 @@
 :func:`wire_benchmark` runs background DiLoCo (τ = 0: each sync's gather is waited for) with
 float32, bf16 and fp4 payloads over one link, shaped so that a float32 payload's gather takes
 about k steps, and reads from the runs' own traces what each transfer took and the bytes each
-process handed to the link and received (:mod:`diloco_core.wire_packing`). It then runs the fp4
-setting over 2 and 4 processes on the plain loopback to measure what one process receives as
-the number of processes grows. ``benchmarks/overlap.py --wire`` prints it; the
+process handed to the link and received (:mod:`diloco_core.wire_packing`). It then runs fp4
+payloads over 2 and 4 processes on the plain loopback to measure what one process receives as
+the number of processes grows, with each ``--reduction`` (:mod:`diloco_core.reduce_scatter`). ``benchmarks/overlap.py --wire`` prints it; the
 background-communication page shows it.
 """
 
@@ -21,6 +21,10 @@ from analysis.lab.measured import can_shape, launch_run, read_trace, simulated, 
 
 #: The wire formats compared, float32 first (the reference of the ratios).
 FORMATS = ("none", "bf16", "fp4")
+#: The (processes, reduction) runs of the bytes-per-process table (fp4 in blocks of PROCESS_BLOCK,
+#: so that the reduce-scatter's chunks come out even).
+PROCESS_ROWS = ((2, "all-gather"), (4, "all-gather"), (4, "reduce-scatter"))
+PROCESS_BLOCK = 256
 
 
 def transfers(rows: list[dict], first_step: int, last_step: int) -> list[dict]:
@@ -60,8 +64,8 @@ def wire_benchmark(workdir: str, *, k: int = 4, sync_every: int = 8, steps: int 
     ``(setting, formats, processes)``: the setting; per format (``formats``): the bytes one
     process handed to the link and received per sync, the median transfer time (packing,
     gather and unpacking), float32's time over it, and the utilization measured and simulated
-    for that payload (τ = 0); per process count (``processes``, fp4, unshaped): the bytes one
-    process sent and received per sync.
+    for that payload (τ = 0); per process count and reduction (``processes``, fp4 in blocks of
+    :data:`PROCESS_BLOCK`, unshaped): the bytes one process sent and received per sync.
   """
   H, first, last = sync_every, 2 * sync_every + 1, steps - 1
   base = ["--model", model, "--replicas", "2", "--sync-every", str(H), "--steps", str(steps),
@@ -97,14 +101,15 @@ def wire_benchmark(workdir: str, *, k: int = 4, sync_every: int = 8, steps: int 
   formats = pd.DataFrame(rows)
   formats["f32_over_this"] = formats["transfer_s"].iloc[0] / formats["transfer_s"]
   counts = []
-  for n in (2, 4):
-    out = os.path.join(workdir, f"processes-{n}")
-    args = [*base, "--compression", "fp4", "--replicas", str(n), "--steps", str(2 * H), "--eval-every",
-            str(2 * H), "--log-every", str(2 * H)]
+  for n, reduction in PROCESS_ROWS:
+    out = os.path.join(workdir, f"processes-{n}-{reduction}")
+    args = [*base, "--compression", "fp4", "--compression-block", str(PROCESS_BLOCK), "--replicas", str(n),
+            "--reduction", reduction, "--steps", str(2 * H), "--eval-every", str(2 * H), "--log-every", str(2 * H)]
     launch_run(out, args, processes=n)
     moved = [r for t in read_trace(out).values() for r in t if r["kind"] == "transfer"
              and r["what"].startswith("fragment")]
-    counts.append({"processes": n, "sent_bytes": float(np.median([r["sent_bytes"] for r in moved])),
+    counts.append({"processes": n, "reduction": reduction,
+                   "sent_bytes": float(np.median([r["sent_bytes"] for r in moved])),
                    "received_bytes": float(np.median([r["received_bytes"] for r in moved]))})
   processes = pd.DataFrame(counts)
   processes["received_over_sent"] = processes["received_bytes"] / processes["sent_bytes"]
