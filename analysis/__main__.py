@@ -18,23 +18,21 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import pandas as pd
 
 from analysis.planning import plan as plan_lib
 from analysis.planning import roofline as rl
-from analysis.planning import simulate as sim
 from analysis.planning.hardware import HARDWARE
 from analysis.planning.hardware import get_hardware
 from analysis.planning.models import MODELS
 from analysis.planning.models import get_model
 from analysis.planning.models import model_stats
 from analysis.planning.models import model_table
+from analysis import simulate_cli
 from analysis.flag_names import as_flags, option_strings
 from diloco_core.wire_formats import DEFAULT_CHUNK
 from diloco_core.wire_formats import topk_bits_per_element
-from diloco_core.validity import FRAGMENT_PATTERNS
 from diloco_core.validity import check_choice
 from diloco_core.validity import check_int
 from diloco_core.validity import check_real
@@ -178,52 +176,6 @@ def _plan(a) -> None:
       print(f"trainer options: none ({e})")
 
 
-def _simulate(a) -> None:
-  check_real("--latency", a.latency, low=0.0)
-  _ = a.step_time is None or check_real("--step-time", a.step_time, low=0.0, low_open=True)
-  if a.rounding is not None and not a.table:
-    raise ValueError("--rounding applies to --table (the paper's grid); the other output prints both"
-                     " roundings: pass --table or drop --rounding.")
-  a.rounding = "grid" if a.rounding is None else a.rounding
-  common = dict(replicas=a.replicas, sync_every=a.sync_every,
-                fragment_layers=a.fragment_layers, latency=a.latency,
-                fragment_pattern=a.fragment_pattern, bucket_layers=a.bucket_layers)
-  if a.table:
-    t0 = time.perf_counter()
-    table = sim.paper_table(rounding=a.rounding, **common)
-    print(f"Bandwidth (Gbit/s) for each compute utilization, rounding={a.rounding} "
-          f"(M={a.replicas}, H={a.sync_every}, {a.fragment_layers} layers per fragment "
-          f"({a.fragment_pattern}), "
-          f"tau=1 for overlap rows, latency {a.latency} s); "
-          f"computed in {time.perf_counter() - t0:.2f} s")
-    print(table.to_string(float_format=lambda v: f"{v:.3g}"))
-    return
-  if a.model.lower() in {k.lower() for k in sim.SIM_MODELS}:
-    model = sim.get_sim_model(a.model)
-    if a.step_time is not None:
-      model = sim.SimModel(model.params, model.layers, a.step_time)
-  else:
-    if a.step_time is None:
-      raise ValueError(f"--step-time is needed for --model {a.model!r} (only "
-                       f"{list(sim.SIM_MODELS)} have one).")
-    model = sim.SimModel.from_config(a.model, a.step_time)
-  kw = dict(common, overlap=a.overlap, bits=a.bits)
-  targets = a.target or list(sim.PAPER_TARGETS)
-  exact = sim.bandwidth_for_utilization(targets, model, a.method, rounding="exact", **kw)
-  grid = sim.bandwidth_for_utilization(targets, model, a.method, rounding="grid", **kw)
-  at = {f"{w:g}": sim.run_simulation(model, a.method, w, **kw).utilization
-        for w in (a.bandwidth or [])}
-  print(f"model: {model.params:.4g} parameters, {model.layers} layers, {model.step_time} s/step;"
-        f" method {a.method}, M={a.replicas}, H={a.sync_every}, tau={a.overlap}, "
-        f"{a.bits:g}-bit, latency {a.latency} s")
-  if at:
-    print(pd.Series(at, name="utilization").rename_axis("Gbit/s").to_string(
-        float_format=lambda v: f"{v:.4f}"))
-  print(pd.DataFrame({"exact Gbit/s": exact, "paper grid Gbit/s": grid},
-                     index=[f"{u:.0%}" for u in targets]).rename_axis("utilization").to_string(
-                         float_format=lambda v: f"{v:.4g}"))
-
-
 def _hardware(a) -> None:
   rows = {k: dict(name=h.name, peak_flops=h.peak_flops, hbm_gb=h.hbm_bytes / 1e9,
                   hbm_bw=h.hbm_bandwidth, ici_bw=h.ici_bandwidth, dcn_bw_chip=h.dcn_bandwidth,
@@ -249,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
   sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
   _add_roofline(sub)
   _add_plan(sub)
-  _add_simulate(sub)
+  simulate_cli.add_simulate(sub)
   h = sub.add_parser("hardware", help="list the hardware catalog",
                      description="The hardware catalog (per chip, bytes and bytes/s).")
   h.set_defaults(func=_hardware)
@@ -398,41 +350,6 @@ def _add_plan(sub) -> None:
   q.add_argument("--topk-chunk", type=int, default=None,
                  help=f"elements per top-k chunk ({DEFAULT_CHUNK})")
   q.set_defaults(func=_plan)
-
-
-def _add_simulate(sub) -> None:
-  s = sub.add_parser("simulate", help="simulated utilization and bandwidth for a target",
-                     description="Discrete-event simulation of M datacenters on one WAN link; "
-                                 "prints the bandwidth (Gbit/s) needed for each target "
-                                 "utilization, exact (bisection) and rounded up to the "
-                                 "paper's 50-point grid, or the paper's whole table.")
-  s.add_argument("--model", default="1B",
-                 help=f"one of {list(sim.SIM_MODELS)} (paper step times), or a catalog model "
-                      f"with --step-time")
-  s.add_argument("--method", default="streaming", choices=sim.METHODS,
-                 help="dp, diloco or streaming (streaming)")
-  s.add_argument("--step-time", type=float, default=None, help="seconds of compute per step")
-  s.add_argument("--replicas", type=int, default=2, help="M, datacenters (2)")
-  s.add_argument("--sync-every", type=int, default=100, help="H (100)")
-  s.add_argument("--fragment-layers", type=int, default=3,
-                 help="layers per Streaming fragment; must divide the layers (3)")
-  s.add_argument("--fragment-pattern", default="strided", choices=FRAGMENT_PATTERNS,
-                 help="how layers are dealt to fragments, as in the trainer (strided)")
-  s.add_argument("--bucket-layers", type=int, default=1,
-                 help="layers per gradient bucket, released when its backward pass ends (1)")
-  s.add_argument("--overlap", type=int, default=0, help="tau, steps before merging (0)")
-  s.add_argument("--bits", type=float, default=16, help="bits per value on the wire (16)")
-  s.add_argument("--latency", type=float, default=0.0, help="seconds per chunk (0)")
-  s.add_argument("--target", type=float, nargs="+", default=None,
-                 help="target utilizations in (0, 1) (default: 0.5 0.8 0.9 0.95 0.99)")
-  s.add_argument("--bandwidth", type=float, nargs="+", default=None,
-                 help="also print the utilization at these bandwidths (Gbit/s)")
-  s.add_argument("--table", action="store_true",
-                 help="print the Streaming DiLoCo paper's table (3 models x 5 methods)")
-  s.add_argument("--rounding", default=None, choices=sim.ROUNDINGS,
-                 help="table values: grid (first grid point reaching the target), paper (the grid"
-                      " point below it, the paper's reading) or exact (bisection) (grid)")
-  s.set_defaults(func=_simulate)
 
 
 def main(argv=None) -> int:
