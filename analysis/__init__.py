@@ -28,6 +28,9 @@ from analysis.planning.bandwidth import streaming_stall
 from analysis.planning.bandwidth import t_comm
 from analysis.planning.bandwidth import utilization_no_overlap
 from analysis.planning.bandwidth import utilization_overlapped
+from analysis.planning.goodput import Failures
+from analysis.planning.goodput import goodput
+from analysis.planning.goodput import goodput_curves
 from analysis.planning.hardware import HARDWARE
 from analysis.planning.hardware import HardwareSpec
 from analysis.planning.hardware import check_hardware
@@ -79,7 +82,7 @@ _TRAINING = {"named_sweep": "analysis.lab.experiments", "grid": "analysis.lab.sw
 #: Every module of the two halves by its short name (``from analysis import roofline, stored``).
 _MODULES = {**{m: f"analysis.planning.{m}" for m in (
     "hardware", "models", "roofline", "bandwidth", "memory", "simulate", "sim_events",
-    "paper_tables", "plan", "candidates", "maxtext")}, **{m: f"analysis.lab.{m}" for m in (
+    "paper_tables", "plan", "candidates", "maxtext", "goodput")}, **{m: f"analysis.lab.{m}" for m in (
     "sweeps", "sweep_cache", "experiments", "live", "stored", "storing", "recheck", "realizations",
     "cpu_kind", "claims", "measured", "wire_measured")}}
 __getattr__, __dir__ = lazy_exports(__name__, _TRAINING, globals(), modules=_MODULES)

@@ -19,6 +19,7 @@ from analysis.plots.notebook import glue
 from analysis.plots.results import plot_bars
 from analysis.plots.results import VERDICT_COLORS
 from analysis.plots.results import plot_curves
+from analysis.plots.results import plot_goodput
 from analysis.plots.results import plot_intervals
 from analysis.plots.results import plot_lines
 from analysis.plots.results import plot_metric

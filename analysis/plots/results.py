@@ -231,6 +231,34 @@ def plot_lines(df: pd.DataFrame, *, x: str, y: str | Sequence[str], hue: str | N
   return done(fig)
 
 
+def plot_goodput(gp: pd.DataFrame, *, title: str | None = None, ax=None):
+  """Goodput against the failure rate: one color per run, solid elastic, dashed stopping.
+
+  Args:
+    gp: :func:`analysis.planning.goodput.goodput_curves`'s table (``rate_per_hour``, ``run``,
+      ``stop_and_restart``, ``elastic``).
+    title: the axes title.
+    ax: draw into this Axes instead of a new figure.
+
+  Returns:
+    The matplotlib Figure.
+  """
+  fig, (ax,) = new_figure() if ax is None else (ax.figure, [ax])
+  for i, run in enumerate(dict.fromkeys(gp["run"])):
+    g = gp[gp["run"] == run].sort_values("rate_per_hour")
+    ax.plot(g["rate_per_hour"], g["elastic"], color=f"C{i}", lw=2.2, label=f"{run}, elastic")
+    ax.plot(g["rate_per_hour"], g["stop_and_restart"], color=f"C{i}", lw=1.6, ls="--",
+            label=f"{run}, stops and restarts")
+  ax.set_xscale("log")
+  ax.set_ylim(0, 1.02)
+  ax.set_xlabel("failures per replica and hour")
+  ax.set_ylabel("goodput")
+  if title:
+    ax.set_title(title)
+  ax.legend(fontsize=8, loc="center left")
+  return done(fig)
+
+
 #: Colors of the claims page's verdicts (and its forest plot).
 VERDICT_COLORS = {"agrees": "#2e7d32", "disagrees": "#c62828", "not resolved": "#9e9e9e"}
 
