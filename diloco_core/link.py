@@ -4,8 +4,10 @@ Every process of a background run holds a :class:`Link`. Fragment payloads are h
 (:meth:`Link.gather`), packed to their wire format's own bits on its one thread
 (:mod:`diloco_core.wire_packing`: two fp4 values per byte, a bf16 value in two bytes, top-k
 as its values and positions), and cross processes there, through JAX's own collectives
-(:func:`jax.experimental.multihost_utils.process_allgather`: gloo on CPU, NCCL on GPU), while
-the main thread goes on with local inner steps. JAX releases the GIL while a collective runs,
+(:func:`jax.experimental.multihost_utils.process_allgather`: gloo on CPU, NCCL on GPU; or,
+:meth:`Link.reduce`, the reduce-scatter of :mod:`diloco_core.reduce_scatter`: an all-to-all
+over one device per process, then an all-gather), while the main thread goes on with local
+inner steps. JAX releases the GIL while a collective runs,
 so the two overlap; a collective dispatched from the main thread would not (the local
 programs after it would wait for it on the CPU backend). Every process hands the link the same
 collectives in the same order (the schedule is the same everywhere), and one thread runs them

@@ -116,6 +116,7 @@ class ChunkPlan:
   layout: WireLayout
   parts: int
   cuts: tuple[int, ...] = dataclasses.field(init=False)
+  _chunks: tuple[WireLayout, ...] = dataclasses.field(init=False, repr=False, compare=False)
 
   def __post_init__(self):
     if self.layout.topk is not None:
@@ -126,9 +127,9 @@ class ChunkPlan:
     for d in range(1, self.parts):
       cuts.append(max(cuts[-1], _allowed_cut(self.layout, offsets, (d * n) // self.parts)))
     object.__setattr__(self, "cuts", (*cuts, n))
+    object.__setattr__(self, "_chunks", tuple(self._cut(d) for d in range(self.parts)))
 
-  def chunk(self, d: int) -> WireLayout:
-    """Chunk d's layout: the parts of the leaves it holds, each starting on a unit boundary."""
+  def _cut(self, d: int) -> WireLayout:
     lo, hi = self.cuts[d], self.cuts[d + 1]
     sizes, at = [], 0
     for size in self.layout.sizes:
@@ -137,6 +138,10 @@ class ChunkPlan:
         sizes.append(b - a)
       at += size
     return dataclasses.replace(self.layout, sizes=tuple(sizes))
+
+  def chunk(self, d: int) -> WireLayout:
+    """Chunk d's layout: the parts of the leaves it holds, each starting on a unit boundary."""
+    return self._chunks[d]
 
 
 def scatter(rows: np.ndarray, plan: ChunkPlan) -> list[np.ndarray]:
