@@ -15,9 +15,9 @@ With ``--wire`` it measures instead the packed wire formats
 payloads (τ = 0), the bytes each process handed to the link and received per sync, the median
 transfer time and float32's time over it (target: close to the bit ratio, >= 5x for fp4 once
 the payload dominates the per-collective cost), the utilization measured and simulated for
-each (within 0.10); then the bytes one process sends and receives per sync with 2 and 4
-processes (fp4 in blocks, unshaped), by all-gather and, for 4, by reduce-scatter (target: it
-receives 2 (N - 1) / N = 1.5 payloads where the all-gather receives N - 1 = 3).
+each (within 0.10); then the bytes one process sends and receives per sync with 4 processes
+(fp4 in blocks, unshaped), by all-gather and by reduce-scatter (target: it receives
+2 (N - 1) / N = 1.5 payloads where the all-gather receives N - 1 = 3).
 
 Usage: python benchmarks/overlap.py [--k 3] [--sync-every 12] [--steps 60] [--model small] [--wire]
 """

@@ -4,8 +4,8 @@
 float32, bf16 and fp4 payloads over one link, shaped so that a float32 payload's gather takes
 about k steps, and reads from the runs' own traces what each transfer took and the bytes each
 process handed to the link and received (:mod:`diloco_core.wire_packing`). It then runs fp4
-payloads over 2 and 4 processes on the plain loopback to measure what one process receives as
-the number of processes grows, with each ``--reduction`` (:mod:`diloco_core.reduce_scatter`). ``benchmarks/overlap.py --wire`` prints it; the
+payloads over 4 processes on the plain loopback to measure what one process receives from
+more than one peer, with each ``--reduction`` (:mod:`diloco_core.reduce_scatter`). ``benchmarks/overlap.py --wire`` prints it; the
 background-communication page shows it.
 """
 
@@ -22,8 +22,8 @@ from analysis.lab.measured import can_shape, launch_run, read_trace, simulated, 
 #: The wire formats compared, float32 first (the reference of the ratios).
 FORMATS = ("none", "bf16", "fp4")
 #: The (processes, reduction) runs of the bytes-per-process table (fp4 in blocks of PROCESS_BLOCK,
-#: so that the reduce-scatter's chunks come out even).
-PROCESS_ROWS = ((2, "all-gather"), (4, "all-gather"), (4, "reduce-scatter"))
+#: so that the reduce-scatter's chunks come out even); two processes are the formats' runs.
+PROCESS_ROWS = ((4, "all-gather"), (4, "reduce-scatter"))
 PROCESS_BLOCK = 256
 
 
@@ -54,7 +54,7 @@ def transfers(rows: list[dict], first_step: int, last_step: int) -> list[dict]:
 def wire_benchmark(workdir: str, *, k: int = 4, sync_every: int = 8, steps: int = 40,
                    model: str = "small", batch_size: int = 16) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
   """Transfer time and bytes of each wire format over one shaped link, and bytes per process
-  for 2 and 4 processes.
+  with 4 processes by each reduction (:data:`PROCESS_ROWS`).
 
   A calibration run (float32, no shaping) gives the compute time T of a step, the process's own
   time between steps, the float32 payload (as the trace measured it) and the cost of one
@@ -64,7 +64,7 @@ def wire_benchmark(workdir: str, *, k: int = 4, sync_every: int = 8, steps: int 
     ``(setting, formats, processes)``: the setting; per format (``formats``): the bytes one
     process handed to the link and received per sync, the median transfer time (packing,
     gather and unpacking), float32's time over it, and the utilization measured and simulated
-    for that payload (τ = 0); per process count and reduction (``processes``, fp4 in blocks of
+    for that payload (τ = 0); per row of :data:`PROCESS_ROWS` (``processes``, fp4 in blocks of
     :data:`PROCESS_BLOCK`, unshaped): the bytes one process sent and received per sync.
   """
   H, first, last = sync_every, 2 * sync_every + 1, steps - 1
