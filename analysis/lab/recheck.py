@@ -49,7 +49,7 @@ import pandas as pd
 
 from analysis.lab import experiments
 from analysis.lab import stored as store
-from analysis.lab.cpu_kind import cpu_fingerprint
+from analysis.lab.cpu_kind import cpu_fingerprint, max_isa
 from analysis.lab.realizations import UNSTABLE  # noqa: F401  (re-exported: the re-check's bound)
 from analysis.lab.realizations import rel
 from analysis.lab.realizations import run_scales
@@ -141,15 +141,32 @@ def prefix_diff(was: dict, now: dict, steps: int = PREFIX_STEPS) -> float:
   return worst
 
 
+def same_kind(provenance: dict) -> bool:
+  """Whether a stored file's runs were computed on this kind of CPU: the same fingerprint
+  (:func:`~analysis.lab.cpu_kind.cpu_fingerprint`) *and* the same ``--xla_cpu_max_isa`` cap.
+
+  An instruction-set cap is an emulation: XLA compiles for the older CPU, but the libraries it
+  calls at run time (Eigen's, oneDNN's kernels) still pick the host's own instructions, so a
+  run capped at AVX2 on an AVX-512 machine is not bit for bit a run on a real AVX2 machine
+  with the same fingerprint (measured on an AVX2 EPYC: a ``claims`` run's final eval loss
+  0.9588 against the capped realization's 0.9638). A capped file is exact only under the same cap.
+
+  Examples:
+    >>> same_kind({"cpu": "another CPU; sse4_2", "max_isa": None})
+    False
+  """
+  return provenance.get("cpu") == cpu_fingerprint() and provenance.get("max_isa") == max_isa()
+
+
 def same_cpu_file(name: str, scale: str = "cpu", path: str | os.PathLike | None = None):
-  """The stored file of ``name`` computed on this kind of CPU (the main one or a realization), or None."""
-  here = cpu_fingerprint()
+  """The stored file of ``name`` computed on this kind of CPU (the main one or a realization,
+  :func:`same_kind`), or None."""
   main = store.load(name, scale=scale, path=path)
-  if main.provenance.get("cpu") == here:
+  if same_kind(main.provenance):
     return main
   for realization in store.realizations(name, path=path):
     other = store.load(name, scale=scale, realization=realization, path=path)
-    if other.provenance.get("cpu") == here:
+    if same_kind(other.provenance):
       return other
   return None
 
