@@ -184,25 +184,26 @@ def test_on_another_cpu_the_prefix_catches_a_one_percent_change_of_the_inner_lr(
 def test_a_realization_stored_on_this_kind_of_cpu_is_checked_exactly(toy, monkeypatch):
   """On the CPU of a second realization (NAME@R.json), under its instruction-set cap, the check
   is exact against that file; the same fingerprint without the cap (a real CPU of that kind,
-  not an emulation) is another kind."""
+  not an emulation) is another kind. (The cap is SSE4_2, which hides AVX on any machine that
+  runs this suite, so it is an emulation on every one.)"""
   doc = json.loads(toy.read_text())
   doc["provenance"]["cpu"] = "the CPU of the main file; avx512f"
   doc["sha256"] = stored.content_hash(doc)
   toy.write_text(json.dumps(doc))
   flags = os.environ.get("XLA_FLAGS", "")
-  monkeypatch.setenv("XLA_FLAGS", f"{flags} --xla_cpu_max_isa=AVX2".strip())  # read by the fingerprint only
+  monkeypatch.setenv("XLA_FLAGS", f"{flags} --xla_cpu_max_isa=SSE4_2".strip())  # read by the fingerprint only
   twin = json.loads(toy.read_text())
-  twin["provenance"].update(cpu=cpu_kind.cpu_fingerprint(), max_isa="AVX2")
+  twin["provenance"].update(cpu=cpu_kind.cpu_fingerprint(), max_isa="SSE4_2")
   twin["sha256"] = stored.content_hash(twin)
-  (toy.parent / "toy@avx2.json").write_text(json.dumps(twin))
-  assert stored.realizations("toy") == ["avx2"]
-  assert recheck.same_cpu_file("toy").path.name == "toy@avx2.json"
+  (toy.parent / "toy@sse4_2.json").write_text(json.dumps(twin))
+  assert stored.realizations("toy") == ["sse4_2"]
+  assert recheck.same_cpu_file("toy").path.name == "toy@sse4_2.json"
   assert not recheck.same_kind({**twin["provenance"], "max_isa": None})
   report = recheck.verify("toy", k=1)
-  assert report["against"].tolist() == ["toy@avx2.json"] and report["check"].tolist() == ["exact"]
+  assert report["against"].tolist() == ["toy@sse4_2.json"] and report["check"].tolist() == ["exact"]
   # so another rounding fails there, where the main file alone would have let it pass
   _perturbed(monkeypatch, summary=lambda s: {"final_eval_loss": s["final_eval_loss"] * (1 + 1e-4)})
-  with pytest.raises(stored.StoredResultError, match="differs from toy@avx2.json in final_eval_loss"):
+  with pytest.raises(stored.StoredResultError, match="differs from toy@sse4_2.json in final_eval_loss"):
     recheck.verify("toy", k=1)
 
 

@@ -45,13 +45,40 @@ def max_isa(xla_flags: str | None = None) -> str | None:
   return found[-1].upper() if found else None
 
 
+def _host_flags() -> set[str] | None:
+  try:
+    info = pathlib.Path("/proc/cpuinfo").read_text()
+  except OSError:
+    return None
+  line = next((l for l in info.splitlines() if l.startswith("flags")), "")
+  return set(line.split(":", 1)[-1].split())
+
+
+def cap_in_effect(xla_flags: str | None = None) -> str | None:
+  """The ``--xla_cpu_max_isa`` cap (:func:`max_isa`) if it hides an instruction set this CPU has
+  (an emulation of an older CPU), else None: on a real AVX2 machine ``AVX2`` changes nothing.
+
+  Examples:
+    >>> cap_in_effect("") is None
+    True
+  """
+  cap = max_isa(xla_flags)
+  flags = _host_flags()
+  if cap is None or flags is None:
+    return cap
+  check_choice("--xla_cpu_max_isa", cap, ISA_LEVELS)
+  top = ISA_LEVELS.index(cap)
+  return cap if any(ISA_LEVELS.index(ISA_FLAGS[f]) > top for f in flags if f in ISA_FLAGS) else None
+
+
 def cpu_fingerprint(xla_flags: str | None = None) -> str:
   """The CPU's model name and the instruction sets XLA compiles for (Linux: /proc/cpuinfo).
 
   Two machines with the same fingerprint give the same bits for a CPU run; others may not.
   Under ``--xla_cpu_max_isa`` (:func:`max_isa`) the sets above the cap are left out: XLA
   compiles as for a CPU without them, so an AVX-512 machine told ``AVX2`` has the
-  fingerprint of an AVX2 machine of the same model.
+  fingerprint of an AVX2 machine of the same model, but not its bits (an emulation,
+  :func:`cap_in_effect`: the re-check tells them apart by the cap, :func:`analysis.lab.recheck.same_kind`).
 
   Args:
     xla_flags: the XLA flags in effect (default: ``$XLA_FLAGS``).

@@ -49,7 +49,7 @@ import pandas as pd
 
 from analysis.lab import experiments
 from analysis.lab import stored as store
-from analysis.lab.cpu_kind import cpu_fingerprint, max_isa
+from analysis.lab.cpu_kind import cap_in_effect, cpu_fingerprint
 from analysis.lab.realizations import UNSTABLE  # noqa: F401  (re-exported: the re-check's bound)
 from analysis.lab.realizations import rel
 from analysis.lab.realizations import run_scales
@@ -145,17 +145,18 @@ def same_kind(provenance: dict) -> bool:
   """Whether a stored file's runs were computed on this kind of CPU: the same fingerprint
   (:func:`~analysis.lab.cpu_kind.cpu_fingerprint`) *and* the same ``--xla_cpu_max_isa`` cap.
 
-  An instruction-set cap is an emulation: XLA compiles for the older CPU, but the libraries it
-  calls at run time (Eigen's, oneDNN's kernels) still pick the host's own instructions, so a
-  run capped at AVX2 on an AVX-512 machine is not bit for bit a run on a real AVX2 machine
-  with the same fingerprint (measured on an AVX2 EPYC: a ``claims`` run's final eval loss
-  0.9588 against the capped realization's 0.9638). A capped file is exact only under the same cap.
+  An instruction-set cap that hides some of the host's sets is an emulation
+  (:func:`~analysis.lab.cpu_kind.cap_in_effect`): XLA compiles for the older CPU, but a run
+  capped at AVX2 on an AVX-512 machine is not bit for bit a run on a real AVX2 machine with the
+  same fingerprint (measured on an AVX2 EPYC: runs of ``claims`` end in other realizations than
+  the capped ones). A file stored under such a cap is exact only under the same emulation; on
+  a real AVX2 machine a cap of AVX2 hides nothing and counts as none.
 
   Examples:
     >>> same_kind({"cpu": "another CPU; sse4_2", "max_isa": None})
     False
   """
-  return provenance.get("cpu") == cpu_fingerprint() and provenance.get("max_isa") == max_isa()
+  return provenance.get("cpu") == cpu_fingerprint() and provenance.get("max_isa") == cap_in_effect()
 
 
 def same_cpu_file(name: str, scale: str = "cpu", path: str | os.PathLike | None = None):
