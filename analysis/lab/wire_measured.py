@@ -24,6 +24,7 @@ FORMATS = ("none", "bf16", "fp4")
 #: The (processes, reduction) runs of the bytes-per-process table (fp4 in blocks of PROCESS_BLOCK,
 #: so that the reduce-scatter's chunks come out even); two processes are the formats' runs.
 PROCESS_ROWS = ((4, "all-gather"), (4, "reduce-scatter"))
+#: Elements per absmax block of the fp4 payloads of the bytes-per-process runs.
 PROCESS_BLOCK = 256
 
 
