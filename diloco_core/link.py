@@ -145,10 +145,8 @@ class Link:
     the processes are together: the first use of a device set waits at most 30 s for every
     process, which a process still compiling its first step can miss."""
     def work():
-      if self.processes > 1:
-        _allgather(np.zeros((1, 1), np.uint8))
-        if all_to_all:
-          _all_to_all(np.zeros((self.processes, 1), np.uint8))
+      if self.processes > 1 and all_to_all:  # the all-gather needs none: a late peer must not hold others
+        _all_to_all(np.zeros((self.processes, 1), np.uint8))
       return None, None, None, None
     return self._submit("connect", work)
 
