@@ -197,7 +197,7 @@ class Background(PhasePrograms, MeshPlacement):
       self._trace_file = open(path, "a" if resumed else "w")
     self.link = Link(on_transfer=self._transferred)
     if cfg.reduction == "reduce-scatter":  # its all-to-all's gloo context, set up while all are here
-      wait(self.link.connect(all_to_all=True), "connecting to the other processes")
+      wait(self.link.connect(), "connecting to the other processes")
     self._in_flight: dict[int, _InFlight] = {}
     self._stale_global: set[int] = set()  # eager: fragments whose θ_g waits for the replicas' mean
     self._init_programs()

@@ -139,13 +139,13 @@ class Link:
       return out, sent.nbytes, got.nbytes - sent.nbytes, 0
     return self._submit(what, work)
 
-  def connect(self, all_to_all: bool = False) -> concurrent.futures.Future:
-    """Runs the collectives of the run once on one byte each (the all-gather, and with
-    ``all_to_all`` the reduce-scatter's all-to-all), so that each sets up its gloo context while
-    the processes are together: the first use of a device set waits at most 30 s for every
-    process, which a process still compiling its first step can miss."""
+  def connect(self) -> concurrent.futures.Future:
+    """Runs the reduce-scatter's all-to-all once on one byte per process, so that it sets up its
+    gloo context while the processes are together: the first use of a device set waits at most
+    30 s for every process, which a process still compiling its first step can miss. (Under the
+    all-gather nothing is run at start: a late peer would hold the others there.)"""
     def work():
-      if self.processes > 1 and all_to_all:  # the all-gather needs none: a late peer must not hold others
+      if self.processes > 1:
         _all_to_all(np.zeros((self.processes, 1), np.uint8))
       return None, None, None, None
     return self._submit("connect", work)

@@ -241,7 +241,7 @@ def train(cfg: TrainConfig) -> TrainResult:
     host_replicas = comm.host_replicas(state) if cfg.eval_replicas else None
   except KeyboardInterrupt:  # Ctrl-C, or SIGTERM under the command line: one line, what to do next
     raise Interrupted(done, cfg.out, watch.last_checkpoint) from None
-  except (ConnectionError, jax.errors.JaxRuntimeError) as e:  # another process was lost; nothing here is damaged
+  except (ConnectionError, jax.errors.JaxRuntimeError, ValueError) as e:  # another process lost? nothing here is damaged
     lost = lost_process(e)
     if lost is None:
       raise

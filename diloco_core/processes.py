@@ -38,6 +38,9 @@ JOIN_TIMEOUT_S = 120.0
 #: aborts every process). Longer than the link's own wait (``link.PEER_TIMEOUT_S``), so that a
 #: lost peer of a background run is reported by the link, in one line, first.
 HEARTBEAT_S = 100
+#: The XLA status codes of a failure at run time (the text before the first colon of the error).
+RUNTIME_STATUSES = frozenset({"UNKNOWN", "INTERNAL", "UNAVAILABLE", "ABORTED", "DEADLINE_EXCEEDED",
+                              "CANCELLED", "DATA_LOSS", "FAILED_PRECONDITION"})
 #: Seconds a process waits at exit for the others to exit too (JAX's shutdown barrier).
 SHUTDOWN_S = 10
 #: Seconds a process that ended its run (or stopped at the agreed step) waits at the end for
@@ -126,6 +129,24 @@ def stop_agreed(step: int) -> bool:
   return bool(multihost_utils.reached_preemption_sync_point(step))
 
 
+def collective_failure(error: Exception) -> bool:
+  """Whether ``error`` is what JAX raises when a computation or transfer fails at run time (a
+  collective whose peer is gone, among others): a ``JaxRuntimeError``, or a ``ValueError``
+  carrying an XLA status of :data:`RUNTIME_STATUSES` (jaxlib reports a gloo collective that lost
+  its peer that way: the class alone does not tell it from a bad option).
+
+  Examples:
+    >>> collective_failure(ValueError("UNKNOWN: Gloo all-reduce failed: [pair.cc:538] Read error"
+    ...                               " [127.0.0.1]:41141: Connection reset by peer"))
+    True
+    >>> collective_failure(ValueError("--steps must be an integer >= 1, got 0."))
+    False
+  """
+  if isinstance(error, jax.errors.JaxRuntimeError):
+    return True
+  return isinstance(error, ValueError) and str(error).split(":", 1)[0] in RUNTIME_STATUSES
+
+
 def lost_process(error: Exception) -> str | None:
   """What a failed collective says of the processes: a line naming the lost peer, or None when
   ``error`` is not about another process (a single process, or not a runtime error).
@@ -138,7 +159,7 @@ def lost_process(error: Exception) -> str | None:
   """
   if isinstance(error, ConnectionError):
     return str(error)
-  if not isinstance(error, jax.errors.JaxRuntimeError) or jax.process_count() == 1:
+  if not collective_failure(error) or jax.process_count() == 1:
     return None
   first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
   return f"a collective across the {jax.process_count()} processes failed: another process was lost or cut off ({first})"

@@ -16,6 +16,7 @@ import dataclasses
 import math
 import os
 import shutil
+import stat
 import tempfile
 from typing import Any
 
@@ -232,8 +233,8 @@ class TrainConfig:
     self._validate_checkpointing()
     self._validate_drops()
     self._validate_eval_replicas()
-    if self.out is not None:
-      check_out_dir(self.out, self.overwrite, self.resume)
+    if self.out is not None:  # only the process that writes may create (and remove) `out` to probe it
+      check_out_dir(self.out, self.overwrite, self.resume, probe=_writes_files())
       if self.checkpoint_every:
         check_no_foreign_steps(self.out)
 
@@ -377,7 +378,14 @@ def effective_config(config: dict) -> dict:
   return out
 
 
-def check_out_dir(out: str, overwrite: bool, resume: bool = False, *, resumable: bool = True) -> None:
+def _writes_files() -> bool:
+  """Whether this process writes the run's files: a lone process, or process 0 of several."""
+  import jax
+  return not jax.distributed.is_initialized() or jax.process_index() == 0
+
+
+def check_out_dir(out: str, overwrite: bool, resume: bool = False, *, resumable: bool = True,
+                  probe: bool = True) -> None:
   """Refuses an output directory that is a file, not writable, or holds another run.
 
   Args:
@@ -386,19 +394,30 @@ def check_out_dir(out: str, overwrite: bool, resume: bool = False, *, resumable:
     resume: the run continues the run in ``out``.
     resumable: whether the caller offers `resume` (the comparison does not: its messages
       then name `overwrite` only).
+    probe: whether a missing ``out`` is created and removed again to learn that it can be
+      made. Only the process that writes the files probes: the other processes of a
+      multi-process run check it at the same moment, and one's removal would race another's
+      look (they see the checks on an existing ``out`` only).
   """
   if not isinstance(out, str) or not out.strip():
     raise ValueError(f"`out` must be a directory path, got {out!r}.")
-  if os.path.exists(out) and not os.path.isdir(out):
+  try:  # one stat: another process's probe (below) may create and remove `out` meanwhile
+    kind = os.stat(out).st_mode
+  except FileNotFoundError:
+    kind = None
+  except OSError as e:
+    raise ValueError(f"`out` {out!r} cannot be read ({e.strerror or e}); choose another directory.") from None
+  if kind is not None and not stat.S_ISDIR(kind):
     raise ValueError(f"out={out!r} is a file; give a directory path.")
-  if not os.path.isdir(out):
+  if kind is None:
     if resume:
       raise ValueError(no_checkpoint_message(out))
-    _probe_create(out)
+    if probe:
+      _probe_create(out)
     return
   if not os.access(out, os.W_OK) or not _can_write_in(out):
-    if not os.path.isdir(out):  # removed meanwhile by another process's probe (multi-process run)
-      return check_out_dir(out, overwrite, resume, resumable=resumable)
+    if not os.path.isdir(out):  # removed meanwhile by process 0's probe (multi-process run)
+      return check_out_dir(out, overwrite, resume, resumable=resumable, probe=probe)
     raise ValueError(f"out={out!r} is not writable; choose another directory.")
   if resume and not finalized_steps(out):
     raise ValueError(no_checkpoint_message(out))
@@ -441,5 +460,8 @@ def _can_write_in(directory: str) -> bool:
   except OSError:
     return False
   os.close(fd)
-  os.remove(path)
+  try:
+    os.remove(path)
+  except FileNotFoundError:  # `directory` removed meanwhile (process 0's probe): it was writable
+    pass
   return True

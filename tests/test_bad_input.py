@@ -506,6 +506,41 @@ def test_out_dir_removed_by_another_processs_probe_during_the_check_is_not_an_er
   assert not out.exists()  # checked again as a new directory: probed, nothing left behind
 
 
+def test_processes_checking_one_new_out_at_once_all_pass(tmp_path):
+  # The launcher's processes check the same new `out` at the same moment: only the writer (process
+  # 0) creates and removes it to probe it; the others must never see it half made (a CI build once
+  # failed with "is a file" from process 1 while process 0's probe removed the directory).
+  import threading
+  from diloco_core import run_config as rc
+  errors = []
+  for r in range(100):
+    out = str(tmp_path / f"r{r}" / "run")
+    start = threading.Barrier(4)
+
+    def check(index):
+      start.wait()
+      try:
+        rc.check_out_dir(out, overwrite=False, probe=index == 0)
+      except (ValueError, OSError) as e:
+        errors.append(f"{type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=check, args=(i,)) for i in range(4)]
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join()
+    assert not os.path.exists(out), r  # the probe leaves nothing behind
+  assert errors == []
+
+
+def test_a_process_that_does_not_write_never_creates_out(tmp_path):
+  from diloco_core import run_config as rc
+  rc.check_out_dir(str(tmp_path / "a" / "run"), overwrite=False, probe=False)
+  assert os.listdir(tmp_path) == []
+  with pytest.raises(ValueError, match="is a file; give a directory path"):
+    rc.check_out_dir(write(tmp_path / "f", b"x"), overwrite=False, probe=False)
+
+
 # ---- data files that change, under a run and between a run and its resume --------------------
 def test_data_changed_during_the_run_and_before_resume(tmp_path, monkeypatch, capsys):
   import diloco_core.loop as loop

@@ -431,6 +431,23 @@ def test_a_killed_process_in_step_is_one_line(tmp_path):
                              "interrupted at step "))
 
 
+def test_a_gloo_failure_reported_as_value_error_is_a_lost_process(monkeypatch):
+  # jaxlib raises a gloo collective that lost its peer as a ValueError with an XLA status (seen on
+  # a loaded 2-core CI machine, in-step): it is a lost process, not a bad option.
+  import jax
+  from diloco_core import processes
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  gloo = ValueError("UNKNOWN: Gloo AllGather failed: [external/gloo/gloo/transport/tcp/pair.cc:538] Read error"
+                    " [127.0.0.1]:44239: Connection reset by peer")
+  assert processes.lost_process(gloo) == (
+      "a collective across the 2 processes failed: another process was lost or cut off (UNKNOWN: Gloo AllGather"
+      " failed: [external/gloo/gloo/transport/tcp/pair.cc:538] Read error [127.0.0.1]:44239: Connection reset by peer)")
+  assert processes.lost_process(ValueError("--steps must be an integer >= 1, got 0.")) is None
+  assert processes.lost_process(ValueError("UNKNOWNS: x")) is None
+  monkeypatch.setattr(jax, "process_count", lambda: 1)
+  assert processes.lost_process(gloo) is None  # one process: no peer to lose, the error stays
+
+
 def test_a_missing_peer_is_one_line_after_the_join_timeout():
   start = time.monotonic()
   r = subprocess.run([sys.executable, "-m", "diloco_core.train", "--model", "tiny", "--steps", "2",
