@@ -54,8 +54,14 @@ programs, waited for), when each payload was handed over, gathered and settled, 
 bytes this process handed to the link and received from the others (``transfer``), and how long the main thread waited for one (``wait``). Times are
 ``time.time()`` seconds, comparable across the processes of one machine.
 
+**Simulated drops** (``drop_schedule``, ``drop_prob``) follow the in-step rules: the send
+program keeps a dropped replica's residual and records how each replica took part
+(``participants``), the settle averages over the present replicas, the merge heals the dropped
+ones, a sync nobody takes part in is skipped (a ``skip`` row); each ``settle`` row of the trace
+says which replicas took part. A dropped replica's payload still crosses the link.
+
 Not supported here (one-line errors, :func:`check_background`): data parallelism (it
-all-reduces every step), simulated replica drops.
+all-reduces every step), simulated drops with ``reduction="reduce-scatter"``.
 """
 
 from __future__ import annotations
@@ -106,8 +112,8 @@ TRACE_FILE = os.path.join("trace", "process-{rank}.jsonl")
 
 def check_background(cfg) -> None:
   """One-line errors for a run that cannot use ``communication="background"`` (before anything
-  compiles): DP, simulated drops, M not divisible by the process count, a mesh that does not
-  split over the processes.
+  compiles): DP, simulated drops under the reduce-scatter, M not divisible by the process
+  count, a mesh that does not split over the processes.
 
   Examples:
     >>> from diloco_core import TrainConfig, DiLoCoConfig
@@ -119,9 +125,10 @@ def check_background(cfg) -> None:
   if cfg.algo.algorithm == "dp":
     raise ValueError("`communication` background needs algorithm diloco or streaming; dp all-reduces"
                      " every step (use `communication` in-step).")
-  if cfg.drop_schedule or cfg.drop_prob:
-    raise ValueError("`communication` background does not simulate replica drops; drop"
-                     " `drop_schedule` / `drop_prob` or use `communication` in-step.")
+  if (cfg.drop_schedule or cfg.drop_prob) and cfg.algo.reduction == "reduce-scatter":
+    raise ValueError("`communication` background simulates replica drops with `reduction` all-gather"
+                     " only (the reduce-scatter's owners average every replica); use `reduction`"
+                     " all-gather or `communication` in-step.")
   n, M = jax.process_count(), cfg.algo.replicas
   if M % n:
     raise ValueError(f"`communication` background splits the replicas over the processes: replicas"
@@ -158,6 +165,7 @@ class _InFlight:
   step: int
   future: Any
   handed: float  # time.time() when handed to the link
+  present: np.ndarray | None = None  # the [M] participation mask of this sync (simulated drops)
 
 
 class Background(PhasePrograms, MeshPlacement):
@@ -256,6 +264,10 @@ class Background(PhasePrograms, MeshPlacement):
       changes[name] = jax.tree.map(to_global, getattr(state, name))
     return state.replace(**changes)
 
+  def place_rows(self, x: np.ndarray) -> jax.Array:
+    """A per-replica host value ``[M, ...]`` that every process holds, sharded along ``diloco``."""
+    return global_array(x, replica_sharding(self.mesh))
+
   def global_state(self, state: DiLoCoState) -> DiLoCoState:
     """The state as the in-step run holds it (settle first): it already is (global arrays on
     the mesh)."""
@@ -301,10 +313,13 @@ class Background(PhasePrograms, MeshPlacement):
     """Inner step t of the local replicas, the due send (handed to the link) and merge.
 
     Returns ``(state, metrics)`` like :meth:`diloco_core.diloco.DiLoCo.step`, with this process's replicas only.
-    ``present``: always None here (replica drops are refused up front, :func:`check_background`).
+    ``present``: the [M] participation mask of simulated drops (every process passes the same;
+    read at a send only), or None: the replicas it drops keep their residual, are left out of
+    the mean and are healed at the merge, and a sync nobody takes part in is skipped
+    (``docs/semantics.md``, replica drops). Their payloads still cross the link (its collective
+    takes every process's rows), so with drops the trace's bytes exceed the metrics' count.
     ``last``: the run's last step with ``eval_replicas`` (α = 1 there, as in-step).
     """
-    assert present is None, "check_background refuses replica drops"
     cfg, hp = self.config, self._hyperparams(last)
     start = time.time()
     state, loss, metrics = self.inner_program(state, batch, hp)
@@ -312,15 +327,20 @@ class Background(PhasePrograms, MeshPlacement):
     if is_send:
       if p in self._in_flight:  # delayed / eager: the previous sync of p arrives now (H steps on)
         state = self._settle(state, p, t)
-      state, flat = self.send_program(state, p, hp)
-      flat, what = self.own_rows(flat), f"fragment {p} @ step {t}"  # waits for the payload program
-      if cfg.reduction == "reduce-scatter":
-        future = self.link.reduce(flat, what, ChunkPlan(self._layout(state, p), self.processes))
+      mask = None if present is None else np.asarray(present, np.float32)
+      if mask is not None and not mask.any():  # nobody takes part: the sync is skipped
+        state = self.skip_program(state, p)
+        self._record({"kind": "skip", "step": t, "fragment": p})
       else:
-        future = self.link.gather(flat, what, self._layout(state, p))
-      self._in_flight[p] = _InFlight(t, future, time.time())
-      if cfg.outer_overlap == "eager":
-        self._stale_global.add(p)
+        state, flat = self.send_program(state, p, hp, None if mask is None else self.place_rows(mask))
+        flat, what = self.own_rows(flat), f"fragment {p} @ step {t}"  # waits for the payload program
+        if cfg.reduction == "reduce-scatter":
+          future = self.link.reduce(flat, what, ChunkPlan(self._layout(state, p), self.processes))
+        else:
+          future = self.link.gather(flat, what, self._layout(state, p))
+        self._in_flight[p] = _InFlight(t, future, time.time(), mask)
+        if cfg.outer_overlap == "eager":
+          self._stale_global.add(p)
     is_merge, q = merged_fragment(t, cfg.sync_every, cfg.fragments, cfg.overlap, cfg.fragment_order)
     if is_merge:
       if cfg.outer_overlap == "none" and q in self._in_flight:
@@ -339,8 +359,11 @@ class Background(PhasePrograms, MeshPlacement):
     now = time.time()
     if now - waited > 1e-4:
       self._record({"kind": "wait", "step": t, "fragment": p, "start": waited, "end": now})
-    self._record({"kind": "settle", "step": t, "fragment": p, "sent_at": flight.step, "time": now})
-    return self.settle_program(state, p, self._leaves_of(state, p, gathered), self._hyperparams(False))
+    present = None if flight.present is None else flight.present.tolist()
+    self._record({"kind": "settle", "step": t, "fragment": p, "sent_at": flight.step, "time": now,
+                  "present": present})
+    mask = None if flight.present is None else self.place_replicated(flight.present)
+    return self.settle_program(state, p, self._leaves_of(state, p, gathered), self._hyperparams(False), mask)
 
   def _leaf_shapes(self, state, p: int) -> list:
     """Fragment p's leaves as the payload holds them, ``[M, ...]`` each (abstract)."""

@@ -85,7 +85,8 @@ class PhasePrograms:
 
   def compiled_text(self, name: str, branch: str, *args) -> str:
     """The compiled HLO of the local program ``name`` (``"inner"``, ``"send"``, ``"settle"``,
-    ``"merge"``) for ``branch`` (``""`` for inner; ``"all"`` when P = 1), built by an earlier
+    ``"merge"``; with drops ``"send-masked"``, ``"settle-masked"``, ``"skip"``) for ``branch``
+    (``""`` for inner and skip; ``"all"`` when P = 1), built by an earlier
     step, for these arguments (nothing runs): what the tests search for collectives."""
     with jax.set_mesh(self.mesh):
       return self._programs[(name, branch)].lower(*args).compile().as_text()
@@ -114,14 +115,20 @@ class PhasePrograms:
       return state.replace(params=params, opt_state=opt_state, step=state.step + 1), loss, metrics
     return self._program("inner", "", state, fn, ("replica", "replica"))(state, batch, hp)
 
-  def send_program(self, state, p: int, hp):
+  def send_program(self, state, p: int, hp, present=None):
     """The local payloads of fragment p (and, delayed: the outer step with the average in flight;
-    eager: each replica's outer step with its others' part)."""
+    eager: each replica's outer step with its others' part). With ``present`` (the [M]
+    participation mask, sharded along ``diloco``; simulated drops) the dropped replicas keep
+    their residual, and every replica's ``participants[p]`` records how it took part."""
     algo, cfg = self.algo, self.config
     branch, k = fragment_branch(p, cfg.fragments)
 
-    def fn(state, k, hp):
+    def fn(state, k, hp, present, p):
       frag, ops = algo.fragments, self._ops(state)
+      if present is not None:
+        ops = ops._replace(participation=present)
+        state = state.replace(participants=drjax.map_fn(lambda row, c: row.at[p].set(c),
+                                                        (state.participants, present)))
       sent, e_new = algo.pseudo_gradients(branch, k, hp, ops)
       if e_new is not None:
         ops = ops._replace(ef_residual=frag.put(ops.ef_residual, algo.leaf_kinds, branch, e_new, k, axis=1))
@@ -134,19 +141,34 @@ class PhasePrograms:
         fl = eager.send_local(frag, (algo.leaf_kinds, algo.outer_leaf_kinds), branch, k, outer_step, sent,
                               ops.in_flight, cfg.replicas)
         ops = ops._replace(in_flight=fl)
-      return self._rebuild(state, ops), flat_buffer(sent)
-    return self._program("send", branch, state, fn, ("replica",))(state, k, hp)
+      return self._rebuild(state, ops._replace(participation=None)), flat_buffer(sent)
+    name = "send" if present is None else "send-masked"
+    return self._program(name, branch, state, fn, ("replica",))(state, k, hp, present, np.int32(p))
 
-  def settle_program(self, state, p: int, gathered, hp):
+  def skip_program(self, state, p: int):
+    """A sync of fragment p that nobody takes part in: only ``participants[p]`` changes (-1, so
+    that its merge leaves every replica alone), as in the in-step step."""
+    def fn(state, p):
+      return state.replace(participants=drjax.map_fn(lambda row: row.at[p].set(-1.0), state.participants))
+    return self._program("skip", "", state, fn)(state, np.int32(p))
+
+  def settle_program(self, state, p: int, gathered, hp, present=None):
+    """Fragment p's gathered payloads into the state: their mean (over the replicas ``present``
+    marks, replicated [M], when given: the in-step :meth:`~diloco_core.phases.Phases.average`'s
+    masked mean) and what the send does with it under ``outer_overlap``."""
     algo, cfg = self.algo, self.config
     branch, k = fragment_branch(p, cfg.fragments)
 
-    def fn(state, gathered, k, hp):
+    def fn(state, gathered, k, hp, present):
       frag, ops = algo.fragments, self._ops(state)
       if cfg.reduction == "reduce-scatter":  # the link delivered the mean, [1, ...] each
         mean = [x[0] for x in gathered]
-      else:  # float32 payloads, [M, ...] each
+      elif present is None:  # float32 payloads, [M, ...] each
         mean = [jnp.mean(x, axis=0) for x in gathered]
+      else:  # where, not a product: a dropped replica's non-finite payload cannot leak in
+        on, scale = present > 0, cfg.replicas / jnp.maximum(jnp.sum(present), 1.0)
+        mean = [jnp.mean(jnp.where(on.reshape(-1, *[1] * (x.ndim - 1)), x, 0.0), axis=0) * scale
+                for x in gathered]
       if cfg.outer_overlap == "none":
         update = algo.outer_step(branch, k, hp, ops, None, mean, ops.ef_residual)
         ops = ops._replace(global_params=update.global_params, outer_state=update.outer_state)
@@ -156,7 +178,8 @@ class PhasePrograms:
         ops = ops._replace(in_flight=eager.settle_local(frag, (algo.leaf_kinds, algo.outer_leaf_kinds), branch, k,
                                                         mean, ops.in_flight, cfg.replicas))
       return self._rebuild(state, ops)
-    return self._program("settle", branch, state, fn)(state, gathered, k, hp)
+    name = "settle" if present is None else "settle-masked"
+    return self._program(name, branch, state, fn)(state, gathered, k, hp, present)
 
   def merge_program(self, state, p: int, hp):
     algo, cfg = self.algo, self.config

@@ -25,6 +25,11 @@ CASES = {  # DiLoCo (4-bit payloads, error feedback), Streaming, eager: M = 2, a
                       checkpoint_every=4, log_every=4),  # its checkpoints feed the resume test
     "eager": dict(outer_overlap="eager", replicas=4),
     "diloco-m4": dict(compression="e3m0", replicas=4),  # within TOLERANCE (see background.py)
+    # simulated drops: a sync nobody takes part in (step 4), one replica missing (8), residuals kept
+    "diloco-drops": dict(compression="e3m0", error_feedback=True, steps=12, drop_schedule=((4, 0), (4, 1), (8, 1))),
+    # Streaming with τ = 2: a replica healed at the merge two steps after its missed sync
+    "streaming-drops": dict(algo="streaming", fragments=3, sync_every=6, overlap=2, alpha=0.5, steps=12,
+                            drop_schedule=((2, 0), (4, 1), (6, 0), (6, 1), (10, 1))),
 }
 
 
@@ -89,6 +94,14 @@ def test_every_step_and_transfer_is_recorded(pairs):
   assert settles == [(p, t, min(t + 2, -(-t // 4) * 4)) for t, p in zip(range(2, 13, 2), [0, 1, 2, 0, 1, 2])]
 
 
+def test_the_trace_says_who_took_part_in_each_sync(pairs):
+  _, d = pairs["streaming-drops"]["background"]
+  rows = [json.loads(line) for line in open(d / TRACE_FILE.format(rank=0))]
+  assert [(r["step"], r["fragment"]) for r in rows if r["kind"] == "skip"] == [(6, 2)]
+  took_part = {r["sent_at"]: r["present"] for r in rows if r["kind"] == "settle"}
+  assert took_part == {2: [0.0, 1.0], 4: [1.0, 0.0], 8: [1.0, 1.0], 10: [1.0, 0.0], 12: [1.0, 1.0]}
+
+
 def test_resume_with_a_fragment_in_flight_is_exact_and_interchangeable(pairs, tmp_path):
   """The checkpoint of step 4 is taken while fragment 1 (sent at 4, merged at 6) is in flight;
   resumed from it in either mode, the run ends where the uninterrupted one does."""
@@ -107,7 +120,8 @@ def test_resume_with_a_fragment_in_flight_is_exact_and_interchangeable(pairs, tm
 
 @pytest.mark.parametrize("change, message", [
     (dict(algo=DiLoCoConfig(algorithm="dp")), "needs algorithm diloco or streaming"),
-    (dict(drop_prob=0.5), "does not simulate replica drops"),
+    (dict(drop_prob=0.5, algo=DiLoCoConfig(reduction="reduce-scatter")),
+     "simulates replica drops with `reduction` all-gather only"),
     (dict(communication="mpmd"), "`communication` must be one of ('in-step', 'background')"),
 ])
 def test_bad_background_options_one_line(change, message):
@@ -139,12 +153,19 @@ def test_the_phases_hold_no_collective():
   state = comm.init(params)
   batch = comm.place_batch(np.zeros((2, 2, 9), np.int32))
   state, _ = comm.step(state, batch, 1)  # sends (H = 1): builds inner, send, settle, merge
+  mask = np.array([1.0, 0.0], np.float32)
+  state, _ = comm.step(state, batch, 2, mask)  # a replica dropped: the masked send and settle
+  state, _ = comm.step(state, batch, 3, 0 * mask)  # nobody: the skip
   hp = bg._hyperparams(False)
   payload = sum(int(np.prod(x.shape[1:])) for x in jax.tree.leaves(state.params))
   gathered = bg._leaves_of(state, 0, np.zeros((2, payload), np.float32))
   texts = {"inner": bg.compiled_text("inner", "", state, batch, hp),
-           "send": bg.compiled_text("send", "all", state, None, hp),
-           "settle": bg.compiled_text("settle", "all", state, gathered, None, hp),
+           "send": bg.compiled_text("send", "all", state, None, hp, None, np.int32(0)),
+           "send-masked": bg.compiled_text("send-masked", "all", state, None, hp, bg.place_rows(mask), np.int32(0)),
+           "skip": bg.compiled_text("skip", "", state, np.int32(0)),
+           "settle": bg.compiled_text("settle", "all", state, gathered, None, hp, None),
+           "settle-masked": bg.compiled_text("settle-masked", "all", state, gathered, None, hp,
+                                             bg.place_replicated(mask)),
            "merge": bg.compiled_text("merge", "all", state, None, np.int32(0), hp)}
   for name, text in texts.items():
     assert not [c for c in COLLECTIVES if c in text], name

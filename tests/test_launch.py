@@ -77,6 +77,7 @@ CASES = {  # M = 2 (one replica per process): Streaming, DiLoCo with 4-bit paylo
                   "--checkpoint-every", "4"],  # the kill test resumes from its checkpoints
     "diloco": ["--compression", "e3m0", "--error-feedback", "--eval-replicas"],
     "eager": ["--outer-overlap", "eager"],
+    "drops": ["--compression", "fp4", "--error-feedback", "--drop-schedule", "6:1"],  # healed across processes
 }
 BACKGROUND = [*COMMON, *CASES["streaming"]]
 SAME_MESH = ["--mesh", "diloco=2,data=1"]  # one replica per device, as in the background runs
@@ -130,7 +131,11 @@ def test_background_over_two_processes_equals_in_step_on_the_same_mesh_bit_for_b
     trace = [json.loads(line) for line in open(launched / case / "background" / "trace" / f"process-{rank}.jsonl")]
     syncs = [r for r in trace if r["kind"] == "transfer" and r["what"].startswith("fragment")]
     assert syncs and all(r["sent_bytes"] == r["received_bytes"] > 0 for r in syncs)
-    assert 0 <= sum(r["sent_bytes"] for r in syncs) - sb["total_bytes_per_replica"] < len(syncs)
+    if case == "drops":  # replica 1 missed the sync of step 6: counted as nothing, but it crossed the link
+      assert [r["present"] for r in trace if r["kind"] == "settle"] == [[1.0, 0.0], [1.0, 1.0]]
+      assert 0 <= sum(r["sent_bytes"] for r in syncs) - sb["total_bytes_per_replica"] * 4 / 3 < len(syncs)
+    else:
+      assert 0 <= sum(r["sent_bytes"] for r in syncs) - sb["total_bytes_per_replica"] < len(syncs)
 
 
 @pytest.mark.slow
