@@ -54,11 +54,9 @@ programs, waited for), when each payload was handed over, gathered and settled, 
 bytes this process handed to the link and received from the others (``transfer``), and how long the main thread waited for one (``wait``). Times are
 ``time.time()`` seconds, comparable across the processes of one machine.
 
-**Simulated drops** (``drop_schedule``, ``drop_prob``) follow the in-step rules: the send
-program keeps a dropped replica's residual and records how each replica took part
-(``participants``), the settle averages over the present replicas, the merge heals the dropped
-ones, a sync nobody takes part in is skipped (a ``skip`` row); each ``settle`` row of the trace
-says which replicas took part. A dropped replica's payload still crosses the link.
+**Simulated drops** follow the in-step rules (the masked send keeps dropped residuals, the
+masked settle averages the present, the merge heals; a ``skip`` row when nobody took part);
+each ``settle`` row says who took part. A dropped replica's payload still crosses the link.
 
 Not supported here (one-line errors, :func:`check_background`): data parallelism (it
 all-reduces every step), simulated drops with ``reduction="reduce-scatter"``.
@@ -112,8 +110,7 @@ TRACE_FILE = os.path.join("trace", "process-{rank}.jsonl")
 
 def check_background(cfg) -> None:
   """One-line errors for a run that cannot use ``communication="background"`` (before anything
-  compiles): DP, simulated drops under the reduce-scatter, M not divisible by the process
-  count, a mesh that does not split over the processes.
+  compiles): DP, drops with reduce-scatter, M % N != 0, a mesh not split over the processes.
 
   Examples:
     >>> from diloco_core import TrainConfig, DiLoCoConfig
@@ -161,7 +158,6 @@ def _mesh(spec: str | None, replicas: int) -> Mesh:
 @dataclasses.dataclass
 class _InFlight:
   """One fragment's payloads on the wire: sent at ``step``, arriving as ``future``."""
-
   step: int
   future: Any
   handed: float  # time.time() when handed to the link
@@ -313,11 +309,8 @@ class Background(PhasePrograms, MeshPlacement):
     """Inner step t of the local replicas, the due send (handed to the link) and merge.
 
     Returns ``(state, metrics)`` like :meth:`diloco_core.diloco.DiLoCo.step`, with this process's replicas only.
-    ``present``: the [M] participation mask of simulated drops (every process passes the same;
-    read at a send only), or None: the replicas it drops keep their residual, are left out of
-    the mean and are healed at the merge, and a sync nobody takes part in is skipped
-    (``docs/semantics.md``, replica drops). Their payloads still cross the link (its collective
-    takes every process's rows), so with drops the trace's bytes exceed the metrics' count.
+    ``present``: the [M] mask of simulated drops (the same on every process; read at a send), or
+    None. Dropped payloads still cross the link: the trace's bytes exceed the metrics' count.
     ``last``: the run's last step with ``eval_replicas`` (α = 1 there, as in-step).
     """
     cfg, hp = self.config, self._hyperparams(last)
@@ -359,11 +352,10 @@ class Background(PhasePrograms, MeshPlacement):
     now = time.time()
     if now - waited > 1e-4:
       self._record({"kind": "wait", "step": t, "fragment": p, "start": waited, "end": now})
-    present = None if flight.present is None else flight.present.tolist()
-    self._record({"kind": "settle", "step": t, "fragment": p, "sent_at": flight.step, "time": now,
-                  "present": present})
-    mask = None if flight.present is None else self.place_replicated(flight.present)
-    return self.settle_program(state, p, self._leaves_of(state, p, gathered), self._hyperparams(False), mask)
+    self._record({"kind": "settle", "step": t, "fragment": p, "sent_at": flight.step, "time": now,  # who took part:
+                  "present": None if flight.present is None else flight.present.tolist()})
+    return self.settle_program(state, p, self._leaves_of(state, p, gathered), self._hyperparams(False),
+                               None if flight.present is None else self.place_replicated(flight.present))
 
   def _leaf_shapes(self, state, p: int) -> list:
     """Fragment p's leaves as the payload holds them, ``[M, ...]`` each (abstract)."""

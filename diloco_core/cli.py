@@ -22,7 +22,8 @@ import warnings
 from diloco_core import interrupts
 from diloco_core.fields import spec, walk
 from diloco_core.backend import configure_determinism
-from diloco_core.processes import JOIN_TIMEOUT_S, SHUTDOWN_S, exit_without_peers, initialize_distributed, leave_together
+from diloco_core.processes import (JOIN_TIMEOUT_S, SHUTDOWN_S, exit_without_peers, initialize_distributed,
+                                   leave_together, lost_process)
 from diloco_core.run_config import TrainConfig
 
 #: The ``--help`` groups, in order (a field's metadata names its group).
@@ -204,6 +205,9 @@ def _main(argv: list[str] | None) -> int:
       exit_without_peers(code)
     return code
   except (ValueError, OSError, FloatingPointError) as e:
+    lost = lost_process(e) if several else None  # a collective outside the loop (gloo: a ValueError)
+    if lost is not None:
+      exit_without_peers(command_error(ConnectionError(lost)))
     return leave_together(command_error(e), SHUTDOWN_S) if several else command_error(e)
   except Interrupted as e:
     print(to_flags(str(e)), file=sys.stderr)

@@ -3,7 +3,8 @@
 A run with ``drop_schedule`` or ``drop_prob`` (:class:`~diloco_core.TrainConfig`) passes a
 participation mask to :meth:`DiLoCo.step <diloco_core.DiLoCo.step>`; the semantics of a
 dropped replica (left out of the average, healed at the merge) are on the semantics page
-(docs/semantics.md).
+(docs/semantics.md). The background runtime records who took part in each sync in its trace;
+:func:`schedule_from_trace` turns that record back into a ``drop_schedule`` that replays it.
 """
 
 from __future__ import annotations
@@ -48,3 +49,45 @@ def participation(cfg: TrainConfig, t: int) -> np.ndarray | None:
     u = np.random.default_rng([_DROP_STREAM, cfg.seed, t]).random(cfg.algo.replicas)
     present[u < cfg.drop_prob] = 0.0
   return present
+
+
+def schedule_from_trace(rows, replicas: int) -> tuple[tuple[int, int], ...]:
+  """The ``drop_schedule`` that replays the participation a background run recorded.
+
+  Each sync of the run left one row in its trace (``<out>/trace/process-<rank>.jsonl``, the
+  same on every process): ``settle`` (``sent_at``: the step that sent it; ``present``: the [M]
+  mask, or None for everyone) or ``skip`` (``step``: nobody took part). Passed as
+  ``drop_schedule`` (with no ``drop_prob``), the result makes any run of the same config,
+  in either runtime, leave out the same replicas at the same syncs.
+
+  Args:
+    rows: the trace's rows (dicts; rows of other kinds are ignored).
+    replicas: M, the run's replica count (a skipped sync drops every replica).
+
+  Returns:
+    ``(step, replica)`` pairs, sorted.
+
+  Raises:
+    ValueError: two rows disagree on one sync, or a mask is not M long.
+
+  Examples:
+    >>> schedule_from_trace([{"kind": "settle", "sent_at": 4, "present": [1.0, 0.0]},
+    ...                      {"kind": "skip", "step": 8, "fragment": 0},
+    ...                      {"kind": "settle", "sent_at": 12, "present": None}], replicas=2)
+    ((4, 1), (8, 0), (8, 1))
+  """
+  missed: dict[int, tuple[int, ...]] = {}
+  for row in rows:
+    if row.get("kind") == "skip":
+      step, absent = row["step"], tuple(range(replicas))
+    elif row.get("kind") == "settle":
+      step, present = row["sent_at"], row.get("present")
+      if present is not None and len(present) != replicas:
+        raise ValueError(f"the trace's sync of step {step} lists {len(present)} replicas; the run has {replicas}.")
+      absent = () if present is None else tuple(m for m, on in enumerate(present) if not on > 0)
+    else:
+      continue
+    if missed.setdefault(step, absent) != absent:
+      raise ValueError(f"the trace records the sync of step {step} twice, with different replicas"
+                       f" ({missed[step]} and {absent} absent).")
+  return tuple(sorted((step, m) for step, absent in missed.items() for m in absent))

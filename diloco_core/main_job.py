@@ -19,7 +19,8 @@ from diloco_core.backend import default_demo_steps
 from diloco_core.config import DiLoCoConfig
 from diloco_core.data import DataConfig
 from diloco_core.loop import Interrupted, TrainResult, train
-from diloco_core.run_config import TrainConfig, check_out_dir
+from diloco_core.out_dir import check_out_dir
+from diloco_core.run_config import TrainConfig
 
 #: The comparison's own defaults, by field path (every other option: TrainConfig's default).
 #: steps None: :func:`diloco_core.backend.default_demo_steps` (3000 on GPU/TPU, 1500 on CPU).

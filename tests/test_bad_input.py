@@ -495,7 +495,7 @@ def test_api_step_inputs_are_checked_at_the_boundary():
 
 def test_out_dir_removed_by_another_processs_probe_during_the_check_is_not_an_error(tmp_path, monkeypatch):
   # Multi-process runs: process 0 may create and remove `out` (its probe) while process 1 checks it.
-  from diloco_core import run_config as rc
+  from diloco_core import out_dir as rc
   out, real = tmp_path / "run", rc._can_write_in
   out.mkdir()
 
@@ -514,7 +514,7 @@ def test_processes_checking_one_new_out_at_once_all_pass(tmp_path):
   # 0) creates and removes it to probe it; the others must never see it half made (a CI build once
   # failed with "is a file" from process 1 while process 0's probe removed the directory).
   import threading
-  from diloco_core import run_config as rc
+  from diloco_core import out_dir as rc
   errors = []
   for r in range(100):
     out = str(tmp_path / f"r{r}" / "run")
@@ -537,7 +537,7 @@ def test_processes_checking_one_new_out_at_once_all_pass(tmp_path):
 
 
 def test_a_process_that_does_not_write_never_creates_out(tmp_path):
-  from diloco_core import run_config as rc
+  from diloco_core import out_dir as rc
   rc.check_out_dir(str(tmp_path / "a" / "run"), overwrite=False, probe=False)
   assert os.listdir(tmp_path) == []
   with pytest.raises(ValueError, match="is a file; give a directory path"):
