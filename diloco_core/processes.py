@@ -52,7 +52,7 @@ END_WAIT_S = HEARTBEAT_S
 
 def initialize_distributed(coordinator: str | None = None, num_processes: int | None = None,
                            process_id: int | None = None, join_timeout: float = JOIN_TIMEOUT_S,
-                           describe=None) -> bool:
+                           describe=None, elastic_heartbeat: int | None = None) -> bool:
   """Starts multi-process JAX when asked (the arguments, or the ``JAX_*`` environment variables below).
 
   Args:
@@ -62,6 +62,11 @@ def initialize_distributed(coordinator: str | None = None, num_processes: int | 
     join_timeout: seconds to wait for every process to join; past it the process prints one
       ``error:`` line and exits with 2 (JAX itself would abort it later, with a C++ stack).
     describe: rewrites that line's option names (the command line passes its ``to_flags``).
+    elastic_heartbeat: an elastic run (:mod:`diloco_core.membership`): the coordination service
+      keeps going when a process dies (``jax_enable_recoverability``: it leaves the process out
+      after this many seconds without its heartbeat, instead of ending every process) and lets
+      a replacement with the same ``process_id`` in. None: a process lost ends the run
+      (heartbeat :data:`HEARTBEAT_S`).
 
   Returns:
     True if :func:`jax.distributed.initialize` was called. On CPU it selects the gloo
@@ -74,6 +79,9 @@ def initialize_distributed(coordinator: str | None = None, num_processes: int | 
     process_id = int(os.environ["JAX_PROCESS_ID"])
   if isinstance(join_timeout, bool) or not 0 < join_timeout < float("inf"):
     raise ValueError(f"`join_timeout` must be a finite number of seconds > 0, got {join_timeout:g}.")
+  if elastic_heartbeat is not None and (isinstance(elastic_heartbeat, bool) or int(elastic_heartbeat) != elastic_heartbeat
+                                        or elastic_heartbeat < 1):
+    raise ValueError(f"`elastic_heartbeat` must be a whole number of seconds >= 1, got {elastic_heartbeat!r}.")
   if coordinator is None and num_processes is None:
     return False
   if coordinator is None or num_processes is None or process_id is None:
@@ -85,13 +93,15 @@ def initialize_distributed(coordinator: str | None = None, num_processes: int | 
     raise ValueError(f"process_id must be in [0, num_processes={num_processes}), got {process_id}.")
   if jax.config.jax_platforms in (None, "", "cpu") or os.environ.get("JAX_PLATFORMS") == "cpu":
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.config.update("jax_enable_recoverability", elastic_heartbeat is not None)
   joined = threading.Event()
   message = join_timeout_message(join_timeout, coordinator, num_processes, process_id)
   threading.Thread(target=_give_up_unless, args=(joined, (describe or str)(message), join_timeout),
                    daemon=True, name="join-timeout").start()
   jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
                              process_id=process_id, initialization_timeout=int(join_timeout) + 60,
-                             heartbeat_timeout_seconds=HEARTBEAT_S, shutdown_timeout_seconds=SHUTDOWN_S)
+                             heartbeat_timeout_seconds=int(elastic_heartbeat or HEARTBEAT_S),
+                             shutdown_timeout_seconds=SHUTDOWN_S)
   joined.set()
   return True
 

@@ -1,0 +1,114 @@
+"""Elastic membership over JAX's coordination service, with real processes: one is killed in
+the middle of a transfer, the others go on without it after a bounded wait, a replacement
+rejoins and is healed from a live peer, and every value equals a replay of the recorded
+membership bit for bit."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from diloco_core import launch
+from diloco_core.membership import Agreement
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ENV = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([ROOT, TESTS]))
+HEARTBEAT_S = 5
+DIE_AT = 3
+
+
+def test_an_agreement_names_its_leader_and_mask():
+  a = Agreement("sync-1", members=(1, 2), joined=(0,), lost=(0,), payloads={}, incarnations={0: 5, 1: 6, 2: 7})
+  assert a.leader == 1
+  assert a.present(3).tolist() == [0.0, 1.0, 1.0]
+
+
+def _spawn(coordinator, rank, *extra):
+  return subprocess.Popen([sys.executable, os.path.join(TESTS, "elastic_child.py"), coordinator, "3", str(rank),
+                           str(HEARTBEAT_S), *map(str, extra)], env=ENV, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+
+
+def _rows(out: str) -> list[dict]:
+  return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+class _Reader:
+  """A child's stdout lines, read on a thread (the test watches them while it runs)."""
+
+  def __init__(self, proc):
+    self.proc, self.lines = proc, []
+    self.thread = threading.Thread(target=lambda: self.lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    self.thread.start()
+
+  def rows(self) -> list[dict]:
+    return _rows("".join(self.lines))
+
+
+@pytest.fixture(scope="module")
+def elastic_run():
+  coordinator = f"127.0.0.1:{launch.free_port()}"
+  procs = [_spawn(coordinator, 0), _spawn(coordinator, 1), _spawn(coordinator, 2, DIE_AT)]
+  readers = [_Reader(p) for p in procs]
+  try:
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:  # the others go on without process 2 for two syncs first
+      rows = readers[0].rows()
+      lost = [i for i, r in enumerate(rows) if r.get("lost")]
+      if lost and len(rows) > lost[0] + 2:
+        break
+      time.sleep(0.1)
+    procs.append(_spawn(coordinator, 2))
+    readers.append(_Reader(procs[-1]))
+    for p in procs:
+      p.wait(timeout=300)
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  for r in readers:
+    r.thread.join(timeout=10)
+  codes = [p.returncode for p in procs]
+  assert codes == [0, 0, -signal.SIGKILL, 0], (codes, [p.stderr.read()[-2000:] for p in procs])
+  return dict(zip(["0", "1", "killed", "new"], [r.rows() for r in readers]))
+
+
+@pytest.mark.slow
+def test_a_killed_process_is_left_out_after_a_bounded_wait(elastic_run):
+  for rank in "01":
+    rows = {r["key"]: r for r in elastic_run[rank]}
+    for k in range(DIE_AT):
+      assert rows[f"sync-{k}"]["members"] == [0, 1, 2]
+    lost = rows[f"sync-{DIE_AT}"]  # process 2 put its payload, then died: left out, its payload ignored
+    assert (lost["members"], lost["lost"], lost["joined"]) == ([0, 1], [2], [])
+    assert lost["waited"] < 6 * HEARTBEAT_S  # bounded by the heartbeat (slack for a loaded CI machine)
+  assert [r["key"] for r in elastic_run["killed"]] == [f"sync-{k}" for k in range(DIE_AT)]
+
+
+@pytest.mark.slow
+def test_a_replacement_rejoins_is_healed_and_counts_again(elastic_run):
+  rows0 = {r["key"]: r for r in elastic_run["0"]}
+  joins = [r for r in elastic_run["0"] if r["joined"]]
+  assert len(joins) == 1 and joins[0]["joined"] == [2] and joins[0]["members"] == [0, 1]
+  j = int(joins[0]["key"].split("-")[1])
+  healed, *after = elastic_run["new"]
+  assert healed["key"] == f"sync-{j}" and healed["healed"] == rows0[f"sync-{j}"]["x"]  # bit for bit
+  assert [r["key"] for r in after] == [f"sync-{k}" for k in range(j + 1, j + 4)]
+  for r in after:  # it counts in the average again, and every process holds the same values
+    assert r["members"] == [0, 1, 2] and r["x"] == rows0[r["key"]]["x"] == {q["key"]: q for q in elastic_run["1"]}[r["key"]]["x"]
+
+
+@pytest.mark.slow
+def test_every_value_equals_a_replay_of_the_recorded_membership(elastic_run):
+  x = np.zeros(4)
+  for row in elastic_run["0"]:
+    k = int(row["key"].split("-")[1])
+    x = np.mean([x + (r + 1) * k for r in row["members"]], axis=0)
+    assert x.tobytes().hex() == row["x"], row["key"]
