@@ -74,14 +74,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import AxisType, Mesh
 
 from diloco_core import eager
+from diloco_core.background_mesh import background_mesh, check_background  # noqa: F401 (re-exported)
 from diloco_core.background_programs import PhasePrograms, flat_buffer, fragment_branch, split_buffer
 from diloco_core.diloco import DiLoCo
 from diloco_core.hyperparams import resolve_optimizer
-from diloco_core.link import Link, wait
-from diloco_core.mesh import AXES, MeshPlacement, global_array, parse_mesh, replica_sharding, replicated
+from diloco_core.link import Link, LostProcessError, wait
+from diloco_core.mesh import MeshPlacement, global_array, replica_sharding, replicated
 from diloco_core.reduce_scatter import ChunkPlan
 from diloco_core.schedule import merged_fragment, sent_fragment
 from diloco_core.state import DiLoCoState
@@ -108,53 +108,6 @@ TOLERANCE = 1e-5
 TRACE_FILE = os.path.join("trace", "process-{rank}.jsonl")
 
 
-def check_background(cfg) -> None:
-  """One-line errors for a run that cannot use ``communication="background"`` (before anything
-  compiles): DP, drops with reduce-scatter, M % N != 0, a mesh not split over the processes.
-
-  Examples:
-    >>> from diloco_core import TrainConfig, DiLoCoConfig
-    >>> check_background(TrainConfig(communication="background", algo=DiLoCoConfig(algorithm="dp")))
-    Traceback (most recent call last):
-    ...
-    ValueError: `communication` background needs algorithm diloco or streaming; dp all-reduces every step (use `communication` in-step).
-  """
-  if cfg.algo.algorithm == "dp":
-    raise ValueError("`communication` background needs algorithm diloco or streaming; dp all-reduces"
-                     " every step (use `communication` in-step).")
-  if (cfg.drop_schedule or cfg.drop_prob) and cfg.algo.reduction == "reduce-scatter":
-    raise ValueError("`communication` background simulates replica drops with `reduction` all-gather"
-                     " only (the reduce-scatter's owners average every replica); use `reduction`"
-                     " all-gather or `communication` in-step.")
-  n, M = jax.process_count(), cfg.algo.replicas
-  if M % n:
-    raise ValueError(f"`communication` background splits the replicas over the processes: replicas"
-                     f" (M={M}) must be divisible by the process count ({n}); choose M among"
-                     f" {[n * i for i in range(1, 5)]}.")
-  _mesh(cfg.mesh, M)
-
-
-def _mesh(spec: str | None, replicas: int) -> Mesh:
-  """The run's mesh: every process's devices, each process's block of rows contiguous along
-  ``diloco`` (process r holds replicas ``[r M / N, (r + 1) M / N)``); ``mesh`` describes it
-  (None: one device per process)."""
-  n = jax.process_count()
-  shape = parse_mesh(spec) or {"diloco": n, "data": 1}
-  d, b = shape["diloco"], shape["data"]
-  if d % n or replicas % d:
-    raise ValueError(f"`mesh` {spec!r}: with `communication` background the diloco axis ({d}) must be"
-                     f" divisible by the process count ({n}) and divide replicas (M={replicas});"
-                     f" e.g. `mesh`='diloco={n},data=1'.")
-  per_process = (d // n) * b
-  by_process = [sorted((x for x in jax.devices() if x.process_index == r), key=lambda x: x.id)
-                for r in range(n)]
-  if any(len(devs) < per_process for devs in by_process):
-    raise ValueError(f"`mesh` {spec!r} needs {per_process} devices per process, but a process has"
-                     f" {min(len(devs) for devs in by_process)}.")
-  rows = [np.array(devs[:per_process]).reshape(d // n, b) for devs in by_process]
-  return Mesh(np.concatenate(rows), AXES, axis_types=(AxisType.Auto, AxisType.Auto))
-
-
 @dataclasses.dataclass
 class _InFlight:
   """One fragment's payloads on the wire: sent at ``step``, arriving as ``future``."""
@@ -173,6 +126,8 @@ class Background(PhasePrograms, MeshPlacement):
     mesh: the run's ``mesh`` option (the global mesh; None: one device per process).
     out: the run's output directory (the trace file goes under it), or None.
     resumed: the run resumes (the trace file is appended to).
+    min_replicas: an elastic run (:mod:`diloco_core.elastic`): each sync averages the replicas of
+      the processes alive, and the run stops below this many; None: not elastic.
 
   The loop calls it as its runtime (:class:`~diloco_core.communication.Runtime`): the same
   calls as :class:`~diloco_core.communication.InStep`.
@@ -183,13 +138,13 @@ class Background(PhasePrograms, MeshPlacement):
   replica_fields = ("params", "opt_state", "ef_residual", "participants")
 
   def __init__(self, algo: DiLoCo, params, mesh: str | None = None, out: str | None = None,
-               resumed: bool = False):
+               resumed: bool = False, min_replicas: int | None = None):
     self.algo, self.config = algo, algo.config
     cfg = self.config
     self.processes, self.rank = jax.process_count(), jax.process_index()
     self.local = cfg.replicas // self.processes
     self.offset = self.rank * self.local
-    self.mesh = _mesh(mesh, cfg.replicas)
+    self.mesh = background_mesh(mesh, cfg.replicas)
     if cfg.outer_overlap == "eager":
       self.replica_fields = Background.replica_fields + ("in_flight",)
     algo.prepare(params)
@@ -199,7 +154,12 @@ class Background(PhasePrograms, MeshPlacement):
       path = os.path.join(out, TRACE_FILE.format(rank=self.rank))
       os.makedirs(os.path.dirname(path), exist_ok=True)
       self._trace_file = open(path, "a" if resumed else "w")
-    self.link = Link(on_transfer=self._transferred)
+    self.min_replicas, membership, self._lost_seen = min_replicas, None, set()
+    if min_replicas is not None:  # elastic: every process agrees once at start
+      from diloco_core.membership import Membership
+      membership = Membership()
+      membership.enter()
+    self.link = Link(on_transfer=self._transferred, membership=membership)
     if cfg.reduction == "reduce-scatter":  # its all-to-all's gloo context, set up while all are here
       wait(self.link.connect(), "connecting to the other processes")
     self._in_flight: dict[int, _InFlight] = {}
@@ -352,10 +312,23 @@ class Background(PhasePrograms, MeshPlacement):
     now = time.time()
     if now - waited > 1e-4:
       self._record({"kind": "wait", "step": t, "fragment": p, "start": waited, "end": now})
+    present = flight.present
+    if self.min_replicas is not None:  # elastic: the replicas of the processes that took part
+      gathered, agreement = gathered
+      live = np.repeat(agreement.present(self.processes), self.local)
+      present = live if present is None else present * live
+      new = [r for r in self.absent_processes() if r not in self._lost_seen]
+      if new:  # first left out of a sync here (or of a log row's exchange just before)
+        self._lost_seen.update(new)
+        self._record({"kind": "lost", "step": t, "processes": new, "time": now})
+      if live.sum() < self.min_replicas:
+        raise LostProcessError(f"process(es) {list(self.absent_processes())} lost: {int(live.sum())} replica(s)"
+                               f" took part in the sync of fragment {p} sent at step {flight.step}, fewer than"
+                               f" `min_replicas` ({self.min_replicas})")
     self._record({"kind": "settle", "step": t, "fragment": p, "sent_at": flight.step, "time": now,  # who took part:
-                  "present": None if flight.present is None else flight.present.tolist()})
+                  "present": None if present is None else present.tolist()})
     return self.settle_program(state, p, self._leaves_of(state, p, gathered), self._hyperparams(False),
-                               None if flight.present is None else self.place_replicated(flight.present))
+                               None if present is None else self.place_replicated(present))
 
   def _leaf_shapes(self, state, p: int) -> list:
     """Fragment p's leaves as the payload holds them, ``[M, ...]`` each (abstract)."""
@@ -414,14 +387,35 @@ class Background(PhasePrograms, MeshPlacement):
   def gather_rows(self, values: list) -> np.ndarray:
     """Queued per-replica values (one per step, this process's rows) as ``[steps, M]`` on the host."""
     local = np.stack([self.own_rows(v) for v in values])  # [steps, M / N]
-    every = self.link.exchange(f"rows/{next(self._keys)}", local)  # [N, steps, M / N]
+    every = self.link.exchange(f"rows/{next(self._keys)}", local, fill=np.nan)  # [N, steps, M / N]
     return np.concatenate(list(every), axis=1)
 
   def finite_flags(self, state: DiLoCoState):
     """(whether each replica's params are all finite [M], over every process; whether θ_g is)."""
     replicas, glob = self.algo.finite_flags(state)
-    every = self.link.exchange(f"flags/{next(self._keys)}", self.own_rows(replicas))
+    every = self.link.exchange(f"flags/{next(self._keys)}", self.own_rows(replicas), fill=True)  # lost: no verdict
     return jnp.asarray(every.reshape(-1)), glob
+
+  def absent_processes(self) -> tuple[int, ...]:
+    """Elastic: the processes the last agreement left out (lost); otherwise none."""
+    last = self.link.last
+    return () if last is None else tuple(r for r in range(self.processes) if r not in last.members)
+
+  def absent_replicas(self) -> np.ndarray | None:
+    """Elastic: the [M] mask of the replicas of lost processes (True: lost); None otherwise."""
+    if self.min_replicas is None:
+      return None
+    lost = np.zeros(self.processes, bool)
+    lost[list(self.absent_processes())] = True
+    return np.repeat(lost, self.local)
+
+  def replica_params(self, state: DiLoCoState):
+    """The replicas' params the divergence watch reads: all of them (its ``max |θ|`` reduces
+    across the processes); elastic: this process's own shards (no collective a lost process
+    would hold)."""
+    if self.min_replicas is None:
+      return state.params
+    return jax.tree.map(lambda x: [s.data for s in x.addressable_shards], state.params)
 
   # ---- records -------------------------------------------------------------------------------
   def _transferred(self, what: str, launched: float, finished: float, sent: int, received: int,

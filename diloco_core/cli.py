@@ -22,8 +22,9 @@ import warnings
 from diloco_core import interrupts
 from diloco_core.fields import spec, walk
 from diloco_core.backend import configure_determinism
+from diloco_core.elastic import HEARTBEAT_S as ELASTIC_HEARTBEAT_S
 from diloco_core.processes import (JOIN_TIMEOUT_S, SHUTDOWN_S, exit_without_peers, initialize_distributed,
-                                   leave_together, lost_process)
+                                   leave_elastic, leave_together, lost_process)
 from diloco_core.run_config import TrainConfig
 
 #: The ``--help`` groups, in order (a field's metadata names its group).
@@ -189,10 +190,11 @@ def _main(argv: list[str] | None) -> int:
     return int(e.code or 0)
   interrupts.check()
   configure_determinism(False if args.nondeterministic else None)  # before JAX starts
-  several = False
+  several = elastic = False
   try:
+    elastic = bool(getattr(args, "elastic", False))
     several = initialize_distributed(args.coordinator, args.num_processes, args.process_id, args.join_timeout,
-                                     describe=to_flags)
+                                     describe=to_flags, elastic_heartbeat=ELASTIC_HEARTBEAT_S if elastic else None)
     if several:
       interrupts.forward(signal.SIGTERM)  # Ctrl-C too stops every process at one step (processes.stop_agreed)
     with warnings.catch_warnings():
@@ -217,4 +219,6 @@ def _main(argv: list[str] | None) -> int:
   aux = "" if s["final_aux_loss"] is None else f" (+ aux {s['final_aux_loss']:.4f} in training)"
   print(f"{s['algorithm']} ({s['compute_dtype']}): final eval loss {s['final_eval_loss']:.4f}{aux} (floor {floor}), "
         f"{s['total_bytes_per_replica'] / 1e6:.2f} MB sent per replica, {s['wall_time_s']:.1f} s")
+  if several and elastic:
+    leave_elastic(0)
   return leave_together(0) if several else 0

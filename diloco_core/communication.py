@@ -73,6 +73,12 @@ class Runtime(Protocol):
   def finite_flags(self, state) -> tuple[Any, Any]:
     """Whether each replica's params are all finite [M], and whether the global copy is."""
 
+  def absent_replicas(self) -> np.ndarray | None:
+    """An elastic run's [M] mask of the replicas lost (their losses are NaN); None otherwise."""
+
+  def replica_params(self, state) -> Any:
+    """The replicas' params the divergence watch reads (elastic: this process's own)."""
+
   def close(self) -> None:
     """Releases what the runtime holds (threads, files)."""
 
@@ -130,6 +136,12 @@ class InStep:
   def finite_flags(self, state):
     return self.algo.finite_flags(state)
 
+  def absent_replicas(self):
+    return None  # one program runs every replica: none is ever lost
+
+  def replica_params(self, state):
+    return state.params
+
   def close(self) -> None:
     pass
 
@@ -138,5 +150,6 @@ def make_communication(cfg, algo, params, resumed: bool = False) -> Runtime:
   """The runtime ``cfg.communication`` names, for ``algo``: :class:`InStep` or
   :class:`~diloco_core.background.Background`."""
   if cfg.communication == "background":
-    return Background(algo, params, mesh=cfg.mesh, out=cfg.out, resumed=resumed)
+    return Background(algo, params, mesh=cfg.mesh, out=cfg.out, resumed=resumed,
+                      min_replicas=cfg.min_replicas if cfg.elastic else None)
   return InStep(algo)

@@ -119,7 +119,8 @@ class Watch:
     """Queues ``max |θ_g|`` after a step that sent a fragment, and the replicas' ``max |θ|``
     before it (which tells an inner blow-up from an outer one); no host sync."""
     if self.outer and sends_next:
-      self._pending.append((t, "replicas", max_abs(state.params)))
+      own = getattr(self.algo, "replica_params", None)  # a runtime: the replicas this process reads
+      self._pending.append((t, "replicas", max_abs(state.params if own is None else own(state))))
     if self.outer and sent:
       self._pending.append((t, "global", max_abs(self.algo.eval_params(state))))
 

@@ -300,6 +300,7 @@ def launch(argv) -> int:
 def _supervise(children: list[_Child]) -> int:
   """Waits for every child; stops them all on a failure or a stop request; the worst code."""
   first_failure: _Child | None = None
+  elastic = "--elastic" in children[0].cmd
   stopping_since = None
   ended: dict[int, float] = {}  # child index -> when the launcher saw it end
   while True:
@@ -309,8 +310,9 @@ def _supervise(children: list[_Child]) -> int:
         ended.setdefault(c.index, time.monotonic())
     if all(rc is not None for rc in codes):
       break
-    if first_failure is None:
-      first_failure = next((c for c, rc in zip(children, codes) if rc not in (None, 0)), None)
+    if first_failure is None:  # elastic (--elastic): the others go on without a lost process but 0
+      first_failure = next((c for c, rc in zip(children, codes)
+                            if rc not in (None, 0) and not (elastic and c.index != 0)), None)
     if stopping_since is None and (first_failure is not None or interrupts.requested()):
       stopping_since = time.monotonic()
       # A stop request: every trainer stops at one agreed step (SIGTERM). A failure: the others
@@ -326,6 +328,12 @@ def _supervise(children: list[_Child]) -> int:
     time.sleep(0.1)
   for c in children:
     c.join()
+  if elastic and children[0].proc.returncode == 0:  # the run ended; say who was lost on the way
+    for c in children:
+      if c.proc.returncode != 0:
+        print(f"launch: process {c.index} of {len(children)} {_how(c.proc.returncode)}; the others went on"
+              " without it (--elastic).", file=sys.stderr)
+    return 0
   # A process killed by a signal the launcher did not send is the cause, even when a peer that
   # lost it exited first (the kernel may still have been tearing the killed one down).
   lost = [c for c in children if c.proc.returncode < 0 and -c.proc.returncode not in c.signalled]
@@ -343,12 +351,21 @@ def _supervise(children: list[_Child]) -> int:
     if c.index != 0 and said not in children[0].tail:  # process 0's output was shown already
       sys.stderr.write("\n".join(f"[process {c.index}] {line}" for line in c.tail) + "\n")
     rc = c.proc.returncode
-    how = (f"was lost (killed by {signal.Signals(-rc).name})" if rc < 0 and -rc in signal.valid_signals()
-           else f"exited with {_exit_code(rc)}")
-    print(f"launch: process {c.index} of {len(children)} {how}; the others were stopped"
+    print(f"launch: process {c.index} of {len(children)} {_how(rc)}; the others were stopped"
           f" ({_checkpoint_advice(children[0].cmd)}).", file=sys.stderr)
     return _exit_code(rc)
   return 0
+
+
+def _how(rc: int) -> str:
+  """How a child ended, from its return code.
+
+  Examples:
+    >>> _how(-9), _how(2)
+    ('was lost (killed by SIGKILL)', 'exited with 2')
+  """
+  return (f"was lost (killed by {signal.Signals(-rc).name})" if rc < 0 and -rc in signal.valid_signals()
+          else f"exited with {_exit_code(rc)}")
 
 
 def _checkpoint_advice(cmd: list[str]) -> str:

@@ -17,6 +17,12 @@ Small per-row values (the replicas' losses, finite flags) travel through the coo
 service's key-value store (:meth:`Link.exchange`), not through the collective thread: a log
 row never waits behind a fragment in flight.
 
+In an elastic run (``membership``: a :class:`~diloco_core.membership.Membership`) nothing
+crosses gloo: each payload and each log row's values go through the coordination service as
+one agreement over the live processes, on the link's thread (a log row then waits behind a
+fragment in flight); a process left out sends nothing that counts, and its rows come back as
+``fill``.
+
 With one process there is nothing to cross: :meth:`Link.gather` returns its input at once
 (still through the thread, so the code path is the same).
 
@@ -87,9 +93,11 @@ class Link:
       only); the run's trace records them.
   """
 
-  def __init__(self, on_transfer=None):
+  def __init__(self, on_transfer=None, membership=None):
     self.processes, self.rank = jax.process_count(), jax.process_index()
     self._on_transfer = on_transfer
+    self.membership = membership
+    self.last = None  # elastic: the link thread's last Agreement
     self._jobs: queue.Queue = queue.Queue()
     self._closed = False
     self._thread = threading.Thread(target=self._run, name="diloco-link", daemon=True)
@@ -129,11 +137,16 @@ class Link:
 
     Returns:
       A future of the ``[processes * n, ...]`` array; it raises what the collective raised.
+      Elastic: of ``(array, agreement)``, the rows of the processes left out zero.
     """
     x = np.ascontiguousarray(x)
 
     def work():
       sent = x if layout is None else wire_packing.pack_payload(x, layout)
+      if self.membership is not None:
+        rows, received = self._agree(what, sent, 0)
+        out = rows if layout is None else wire_packing.unpack_payload(rows, layout)
+        return (out, self.last), sent.nbytes, received, 0
       got = sent if self.processes == 1 else _allgather(sent)
       out = got if layout is None else wire_packing.unpack_payload(got, layout)
       return out, sent.nbytes, got.nbytes - sent.nbytes, 0
@@ -187,13 +200,29 @@ class Link:
       return reduce_scatter.assemble(reduced, plan), sent, received_bytes, padding
     return self._submit(what, work)
 
-  def exchange(self, key: str, x: np.ndarray, timeout_s: float = PEER_TIMEOUT_S) -> np.ndarray:
+  def _agree(self, what: str, x: np.ndarray, fill) -> tuple[np.ndarray, int]:
+    """Elastic, on the link thread: every process's ``x`` ``[n, ...]`` through one agreement
+    (:meth:`~diloco_core.membership.Membership.exchange`), as ``[processes * n, ...]`` with
+    ``fill`` in the rows of the processes left out; and the bytes received."""
+    agreement = self.membership.exchange(what.replace("/", "-"), x.tobytes())
+    rows = np.full((self.processes, *x.shape), fill, x.dtype)
+    for r, raw in agreement.payloads.items():
+      rows[r] = np.frombuffer(raw, x.dtype).reshape(x.shape)
+    self.last = agreement
+    received = sum(len(raw) for r, raw in agreement.payloads.items() if r != self.rank)
+    return rows.reshape(-1, *x.shape[1:]), received
+
+  def exchange(self, key: str, x: np.ndarray, timeout_s: float = PEER_TIMEOUT_S, fill=np.nan) -> np.ndarray:
     """Every process's ``x`` (small: a log row's values) as ``[processes, ...]``, through the
     coordination service's key-value store; raises :class:`LostProcessError` naming the
-    process that did not answer within ``timeout_s``."""
+    process that did not answer within ``timeout_s``. Elastic: one agreement on the link's
+    thread, ``fill`` in the rows of the processes left out."""
     x = np.ascontiguousarray(x)
     if self.processes == 1:
       return x[None]
+    if self.membership is not None:
+      future = self._submit(key, lambda: (self._agree(key, x[None], fill)[0], None, None, None))
+      return wait(future, f"the exchange of {key}")
     client = _kv_client()
     client.key_value_set_bytes(f"diloco/{key}/{self.rank}", x.tobytes())
     rows = []

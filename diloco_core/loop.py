@@ -16,6 +16,7 @@ import warnings
 from typing import Any
 
 import jax
+import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
@@ -30,6 +31,7 @@ from diloco_core.divergence import Watch, check_finite  # noqa: F401 (check_fini
 from diloco_core.disk_space import check_run_space, disk_full, full_disk_message
 from diloco_core.metrics_log import MetricsLog, RunFileError
 from diloco_core.drops import participation
+from diloco_core.elastic import replica_means
 from diloco_core.fields import must_match_fields
 from diloco_core.backend import resolve_model_config
 from diloco_core.model import init_model, train_loss
@@ -224,8 +226,10 @@ def train(cfg: TrainConfig) -> TrainResult:
         if do_eval or save:  # evaluated and saved states hold no fragment in flight (= the SPMD state)
           state = comm.settle(state, t)
         step_losses = log.fetch_losses()
-        watch.check_row(t, step_losses, state)
-        losses = step_losses.mean(axis=0)
+        absent = comm.absent_replicas()  # elastic: lost replicas have no losses (NaN) to check
+        watch.check_row(t, step_losses if absent is None else np.where(absent & np.isnan(step_losses), 0.0, step_losses),
+                        state)
+        losses = step_losses.mean(axis=0) if absent is None else replica_means(step_losses)
         eval_loss = evaluate(state) if do_eval or save else None  # never checkpoint a diverged state
         if eval_loss is not None:
           watch.check_eval(t, eval_loss)
@@ -235,7 +239,7 @@ def train(cfg: TrainConfig) -> TrainResult:
           watch.saved(checkpoints.save(t, comm.global_state(state), _checkpoint_meta(cfg, t, log, data_identity)))
         bar.update(t - bar.n)
         tok_s = (t - 1) * log.tokens_per_step / max(wall - compile_time, 1e-9) if t > 1 else 0.0
-        bar.set_postfix(loss=f"{losses.mean():.3f}", tok_s=f"{tok_s:,.0f}")
+        bar.set_postfix(loss=f"{np.nanmean(losses):.3f}", tok_s=f"{tok_s:,.0f}")
       done = t
     # eval_replicas: every replica's params on the host, gathered while the link is open
     host_replicas = comm.host_replicas(state) if cfg.eval_replicas else None
@@ -266,10 +270,10 @@ def train(cfg: TrainConfig) -> TrainResult:
 
   # ---- summary ----
   final_params = None
-  if cfg.out is not None:  # a plain checkpoint of the global params: diloco_core.load_params(path)
-    try:
+  if cfg.out is not None and (writer or not cfg.elastic):  # plain params: diloco_core.load_params(path)
+    try:  # elastic: the writer alone (a lost process would never reach Orbax's barriers)
       final_params = params_io.export_params(algo.eval_params(comm.global_state(state)),
-                                             os.path.join(cfg.out, ckpt.FINAL_PARAMS))
+                                             os.path.join(cfg.out, ckpt.FINAL_PARAMS), alone=cfg.elastic)
     except OSError as e:
       raise RunFileError(f"{e}; the run trained all {cfg.steps} steps: {_finish_advice(watch)}.") from None
   wall = time.perf_counter() - start

@@ -84,7 +84,7 @@ class MetricsLog:
     if not self._pending_aux:
       return None
     aux, self._pending_aux = self._gather(self._pending_aux), []
-    return float(np.mean(aux))
+    return float(np.mean(aux[~np.isnan(aux)]))  # an elastic run's lost replicas: NaN, left out
 
   def row(self, t: int, losses: np.ndarray, eval_loss: float | None, wall: float,
           aux_loss: float | None = None) -> dict:
@@ -134,8 +134,9 @@ class MetricsLog:
 def _row(t, losses, eval_loss, tokens, step_bytes, total_bytes, wall) -> dict:
   return {
       "step": t,
-      "train_loss": None if losses is None else float(np.mean(losses)),
-      "replica_loss": None if losses is None else [float(x) for x in losses],
+      # an elastic run's lost replicas have no losses (NaN): left out of the mean, null in the list
+      "train_loss": None if losses is None else float(np.mean(losses[~np.isnan(losses)])),
+      "replica_loss": None if losses is None else [None if np.isnan(x) else float(x) for x in losses],
       "eval_loss": eval_loss,
       "tokens": tokens,
       "bytes_sent": step_bytes,  # per replica (mean over replicas), since the previous row

@@ -21,6 +21,7 @@ import warnings
 
 import jax
 import jax.numpy as jnp  # noqa: F401 (doctests)
+import numpy as np
 import orbax.checkpoint as ocp
 
 from diloco_core.checkpoint import CHECKPOINTS
@@ -80,7 +81,7 @@ def _read_manifest(path: str) -> dict | None:
   return manifest if isinstance(manifest, dict) and manifest.get("format") == MANIFEST_FORMAT else None
 
 
-def export_params(params, path: str) -> str:
+def export_params(params, path: str, alone: bool = False) -> str:
   """Writes ``params`` (any pytree of arrays) as a plain Orbax checkpoint at ``path``.
 
   The checkpoint is written to a temporary sibling and then renamed to ``path`` (atomic);
@@ -91,6 +92,8 @@ def export_params(params, path: str) -> str:
   Args:
     params: the params pytree (e.g. ``TrainResult.params``, the global params).
     path: the directory to write.
+    alone: this process writes a host copy by itself, the others not taking part (an elastic
+      run, where a lost process would never reach Orbax's barriers).
 
   Returns:
     The absolute path written.
@@ -104,8 +107,13 @@ def export_params(params, path: str) -> str:
   path = os.path.abspath(path)
   tmp = path + ".export-tmp"
   quiet_orbax_failures()
+  options = {}
+  if alone and jax.process_count() > 1:
+    me = jax.process_index()
+    options["multiprocessing_options"] = ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})
+    params = jax.tree.map(lambda x: np.asarray(x.addressable_shards[0].data) if isinstance(x, jax.Array) else x, params)
   try:
-    with OrbaxLogs(), ocp.StandardCheckpointer() as ckptr:  # every process takes part; process 0 writes
+    with OrbaxLogs(), ocp.StandardCheckpointer(**options) as ckptr:  # every process takes part; process 0 writes
       ckptr.save(tmp, params, force=True)
   except Exception as e:  # noqa: BLE001 - Orbax / TensorStore: one line, and no half-written copy left
     for name in os.listdir(os.path.dirname(path)) if os.path.isdir(os.path.dirname(path)) else []:
@@ -114,7 +122,7 @@ def export_params(params, path: str) -> str:
     why = full_disk_message(os.path.dirname(path)) if disk_full(e) else one_line(e)
     raise OSError(f"the params could not be written to {path} ({why})") from None
   checksums = fingerprint(params)  # a computation on every process's arrays
-  if jax.process_index() != 0:
+  if jax.process_index() != 0 and not alone:
     return path
   files = _files_under(tmp)
   manifest = {"format": MANIFEST_FORMAT, "files": files, "leaves": leaf_table(params),

@@ -201,6 +201,25 @@ def leave_together(code: int, timeout: float = END_WAIT_S) -> int:
   return code
 
 
+def leave_elastic(code: int) -> None:
+  """The end of an elastic run's process (:mod:`diloco_core.elastic`): it waits for the live
+  processes at the coordination service's membership barrier (a lost one is not waited for
+  past the heartbeat), then exits; process 0, which hosts the service, once the others said
+  they leave (at most :data:`SHUTDOWN_S` each)."""
+  from jax._src import distributed  # the coordination service's client (no public accessor)
+  client, rank = distributed.global_state.client, jax.process_index()
+  try:
+    live = client.get_live_nodes(list(range(jax.process_count())))
+    if rank != 0:
+      client.key_value_set(f"diloco/left/{rank}", str(code))
+    else:
+      for other in sorted(set(live) - {0}):
+        client.blocking_key_value_get(f"diloco/left/{other}", SHUTDOWN_S * 1000)
+  except Exception:  # noqa: BLE001 - a peer lost on the way out, or the service gone: leave anyway
+    pass
+  exit_without_peers(code)
+
+
 def exit_without_peers(code: int) -> None:
   """Ends this process now, skipping JAX's shutdown barrier (after another process was lost).
 

@@ -17,7 +17,8 @@ import math
 from typing import Any
 
 from diloco_core import validity as v
-from diloco_core.background import check_background
+from diloco_core.background_mesh import check_background
+from diloco_core.elastic import HEARTBEAT_S as ELASTIC_HEARTBEAT_S, check_elastic
 from diloco_core.checkpoint import check_no_foreign_steps
 from diloco_core.params_io import check_params_dir
 from diloco_core.config import DiLoCoConfig
@@ -176,6 +177,16 @@ class TrainConfig:
   drop_prob: float = field(
       0.0, flag="drop-prob", group=_C,
       help="simulated drops: each replica misses each sync with this probability (seeded by the model seed)")
+  elastic: bool = field(
+      False, flag="elastic", group=_C,
+      help="several processes, communication background: a process that dies or is cut off is left"
+           " out of every sync from the first one that cannot include it (after"
+           f" {ELASTIC_HEARTBEAT_S} s without its heartbeat), and the others go on: the outer average is"
+           " over the replicas present, as with --drop-schedule")
+  min_replicas: int = field(
+      1, flag="min-replicas", group=_C,
+      help="elastic: the run stops (one line, the lost processes) when fewer replicas than this"
+           " take part in a sync")
 
   def validate(self) -> None:
     """Raises a one-line ``ValueError`` for any invalid option, before anything compiles."""
@@ -208,6 +219,7 @@ class TrainConfig:
     v.check_choice("`communication`", self.communication, COMMUNICATIONS)
     if self.communication == "background":
       check_background(self)
+    check_elastic(self)
     v.check_choice("attention", self.attention, ATTENTIONS)
     v.check_choice("remat", self.remat, REMATS)
     for name in ("aux_loss_coef", "z_loss_coef"):

@@ -247,6 +247,17 @@ CASES = [
     ("drop-schedule-no-sync", lambda t, f: ["--drop-schedule", "3:0"], "no sync after step 3"),
     ("drop-prob-out-of-range", lambda t, f: ["--drop-prob", "1.5"], "--drop-prob must be a number in [0, 1)"),
     ("drops-with-dp", lambda t, f: ["--algorithm", "dp", "--drop-prob", "0.1"], "algorithm 'dp' has none to miss"),
+    # ---- elastic runs ----
+    ("elastic-in-step", lambda t, f: ["--elastic"], "--elastic needs --communication background"),
+    ("elastic-one-process", lambda t, f: ["--elastic", "--communication", "background", "--replicas", "1"],
+     "--elastic needs several processes: start them with `python -m diloco_core.launch"),
+    ("elastic-with-checkpoints", lambda t, f: ["--elastic", "--communication", "background", "--checkpoint-every", "2",
+                                               "--out", str(t / "o")],
+     "--elastic does not support --checkpoint-every 2 (a checkpoint with a replica missing is not defined yet)"),
+    ("min-replicas-without-elastic", lambda t, f: ["--min-replicas", "2"],
+     "--min-replicas applies to --elastic runs only: add --elastic, or drop --min-replicas."),
+    ("min-replicas-above-replicas", lambda t, f: ["--elastic", "--min-replicas", "3"],
+     "--min-replicas must be an integer in [1, replicas=2], got 3."),
     # ---- the replica-vs-global diagnostic ----
     ("eval-replicas-with-dp", lambda t, f: ["--algorithm", "dp", "--eval-replicas"], "algorithm 'dp' has one model"),
     ("eval-replicas-with-checkpoints", lambda t, f: ["--eval-replicas", "--checkpoint-every", "2", "--out", str(t / "o")],

@@ -1,0 +1,86 @@
+"""Elastic runs (``elastic``): a lost process does not stop the others.
+
+A background run over several processes normally ends when one process dies (a collective
+waits for it; the job resumes from its last checkpoint). With ``elastic``, each sync is an
+agreement over the live processes (:mod:`diloco_core.membership`, through JAX's coordination
+service, started with ``jax_enable_recoverability``): a process that dies or is cut off is
+left out from the first sync that cannot include it, after at most the service's heartbeat
+(:data:`HEARTBEAT_S`), and its replicas stop counting in the outer average: the average is
+over the replicas present, the semantics of ``drop_schedule`` (docs/semantics.md). Every
+``settle`` row of the trace says who took part, so
+:func:`~diloco_core.drops.schedule_from_trace` replays the run as a drop schedule. Below
+``min_replicas`` present, the run stops with one line naming the lost processes.
+
+A lost replica produces no losses: its entries in ``metrics.jsonl`` are null from its loss on,
+and ``train_loss`` is the mean over the replicas present.
+
+Not yet (one-line refusals, :func:`check_elastic`): checkpoints and ``resume`` (a checkpoint
+with a replica missing), ``eval_replicas``, ``reduction="reduce-scatter"``, ``outer_overlap``
+other than ``"none"`` (as for simulated drops), a replacement process rejoining (the
+membership supports it; the runtime does not heal one yet), the loss of process 0 (it hosts
+the coordination service).
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from diloco_core import validity as v
+
+#: Seconds without a heartbeat after which the coordination service declares a process of an
+#: elastic run lost: the longest the others wait for a dead one at a sync.
+HEARTBEAT_S = 10
+
+
+def check_elastic(cfg) -> None:
+  """One-line errors for ``elastic`` and ``min_replicas`` (before anything compiles).
+
+  Examples:
+    >>> from diloco_core import TrainConfig
+    >>> check_elastic(TrainConfig(elastic=True))
+    Traceback (most recent call last):
+    ...
+    ValueError: `elastic` needs `communication` background (in-step runs every replica in one program: no process to lose); pass `communication` background.
+  """
+  v.check_bool("elastic", cfg.elastic)
+  M, k = cfg.algo.replicas, cfg.min_replicas
+  if not v.is_int(k) or not 1 <= k <= M:
+    raise ValueError(f"`min_replicas` must be an integer in [1, replicas={M}], got {k!r}.")
+  if not cfg.elastic:
+    if k != 1:
+      raise ValueError("`min_replicas` applies to `elastic` runs only: add `elastic`, or drop `min_replicas`.")
+    return
+  if cfg.communication != "background":
+    raise ValueError("`elastic` needs `communication` background (in-step runs every replica in one"
+                     " program: no process to lose); pass `communication` background.")
+  a = cfg.algo
+  refused = [("checkpoint_every", cfg.checkpoint_every, cfg.checkpoint_every != 0,
+              "a checkpoint with a replica missing is not defined yet"),
+             ("resume", cfg.resume, cfg.resume, "elastic runs write no checkpoints yet"),
+             ("eval_replicas", cfg.eval_replicas, cfg.eval_replicas, "a lost replica has no params to evaluate"),
+             ("reduction", a.reduction, a.reduction == "reduce-scatter", "its owners average every replica"),
+             ("outer_overlap", a.outer_overlap, a.outer_overlap != "none", "as for simulated drops: only 'none'")]
+  for name, value, bad, why in refused:
+    if bad:
+      raise ValueError(f"`elastic` does not support `{name}` {value!r} ({why}); drop `elastic` or `{name}`.")
+  if jax.process_count() == 1:
+    raise ValueError("`elastic` needs several processes: start them with `python -m diloco_core.launch"
+                     " --processes N -- ... --elastic` (or one per host with --coordinator).")
+
+
+def replica_means(step_losses: np.ndarray) -> np.ndarray:
+  """Each replica's mean loss over the steps of a log row, ``[steps, M]`` -> ``[M]``; a lost
+  replica's steps are NaN and left out (NaN when it has none).
+
+  Examples:
+    >>> replica_means(np.array([[1.0, 2.0], [3.0, np.nan]])).tolist()
+    [2.0, 2.0]
+    >>> replica_means(np.array([[1.0, np.nan]])).tolist()
+    [1.0, nan]
+  """
+  means = step_losses.mean(axis=0)  # the exact means of the replicas with every step
+  for m in np.flatnonzero(np.isnan(means)):
+    column = step_losses[:, m][~np.isnan(step_losses[:, m])]
+    means[m] = column.mean() if column.size else np.nan
+  return means

@@ -1,0 +1,92 @@
+"""Elastic runs over real processes: a killed process is left out and the others finish; the
+run equals its own trace replayed as a drop schedule, bit for bit; below ``--min-replicas`` the
+run stops in one line. (The membership underneath, with a rejoin: test_membership.py.)"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from diloco_core.drops import schedule_from_trace
+from diloco_core.elastic import HEARTBEAT_S
+from tiny_run import metrics_rows
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ENV = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([ROOT, TESTS]))
+THREE = ["--processes", "3", "--devices-per-process", "1"]
+FLAGS = ["--model", "tiny", "--replicas", "3", "--sync-every", "4", "--steps", "16", "--batch-size", "2",
+         "--seq-len", "8", "--eval-every", "8", "--log-every", "4", "--warmup-steps", "1", "--no-progress",
+         "--algorithm", "streaming", "--fragments", "2", "--compression", "fp4", "--error-feedback",
+         "--communication", "background"]
+KILLED_AT = 6  # process 2 dies as it hands over the fragment sent at step 6
+
+
+def _launch(*args, env=ENV):
+  return subprocess.run([sys.executable, "-m", "diloco_core.launch", *args], env=env, capture_output=True,
+                        text=True, timeout=400)
+
+
+def _trace(out, rank):
+  return [json.loads(line) for line in open(os.path.join(out, "trace", f"process-{rank}.jsonl"))]
+
+
+@pytest.mark.slow
+def test_a_killed_process_is_left_out_and_the_run_equals_its_replay(tmp_path):
+  """Process 2 of 3 is SIGKILLed at step 6: processes 0 and 1 finish the run (exit 0, the launcher
+  says who was lost), its replica is left out of every sync from step 6 on (the trace says so),
+  after a wait bounded by the heartbeat; its losses are null from its loss on. Replayed as a
+  drop schedule (schedule_from_trace) in a background run over the same three processes, the
+  run gives the same eval losses, survivors' losses and final params, bit for bit."""
+  out, stamp = str(tmp_path / "elastic"), tmp_path / "killed_at"
+  env = dict(ENV, KILL_RANK="2", KILL_AT_STEP=str(KILLED_AT), KILL_STAMP=str(stamp))
+  r = _launch(*THREE, "--module", "kill_child", "--", *FLAGS, "--elastic", "--out", out, env=env)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert r.stderr.strip().splitlines()[-1] == ("launch: process 2 of 3 was lost (killed by SIGKILL); the others"
+                                                " went on without it (--elastic).")
+  trace = [_trace(out, rank) for rank in (0, 1)]
+  settles = [[(x["sent_at"], x["present"]) for x in t if x["kind"] == "settle"] for t in trace]
+  assert settles[0] == settles[1] == [(s, [1.0, 1.0, 1.0] if s < KILLED_AT else [1.0, 1.0, 0.0])
+                                      for s in range(2, 17, 2)]
+  lost = [x for x in trace[0] if x["kind"] == "lost"]
+  assert [(x["step"], x["processes"]) for x in lost] == [(KILLED_AT, [2])]
+  assert lost[0]["time"] - float(stamp.read_text()) < 3 * HEARTBEAT_S  # bounded (slack for a loaded machine)
+  rows = metrics_rows(os.path.join(out, "metrics.jsonl"))
+  assert [x["replica_loss"][2] is None for x in rows] == [False, True, True, True]
+  for x in rows:  # the mean over the replicas present
+    present = [v for v in x["replica_loss"] if v is not None]
+    assert x["train_loss"] == pytest.approx(np.mean(present), rel=1e-6)
+
+  schedule = schedule_from_trace(trace[0], replicas=3)
+  assert schedule == tuple((s, 2) for s in range(KILLED_AT, 17, 2))
+  replay = str(tmp_path / "replay")
+  r2 = _launch(*THREE, "--", *FLAGS, "--drop-schedule", ",".join(f"{s}:{m}" for s, m in schedule), "--out", replay)
+  assert r2.returncode == 0, r2.stderr[-3000:]
+  rows2 = metrics_rows(os.path.join(replay, "metrics.jsonl"))
+  assert [x["eval_loss"] for x in rows] == [x["eval_loss"] for x in rows2]
+  assert [x["replica_loss"][:2] for x in rows] == [x["replica_loss"][:2] for x in rows2]
+  assert rows[0] == {k: v for k, v in rows2[0].items() if k != "participants"}  # before the loss: everything
+  from diloco_core.params_io import load_params
+  a, b = (jax.tree.leaves(load_params(os.path.join(d, "final_params"))) for d in (out, replay))
+  assert all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.slow
+def test_below_min_replicas_the_run_stops_in_one_line(tmp_path):
+  """With --min-replicas 3, losing one of three processes stops the others at that sync: one line
+  naming the lost process and the option; the launcher names the killed process."""
+  out = str(tmp_path / "run")
+  env = dict(ENV, KILL_RANK="2", KILL_AT_STEP="4")
+  r = _launch(*THREE, "--module", "kill_child", "--", *FLAGS, "--steps", "8", "--elastic", "--min-replicas", "3",
+              "--out", out, env=env)
+  assert r.returncode == 128 + signal.SIGKILL, r.stderr[-3000:]
+  errors = [line for line in r.stdout.splitlines() if line.startswith("error:")]  # process 0's output
+  assert errors and "process(es) [2] lost: 2 replica(s) took part in the sync of fragment 1 sent at step 4," \
+                    " fewer than --min-replicas (3); the run stopped after step 3" in errors[0], r.stdout[-3000:]
+  assert r.stderr.strip().splitlines()[-1].startswith("launch: process 2 of 3 was lost (killed by SIGKILL)")
