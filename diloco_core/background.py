@@ -49,16 +49,16 @@ agree within :data:`TOLERANCE` (tested). On GPU this is not measured (its fusion
 its own).
 
 **Per-step records.** Each process appends to ``<out>/trace/process-<rank>.jsonl`` (kept in
-``Background.trace`` without ``out``): when each step computed (``compute``: the step's
-programs, waited for), when each payload was handed over, gathered and settled, and the
-bytes this process handed to the link and received from the others (``transfer``), and how long the main thread waited for one (``wait``). Times are
-``time.time()`` seconds, comparable across the processes of one machine.
+``Background.trace`` without ``out``): when each step computed (``compute``), when each
+payload was handed over, gathered and settled, the bytes this process handed to the link and
+received (``transfer``), and how long the main thread waited (``wait``); ``time.time()`` seconds.
 
 **Simulated drops** follow the in-step rules (the masked send keeps dropped residuals, the
 masked settle averages the present, the merge heals; a ``skip`` row when nobody took part);
 each ``settle`` row says who took part. A dropped replica's payload still crosses the link.
+**Elastic runs** (:mod:`diloco_core.elastic`) settle with the live processes' mask the same way.
 
-Not supported here (one-line errors, :func:`check_background`): data parallelism (it
+Not supported here (one-line errors, :func:`~diloco_core.background_mesh.check_background`): data parallelism (it
 all-reduces every step), simulated drops with ``reduction="reduce-scatter"``.
 """
 
@@ -81,6 +81,7 @@ from diloco_core.background_programs import PhasePrograms, flat_buffer, fragment
 from diloco_core.diloco import DiLoCo
 from diloco_core.hyperparams import resolve_optimizer
 from diloco_core.link import Link, LostProcessError, wait
+from diloco_core.membership import Membership
 from diloco_core.mesh import MeshPlacement, global_array, replica_sharding, replicated
 from diloco_core.reduce_scatter import ChunkPlan
 from diloco_core.schedule import merged_fragment, sent_fragment
@@ -154,11 +155,8 @@ class Background(PhasePrograms, MeshPlacement):
       path = os.path.join(out, TRACE_FILE.format(rank=self.rank))
       os.makedirs(os.path.dirname(path), exist_ok=True)
       self._trace_file = open(path, "a" if resumed else "w")
-    self.min_replicas, membership, self._lost_seen = min_replicas, None, set()
-    if min_replicas is not None:  # elastic: every process agrees once at start
-      from diloco_core.membership import Membership
-      membership = Membership()
-      membership.enter()
+    self.min_replicas, self._lost_seen = min_replicas, set()  # elastic: every process agrees at start
+    membership = None if min_replicas is None else Membership.entered()
     self.link = Link(on_transfer=self._transferred, membership=membership)
     if cfg.reduction == "reduce-scatter":  # its all-to-all's gloo context, set up while all are here
       wait(self.link.connect(), "connecting to the other processes")
@@ -168,6 +166,7 @@ class Background(PhasePrograms, MeshPlacement):
     self._keys = itertools.count()  # names of the link exchanges
     self._shapes: dict[str, list] = {}  # per branch: a fragment's leaves (see _leaves_of)
     self._hp = None
+    self._step = 0  # the last step taken (a log row's wait is recorded under it)
 
   # ---- placement -----------------------------------------------------------------------------
   @property
@@ -274,7 +273,7 @@ class Background(PhasePrograms, MeshPlacement):
     ``last``: the run's last step with ``eval_replicas`` (α = 1 there, as in-step).
     """
     cfg, hp = self.config, self._hyperparams(last)
-    start = time.time()
+    start, self._step = time.time(), t
     state, loss, metrics = self.inner_program(state, batch, hp)
     is_send, p = sent_fragment(t, cfg.sync_every, cfg.fragments, cfg.fragment_order)
     if is_send:
@@ -316,7 +315,7 @@ class Background(PhasePrograms, MeshPlacement):
     if self.min_replicas is not None:  # elastic: the replicas of the processes that took part
       gathered, agreement = gathered
       live = np.repeat(agreement.present(self.processes), self.local)
-      present = live if present is None else present * live
+      present = live * (1.0 if present is None else present)
       new = [r for r in self.absent_processes() if r not in self._lost_seen]
       if new:  # first left out of a sync here (or of a log row's exchange just before)
         self._lost_seen.update(new)
@@ -387,19 +386,27 @@ class Background(PhasePrograms, MeshPlacement):
   def gather_rows(self, values: list) -> np.ndarray:
     """Queued per-replica values (one per step, this process's rows) as ``[steps, M]`` on the host."""
     local = np.stack([self.own_rows(v) for v in values])  # [steps, M / N]
-    every = self.link.exchange(f"rows/{next(self._keys)}", local, fill=np.nan)  # [N, steps, M / N]
+    every = self._exchange("rows", local, np.nan)  # [N, steps, M / N]
     return np.concatenate(list(every), axis=1)
+
+  def _exchange(self, what: str, x: np.ndarray, fill) -> np.ndarray:
+    """Every process's ``x`` (:meth:`Link.exchange`, lost processes' rows ``fill``); elastic: an
+    agreement, recorded as a wait (it waits for the slowest process, or past a lost one's heartbeat)."""
+    start = time.time()
+    every = self.link.exchange(f"{what}/{next(self._keys)}", x, fill=fill)
+    if self.min_replicas is not None:
+      self._record({"kind": "wait", "step": self._step, "for": what, "start": start, "end": time.time()})
+    return every
 
   def finite_flags(self, state: DiLoCoState):
     """(whether each replica's params are all finite [M], over every process; whether θ_g is)."""
     replicas, glob = self.algo.finite_flags(state)
-    every = self.link.exchange(f"flags/{next(self._keys)}", self.own_rows(replicas), fill=True)  # lost: no verdict
+    every = self._exchange("flags", self.own_rows(replicas), True)  # a lost replica: no verdict
     return jnp.asarray(every.reshape(-1)), glob
 
   def absent_processes(self) -> tuple[int, ...]:
     """Elastic: the processes the last agreement left out (lost); otherwise none."""
-    last = self.link.last
-    return () if last is None else tuple(r for r in range(self.processes) if r not in last.members)
+    return tuple(r for r in range(self.processes) if self.link.last and r not in self.link.last.members)
 
   def absent_replicas(self) -> np.ndarray | None:
     """Elastic: the [M] mask of the replicas of lost processes (True: lost); None otherwise."""
@@ -410,9 +417,8 @@ class Background(PhasePrograms, MeshPlacement):
     return np.repeat(lost, self.local)
 
   def replica_params(self, state: DiLoCoState):
-    """The replicas' params the divergence watch reads: all of them (its ``max |θ|`` reduces
-    across the processes); elastic: this process's own shards (no collective a lost process
-    would hold)."""
+    """The replicas' params the divergence watch reads: all; elastic: this process's own (no
+    collective that a lost process would hold)."""
     if self.min_replicas is None:
       return state.params
     return jax.tree.map(lambda x: [s.data for s in x.addressable_shards], state.params)

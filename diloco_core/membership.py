@@ -117,6 +117,7 @@ class Membership:
     self.rank, self.processes = jax.process_index(), jax.process_count()
     self._known: dict[int, int] | None = None  # {process: incarnation} of the last agreement
     self._last_key: str | None = None
+    #: Whether :meth:`enter` found the run started: this process is a replacement.
     self.rejoined = False
 
   def _barrier(self) -> dict[int, int]:
@@ -124,6 +125,13 @@ class Membership:
       return {int(r): int(i) for r, i in self._client.get_live_nodes(list(range(self.processes))).items()}
     except Exception as e:  # noqa: BLE001 - the service itself gone
       raise MembershipError(f"the membership barrier failed: the coordination service was lost ({_first_line(e)})") from None
+
+  @classmethod
+  def entered(cls, **kwargs) -> "Membership":
+    """A membership that has made its first agreement (:meth:`enter`)."""
+    membership = cls(**kwargs)
+    membership.enter()
+    return membership
 
   def enter(self) -> Agreement:
     """The first agreement of this process: at start (every process calls it, everyone is a

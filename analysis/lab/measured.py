@@ -143,11 +143,12 @@ def can_shape() -> str | None:
   return ShapedLink.unavailable()
 
 
-def launch_run(out: str, train_args: list[str], mbit: float | None = None, processes: int = 2) -> None:
+def launch_run(out: str, train_args: list[str], mbit: float | None = None, processes: int = 2,
+               launcher_args: tuple = ()) -> None:
   """Runs ``python -m diloco_core.launch`` (one device and an equal share of the CPUs per
-  process when there are enough, over a link shaped to ``mbit`` when given) with
-  ``train_args``, writing to ``out``; a failure raises with its output."""
-  shaping = [] if mbit is None else ["--link-mbit", f"{mbit:.3f}"]
+  process when there are enough, over a link shaped to ``mbit`` when given, with the launcher's
+  own ``launcher_args``) with ``train_args``, writing to ``out``; a failure raises with its output."""
+  shaping = [*launcher_args, *([] if mbit is None else ["--link-mbit", f"{mbit:.3f}"])]
   pin = ["--pin-cpus"] if processes <= len(os.sched_getaffinity(0)) else []
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   cmd = [sys.executable, "-m", "diloco_core.launch", "--processes", str(processes), "--devices-per-process", "1",

@@ -26,6 +26,7 @@ from analysis.plots.results import plot_metric
 from analysis.plots.results import plot_tradeoff
 from analysis.plots.tables import STEP_COLORS
 from analysis.plots.tables import side_by_side
+from analysis.plots.timelines import plot_elastic
 from analysis.plots.timelines import plot_hiding
 from analysis.plots.timelines import plot_schedule
 from analysis.plots.timelines import plot_timeline

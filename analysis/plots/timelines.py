@@ -2,7 +2,8 @@
 
 :func:`schedule_text` and :func:`plot_schedule` draw :func:`diloco_core.schedule.schedule_table`;
 :func:`plot_timeline` draws a run of :mod:`analysis.planning.simulate`, :func:`plot_hiding` one sync
-of several runs, where each transfer hides behind compute.
+of several runs, where each transfer hides behind compute; :func:`plot_elastic` an elastic run
+that lost a process (:mod:`analysis.lab.elastic_measured`).
 """
 
 from __future__ import annotations
@@ -240,4 +241,59 @@ def plot_hiding(runs: dict, *, after: float = 0.5, title: str | None = None):
              fontsize=8, frameon=False)
   if title:
     fig.suptitle(title)
+  return done(fig)
+
+
+def plot_elastic(timeline: pd.DataFrame, metrics: pd.DataFrame, *, killed: int, kill_time: float,
+                 lost_time: float, lost_step: int, title: str | None = None):
+  """An elastic run that lost a process: what each process did, beside the losses.
+
+  Left: one lane per process, its steps (grey), its waits for the others (red: a sync or a log
+  row's agreement) and each sync it settled (a tick: black when every replica took part,
+  orange when some were left out), and the kill. Right: each replica's training loss
+  and the eval loss of the global params, against the step.
+
+  Args:
+    timeline: :func:`analysis.lab.elastic_measured.process_timeline`.
+    metrics: the run's ``metrics.jsonl`` rows (``step``, ``replica_loss``, ``eval_loss``).
+    killed: the process killed; kill_time, lost_time: when its last step ended and when the
+      others settled without it (seconds); lost_step: the step of that sync.
+    title: the figure's title.
+
+  Returns:
+    The matplotlib Figure.
+  """
+  fig, (ax, bx) = new_figure(figsize=(10.0, 3.2), ncols=2)
+  ax.grid(False)
+  procs = sorted(timeline["process"].unique())
+  for p in procs:
+    y, rows = len(procs) - 1 - p, timeline[timeline["process"] == p]
+    for kind, color in (("compute", "0.65"), ("wait", "C3")):
+      g = rows[rows["kind"] == kind]
+      ax.broken_barh(list(zip(g["start"], g["end"] - g["start"])), (y + 0.2, 0.6), facecolors=color,
+                     edgecolor="white", lw=0.3, label=("step" if kind == "compute" else "waits for the others") if p == 0 else None)
+    syncs = rows[rows["kind"] == "sync"]
+    full = syncs["present"].map(lambda m: m is None or all(v > 0 for v in m))
+    ax.vlines(syncs["start"][full], y + 0.05, y + 0.95, colors="k", lw=0.8, label="sync, all present" if p == 0 else None)
+    ax.vlines(syncs["start"][~full], y + 0.05, y + 0.95, colors="C1", lw=1.2,
+              label="sync without the lost replica" if p == 0 else None)
+  ax.axvline(kill_time, color="C3", ls=":", lw=1)
+  ax.annotate(f"process {killed} killed", (kill_time, len(procs) - 0.05), fontsize=8, color="C3", ha="right", va="top")
+  ax.set_yticks([len(procs) - 1 - p + 0.5 for p in procs], [f"process {p}" for p in procs])
+  ax.set_ylim(0, len(procs))
+  ax.set_xlabel("time (s)")
+  ax.tick_params(axis="y", length=0)
+  ax.spines[["left"]].set_visible(False)
+  ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(0.0, 1.32))
+  losses = np.array([[np.nan if v is None else v for v in row] for row in metrics["replica_loss"].iloc[1:]], float)
+  for m in range(losses.shape[1]):
+    bx.plot(metrics["step"].iloc[1:], losses[:, m], lw=1, label=f"replica {m} (train)")
+  ev = metrics.dropna(subset=["eval_loss"])
+  bx.plot(ev["step"], ev["eval_loss"], "k.-", lw=1.2, label="global params (eval)")
+  bx.axvline(lost_step, color="C3", ls=":", lw=1)
+  bx.set_xlabel("step")
+  bx.set_ylabel("loss")
+  bx.legend(fontsize=7)
+  if title:
+    fig.suptitle(title, fontsize=10)
   return done(fig)
