@@ -79,10 +79,11 @@ from diloco_core import eager
 from diloco_core.background_mesh import background_mesh, check_background  # noqa: F401 (re-exported)
 from diloco_core.background_programs import PhasePrograms, flat_buffer, fragment_branch, split_buffer
 from diloco_core.diloco import DiLoCo
+from diloco_core.elastic_runtime import ElasticRuntime
 from diloco_core.hyperparams import resolve_optimizer
 from diloco_core.link import Link, LostProcessError, wait
 from diloco_core.membership import Membership
-from diloco_core.mesh import MeshPlacement, global_array, replica_sharding, replicated
+from diloco_core.mesh import MeshPlacement, global_array, host_copy, replica_sharding, replicated
 from diloco_core.reduce_scatter import ChunkPlan
 from diloco_core.schedule import merged_fragment, sent_fragment
 from diloco_core.state import DiLoCoState
@@ -118,7 +119,7 @@ class _InFlight:
   present: np.ndarray | None = None  # the [M] participation mask of this sync (simulated drops)
 
 
-class Background(PhasePrograms, MeshPlacement):
+class Background(PhasePrograms, MeshPlacement, ElasticRuntime):
   """The background runtime of one process: its local replicas' programs, the link, the trace.
 
   Args:
@@ -129,6 +130,8 @@ class Background(PhasePrograms, MeshPlacement):
     resumed: the run resumes (the trace file is appended to).
     min_replicas: an elastic run (:mod:`diloco_core.elastic`): each sync averages the replicas of
       the processes alive, and the run stops below this many; None: not elastic.
+    heal_every: elastic: a replacement is healed after a step that is a multiple of this (the
+      log interval: every process's log rows then cover the same steps).
 
   The loop calls it as its runtime (:class:`~diloco_core.communication.Runtime`): the same
   calls as :class:`~diloco_core.communication.InStep`.
@@ -139,7 +142,7 @@ class Background(PhasePrograms, MeshPlacement):
   replica_fields = ("params", "opt_state", "ef_residual", "participants")
 
   def __init__(self, algo: DiLoCo, params, mesh: str | None = None, out: str | None = None,
-               resumed: bool = False, min_replicas: int | None = None):
+               resumed: bool = False, min_replicas: int | None = None, heal_every: int = 1):
     self.algo, self.config = algo, algo.config
     cfg = self.config
     self.processes, self.rank = jax.process_count(), jax.process_index()
@@ -149,14 +152,15 @@ class Background(PhasePrograms, MeshPlacement):
     if cfg.outer_overlap == "eager":
       self.replica_fields = Background.replica_fields + ("in_flight",)
     algo.prepare(params)
+    self.min_replicas, self.heal_every, self._lost_seen = min_replicas, heal_every, set()  # elastic: all agree at start
+    self._unsent: list[tuple[int, float]] = []  # elastic: (sync step, share of the replicas that sent nothing)
+    membership = None if min_replicas is None else Membership.entered()
     self.trace: list[dict] = []
     self._trace_file = None
-    if out is not None:
+    if out is not None:  # a replacement (elastic) goes on with its lost predecessor's trace
       path = os.path.join(out, TRACE_FILE.format(rank=self.rank))
       os.makedirs(os.path.dirname(path), exist_ok=True)
-      self._trace_file = open(path, "a" if resumed else "w")
-    self.min_replicas, self._lost_seen = min_replicas, set()  # elastic: every process agrees at start
-    membership = None if min_replicas is None else Membership.entered()
+      self._trace_file = open(path, "a" if resumed or (membership and membership.rejoined) else "w")
     self.link = Link(on_transfer=self._transferred, membership=membership)
     if cfg.reduction == "reduce-scatter":  # its all-to-all's gloo context, set up while all are here
       wait(self.link.connect(), "connecting to the other processes")
@@ -180,7 +184,7 @@ class Background(PhasePrograms, MeshPlacement):
     changes = {}
     for name in state.__dataclass_fields__:
       own = name in self.replica_fields
-      changes[name] = jax.tree.map(lambda x: self.own_rows(x) if own else _any_copy(x), getattr(state, name))
+      changes[name] = jax.tree.map(lambda x: self.own_rows(x) if own else host_copy(x), getattr(state, name))
     return self._place(state.replace(**changes))
 
   def own_rows(self, x) -> np.ndarray:
@@ -272,6 +276,7 @@ class Background(PhasePrograms, MeshPlacement):
     None. Dropped payloads still cross the link: the trace's bytes exceed the metrics' count.
     ``last``: the run's last step with ``eval_replicas`` (α = 1 there, as in-step).
     """
+    state = self.heal_joiners(state, t)  # elastic: a replacement waiting gets the state of step t - 1
     cfg, hp = self.config, self._hyperparams(last)
     start, self._step = time.time(), t
     state, loss, metrics = self.inner_program(state, batch, hp)
@@ -315,7 +320,8 @@ class Background(PhasePrograms, MeshPlacement):
     if self.min_replicas is not None:  # elastic: the replicas of the processes that took part
       gathered, agreement = gathered
       live = np.repeat(agreement.present(self.processes), self.local)
-      present = live * (1.0 if present is None else present)
+      planned, present = (1.0 if present is None else present), live * (1.0 if present is None else present)
+      self._unsent.append((flight.step, float(np.mean(planned) - np.mean(present))))  # the lost sent nothing
       new = [r for r in self.absent_processes() if r not in self._lost_seen]
       if new:  # first left out of a sync here (or of a log row's exchange just before)
         self._lost_seen.update(new)
@@ -404,25 +410,6 @@ class Background(PhasePrograms, MeshPlacement):
     every = self._exchange("flags", self.own_rows(replicas), True)  # a lost replica: no verdict
     return jnp.asarray(every.reshape(-1)), glob
 
-  def absent_processes(self) -> tuple[int, ...]:
-    """Elastic: the processes the last agreement left out (lost); otherwise none."""
-    return tuple(r for r in range(self.processes) if self.link.last and r not in self.link.last.members)
-
-  def absent_replicas(self) -> np.ndarray | None:
-    """Elastic: the [M] mask of the replicas of lost processes (True: lost); None otherwise."""
-    if self.min_replicas is None:
-      return None
-    lost = np.zeros(self.processes, bool)
-    lost[list(self.absent_processes())] = True
-    return np.repeat(lost, self.local)
-
-  def replica_params(self, state: DiLoCoState):
-    """The replicas' params the divergence watch reads: all; elastic: this process's own (no
-    collective that a lost process would hold)."""
-    if self.min_replicas is None:
-      return state.params
-    return jax.tree.map(lambda x: [s.data for s in x.addressable_shards], state.params)
-
   # ---- records -------------------------------------------------------------------------------
   def _transferred(self, what: str, launched: float, finished: float, sent: int, received: int,
                    padding: int) -> None:
@@ -437,14 +424,9 @@ class Background(PhasePrograms, MeshPlacement):
 
   def close(self) -> None:
     """Stops the link thread (after what it holds) and closes the trace file."""
+    if self.link.membership is not None:
+      self.link.membership.release()  # a replacement still waiting: the run ended
     self.link.close()
     if self._trace_file is not None:
       self._trace_file.close()
       self._trace_file = None
-
-
-def _any_copy(x) -> np.ndarray:
-  """A host copy of a replicated (possibly multi-process) array."""
-  if isinstance(x, jax.Array) and not x.is_fully_addressable:
-    return np.asarray(x.addressable_shards[0].data)
-  return np.asarray(x)

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from diloco_core.background import Background
+from diloco_core.elastic_runtime import rejoin_replicas
 from diloco_core.mesh import fetch, local_replicas, make_mesh, parse_mesh
 
 
@@ -78,6 +79,10 @@ class Runtime(Protocol):
 
   def replica_params(self, state) -> Any:
     """The replicas' params the divergence watch reads (elastic: this process's own)."""
+
+  def take_unsent(self) -> list[tuple[int, float]]:
+    """Elastic: the syncs settled since the last call whose counted bytes a share of the
+    replicas did not send, as ``(step, share)``."""
 
   def close(self) -> None:
     """Releases what the runtime holds (threads, files)."""
@@ -142,6 +147,14 @@ class InStep:
   def replica_params(self, state):
     return state.params
 
+  def take_unsent(self):
+    return []  # every replica of the schedule sends
+
+  def rejoin_replicas(self, state, replicas, source: int):
+    """``rejoin_schedule``: replicas ``replicas`` restart from the global params and replica
+    ``source``'s inner state (:func:`~diloco_core.elastic_runtime.rejoin_replicas`)."""
+    return rejoin_replicas(state, replicas, source)
+
   def close(self) -> None:
     pass
 
@@ -151,5 +164,5 @@ def make_communication(cfg, algo, params, resumed: bool = False) -> Runtime:
   :class:`~diloco_core.background.Background`."""
   if cfg.communication == "background":
     return Background(algo, params, mesh=cfg.mesh, out=cfg.out, resumed=resumed,
-                      min_replicas=cfg.min_replicas if cfg.elastic else None)
+                      min_replicas=cfg.min_replicas if cfg.elastic else None, heal_every=cfg.log_every)
   return InStep(algo)

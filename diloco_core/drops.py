@@ -4,7 +4,8 @@ A run with ``drop_schedule`` or ``drop_prob`` (:class:`~diloco_core.TrainConfig`
 participation mask to :meth:`DiLoCo.step <diloco_core.DiLoCo.step>`; the semantics of a
 dropped replica (left out of the average, healed at the merge) are on the semantics page
 (docs/semantics.md). The background runtime records who took part in each sync in its trace;
-:func:`schedule_from_trace` turns that record back into a ``drop_schedule`` that replays it.
+:func:`schedule_from_trace` turns that record back into a ``drop_schedule`` that replays it,
+and :func:`rejoins_from_trace` an elastic run's heals into a ``rejoin_schedule``.
 """
 
 from __future__ import annotations
@@ -91,3 +92,20 @@ def schedule_from_trace(rows, replicas: int) -> tuple[tuple[int, int], ...]:
       raise ValueError(f"the trace records the sync of step {step} twice, with different replicas"
                        f" ({missed[step]} and {absent} absent).")
   return tuple(sorted((step, m) for step, absent in missed.items() for m in absent))
+
+
+def rejoins_from_trace(rows) -> tuple[tuple[int, int, int], ...]:
+  """The ``rejoin_schedule`` that replays the replacements an elastic run healed.
+
+  The leader's trace has one ``heal`` row per heal (``step``: the step whose state it sent;
+  ``replicas``: the replacement's; ``source``: the replica whose inner optimizer state it
+  sent). With the drop schedule of :func:`schedule_from_trace`, an in-step run of the same
+  config then follows the elastic run.
+
+  Examples:
+    >>> rejoins_from_trace([{"kind": "heal", "step": 12, "replicas": [2], "source": 0},
+    ...                     {"kind": "settle", "sent_at": 12, "present": None}])
+    ((12, 2, 0),)
+  """
+  return tuple(sorted((row["step"], m, row["source"]) for row in rows if row.get("kind") == "heal"
+                      for m in row["replicas"]))

@@ -12,13 +12,20 @@ over the replicas present, the semantics of ``drop_schedule`` (docs/semantics.md
 ``min_replicas`` present, the run stops with one line naming the lost processes.
 
 A lost replica produces no losses: its entries in ``metrics.jsonl`` are null from its loss on,
-and ``train_loss`` is the mean over the replicas present.
+``train_loss`` is the mean over the replicas present, and the byte counters leave out what it
+did not send (counted when its sync settles).
+
+**A replacement** (the same command and ``process_id`` started again, e.g. by ``launch
+--restart``) rejoins: it takes part in the agreements with nothing until the leader sends it
+the state after a log row, and counts from the next sync on
+(:mod:`diloco_core.elastic_runtime`, which states the inner-state policy). The leader's trace
+records the heal, :func:`~diloco_core.drops.rejoins_from_trace` turns it into the
+``rejoin_schedule`` that replays it in-step.
 
 Not yet (one-line refusals, :func:`check_elastic`): checkpoints and ``resume`` (a checkpoint
 with a replica missing), ``eval_replicas``, ``reduction="reduce-scatter"``, ``outer_overlap``
-other than ``"none"`` (as for simulated drops), a replacement process rejoining (the
-membership supports it; the runtime does not heal one yet), the loss of process 0 (it hosts
-the coordination service).
+other than ``"none"`` (as for simulated drops); and the loss of process 0 (it hosts the
+coordination service: the run ends, as without ``elastic``).
 """
 
 from __future__ import annotations

@@ -17,9 +17,10 @@ a multi-host run starts one per host with ``--coordinator/--num-processes/--proc
   by a signal the launcher did not send is the cause), 130 for a stop request, else 0.
 * ``--pin-cpus`` gives each process an equal, disjoint share of the CPUs (as separate hosts
   would have): the processes then do not slow each other down unevenly.
-* ``--kill-at P:S`` (fault injection, for trying ``--elastic``) kills process P with SIGKILL
-  once its trace (``<out>/trace/process-P.jsonl``, ``--communication background``) records
-  its step S: as a lost host would (it may get a step further before the kill lands).
+* ``--kill-at P:S`` (fault injection, :mod:`diloco_core.faults`) kills process P with SIGKILL
+  once its trace records its step S. With the trainer's ``--elastic`` the others go on; with
+  ``--restart`` a lost process (but 0) is started again, once: the replacement rejoins and is
+  healed from a live peer (:mod:`diloco_core.elastic_runtime`).
 * The processes die with the launcher, even when it is killed with SIGKILL (Linux).
 * ``--link-mbit R`` runs every process in a new network namespace whose loopback is shaped
   to R Mbit/s (``tc qdisc ... tbf``: both directions share the rate; Linux, root, iproute2).
@@ -49,7 +50,7 @@ import sys
 import threading
 import time
 
-from diloco_core import interrupts
+from diloco_core import faults, interrupts
 from diloco_core.cli import PROCESS_FLAGS
 
 #: Seconds the processes get to stop after SIGTERM before they are killed.
@@ -82,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--kill-at", default=None, metavar="P:S",
                  help="kill process P (SIGKILL) once its trace records step S (fault injection; needs"
                       " --communication background and --out)")
+  p.add_argument("--restart", action="store_true",
+                 help="with --elastic: start a lost process (but 0) again, once; the replacement"
+                      " rejoins at a sync and is healed from a live peer")
   p.add_argument("--module", default="diloco_core.train",
                  help="the module each process runs (diloco_core.train)")
   p.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then the trainer's flags")
@@ -110,47 +114,14 @@ def parse_args(argv):
     raise ValueError(f"--pin-cpus needs at least one CPU per process: {len(_cpus())} CPU(s) for"
                      f" {a.processes} processes; drop --pin-cpus or start fewer processes.")
   if a.kill_at is not None:
-    a.kill_at = _parse_kill_at(a.kill_at, a.processes, a.train_args)
+    a.kill_at = faults.parse_kill_at(a.kill_at, a.processes, a.train_args)
+  if a.restart and "--elastic" not in a.train_args:
+    raise ValueError("--restart starts a lost process again for it to rejoin: pass --elastic to the trainer.")
   clash = [f for f in PROCESS_FLAGS.values() if any(x == f or x.startswith(f + "=") for x in a.train_args)]
   if clash:
     raise ValueError(f"{', '.join(clash)} is set by the launcher for each process; drop it from the"
                      " trainer's flags.")
   return a
-
-
-def _parse_kill_at(text: str, processes: int, train_args: list[str]) -> tuple[int, int, str]:
-  """``P:S`` of ``--kill-at`` as (process, step, its trace file), checked.
-
-  Examples:
-    >>> _parse_kill_at("2:6", 3, ["--communication", "background", "--out", "runs/a"])
-    (2, 6, 'runs/a/trace/process-2.jsonl')
-    >>> _parse_kill_at("3:6", 3, ["--out", "runs/a"])
-    Traceback (most recent call last):
-    ...
-    ValueError: --kill-at '3:6' must be P:S with a process P in [0, 3) and a step S >= 1, e.g. 1:6.
-  """
-  from diloco_core.background import TRACE_FILE
-  try:
-    process, step = (int(x) for x in text.split(":"))
-  except ValueError:
-    process = step = -1
-  if not (0 <= process < processes and step >= 1):
-    raise ValueError(f"--kill-at {text!r} must be P:S with a process P in [0, {processes}) and a step S >= 1,"
-                     f" e.g. {min(1, processes - 1)}:6.")
-  out = next((train_args[i + 1] for i, x in enumerate(train_args[:-1]) if x == "--out"), None)
-  if out is None or not any(x.endswith("background") for x in train_args):
-    raise ValueError("--kill-at reads the process's trace: pass --communication background and --out to the trainer.")
-  return process, step, os.path.join(out, TRACE_FILE.format(rank=process))
-
-
-def _reached(trace: str, step: int) -> bool:
-  """Whether the trace file records a computed step >= ``step`` (False while it is not there)."""
-  try:
-    with open(trace) as f:
-      return any(f'"kind": "compute", "step": ' in line and int(line.split('"step": ')[1].split(",")[0]) >= step
-                 for line in f)
-  except OSError:
-    return False
 
 
 def _cpus() -> list[int]:
@@ -269,7 +240,7 @@ class _Child:
   it comes, carriage returns included, so its progress bar redraws in place)."""
 
   def __init__(self, index: int, cmd: list[str], env: dict, show: bool, cpus: list[int] | None = None):
-    self.index, self.cmd = index, cmd
+    self.index, self.cmd, self.env, self.cpus = index, cmd, env, cpus
     self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     self.signalled: set[int] = set()  # the signals the launcher sent it
     self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -329,7 +300,7 @@ def launch(argv) -> int:
         children.append(_Child(i, [*prefix, sys.executable, "-m", a.module, *a.train_args],
                                dict(base_env, JAX_PROCESS_ID=str(i)), show=i == 0,
                                cpus=cpu_share(i, a.processes) if a.pin_cpus else None))
-      return _supervise(children, a.kill_at)
+      return _supervise(children, a.kill_at, a.restart)
   except KeyboardInterrupt:  # a second stop request: no more waiting
     for c in children:
       c.stop(signal.SIGKILL)
@@ -340,17 +311,22 @@ def launch(argv) -> int:
       link.__exit__(None, None, None)
 
 
-def _supervise(children: list[_Child], kill_at: tuple[int, int, str] | None = None) -> int:
+def _supervise(children: list[_Child], kill_at: tuple[int, int, str] | None = None, restart: bool = False) -> int:
   """Waits for every child; stops them all on a failure or a stop request; the worst code.
-  ``kill_at``: (process, step, trace) of ``--kill-at``."""
+  ``kill_at``: (process, step, trace) of ``--kill-at``; ``restart``: ``--restart``."""
+  replaced: list[_Child] = []  # --restart: the lost processes whose replacement was started
   first_failure: _Child | None = None
   elastic = "--elastic" in children[0].cmd
   stopping_since = None
   ended: dict[int, float] = {}  # child index -> when the launcher saw it end
   while True:
-    if kill_at is not None and _reached(kill_at[2], kill_at[1]):
+    if kill_at is not None and faults.reached(kill_at[2], kill_at[1]):
       os.killpg(children[kill_at[0]].proc.pid, signal.SIGKILL)  # not in c.signalled: a lost process
       kill_at = None
+    for i, c in enumerate(children):
+      if restart and i != 0 and c.proc.poll() not in (None, 0) and all(x.index != i for x in replaced):
+        replaced.append(c)  # the same command and process id: it rejoins (--elastic)
+        children[i] = _Child(i, c.cmd, c.env, show=False, cpus=c.cpus)
     codes = [c.proc.poll() for c in children]
     for c, rc in zip(children, codes):
       if rc is not None:
@@ -376,8 +352,13 @@ def _supervise(children: list[_Child], kill_at: tuple[int, int, str] | None = No
   for c in children:
     c.join()
   if elastic and children[0].proc.returncode == 0:  # the run ended; say who was lost on the way
+    for c in replaced:
+      new = children[c.index]
+      ended = "finished" if new.proc.returncode == 0 else f"{_how(new.proc.returncode)}: {new.tail[-1] if new.tail else ''}"
+      print(f"launch: process {c.index} of {len(children)} {_how(c.proc.returncode)}; a replacement"
+            f" rejoined and {ended} (--elastic --restart).", file=sys.stderr)
     for c in children:
-      if c.proc.returncode != 0:
+      if c.proc.returncode != 0 and c not in replaced:
         print(f"launch: process {c.index} of {len(children)} {_how(c.proc.returncode)}; the others went on"
               " without it (--elastic).", file=sys.stderr)
     return 0

@@ -183,6 +183,9 @@ def train(cfg: TrainConfig) -> TrainResult:
                        f" {resumed.path}; pass `steps` >= {resumed.step}.")
     state = comm.local_state(resumed.state)
   first = 1 if resumed is None else resumed.step + 1  # checkpoints fall on log rows: nothing pending
+  if getattr(comm, "rejoining", False):  # an elastic replacement: the state a live peer sends
+    state, healed = comm.rejoin(state)
+    first = healed + 1
   if cfg.out is not None and jax.process_index() == 0:  # only process 0 writes files
     check_run_space(cfg, comm.global_state(state), params, first,  # before any step, not at a save
                     on_disk=len(ckpt.finalized_steps(cfg.out)) if cfg.resume else 0)
@@ -233,6 +236,8 @@ def train(cfg: TrainConfig) -> TrainResult:
         eval_loss = evaluate(state) if do_eval or save else None  # never checkpoint a diverged state
         if eval_loss is not None:
           watch.check_eval(t, eval_loss)
+        for s, share in comm.take_unsent():  # elastic: what the lost did not send is not counted
+          log.uncount(algo.bytes_sent(s) * share)
         wall = time.perf_counter() - start
         log.row(t, losses, eval_loss if do_eval else None, wall, log.fetch_aux())
         if save:
@@ -240,6 +245,9 @@ def train(cfg: TrainConfig) -> TrainResult:
         bar.update(t - bar.n)
         tok_s = (t - 1) * log.tokens_per_step / max(wall - compile_time, 1e-9) if t > 1 else 0.0
         bar.set_postfix(loss=f"{np.nanmean(losses):.3f}", tok_s=f"{tok_s:,.0f}")
+      rejoins = [(r, src) for s, r, src in cfg.rejoin_schedule if s == t]  # a replayed elastic rejoin
+      for source in sorted({src for _, src in rejoins}):
+        state = comm.rejoin_replicas(state, [r for r, src in rejoins if src == source], source)
       done = t
     # eval_replicas: every replica's params on the host, gathered while the link is open
     host_replicas = comm.host_replicas(state) if cfg.eval_replicas else None

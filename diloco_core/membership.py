@@ -16,11 +16,19 @@ One sync (:meth:`Membership.exchange`):
    died is left out once the service stops hearing its heartbeat (``heartbeat_timeout_seconds``
    of ``jax.distributed.initialize``: the bounded wait); a process killed after step 1 is left
    out too (its payload is ignored), so every survivor agrees on the same contributors;
-3. the contributors are the live processes with the incarnation they had at the previous
-   agreement; a live process with a new incarnation (a replacement that called
-   :meth:`Membership.enter`) *joins* at this sync: it sends nothing now and receives what it
-   needs from the leader (the lowest contributor, :meth:`Membership.send_heal`);
+3. the contributors (*members*) are the live processes with the incarnation they had at the
+   previous agreement and a payload; a live process with a new incarnation (a replacement that
+   called :meth:`Membership.enter`) *joins* at this sync;
 4. it reads every contributor's payload (they were put before the barrier: each is there).
+
+**A replacement** must take part in every barrier from its first on (the barrier waits for
+every live process), but has no state yet. The leader (the lowest member of the agreement it
+joined at) writes, before each of its next barriers, a status for it: "take part in agreement
+*key* with nothing" (an empty payload: no contribution), until the trainer hands the leader
+its heal (:meth:`Membership.send_heal`, at a point where nothing of the leader is in flight);
+the next status then says "heal", and that agreement is the replacement's first as a member
+(:meth:`Membership.wait_for_heal`). Every process reads the same payloads, so every process
+agrees on who counted, at every agreement.
 
 The coordination service must run with ``jax_enable_recoverability`` (see
 :func:`diloco_core.processes.initialize_distributed`): without it, the service ends every
@@ -119,6 +127,9 @@ class Membership:
     self._last_key: str | None = None
     #: Whether :meth:`enter` found the run started: this process is a replacement.
     self.rejoined = False
+    #: The leader's replacements waiting for their heal: ``{process: [incarnation, statuses told]}``.
+    self.pending: dict[int, list[int]] = {}
+    self._heals: dict[int, bytes] = {}
 
   def _barrier(self) -> dict[int, int]:
     try:
@@ -136,7 +147,7 @@ class Membership:
   def enter(self) -> Agreement:
     """The first agreement of this process: at start (every process calls it, everyone is a
     member), or as a replacement (the others are at a sync: they see it join there; then
-    :attr:`rejoined` is True and :meth:`receive_heal` gives what the leader sent)."""
+    :attr:`rejoined` is True and :meth:`wait_for_heal` gives what the leader sent)."""
     self.rejoined = _try_get(self._client, f"{self.prefix}/started") is not None
     live = self._barrier()
     self._known = live
@@ -149,10 +160,11 @@ class Membership:
 
     Args:
       key: the sync's name, the same on every process (no ``/``).
-      payload: this process's bytes.
+      payload: this process's bytes (empty: a replacement waiting for its heal takes part in
+        the barrier without counting).
 
     Returns:
-      The :class:`Agreement` (this process is always among its members).
+      The :class:`Agreement`.
 
     Raises:
       MembershipError: the coordination service was lost, or a member's payload did not come.
@@ -160,41 +172,76 @@ class Membership:
     if self._known is None:
       raise RuntimeError("call Membership.enter() before the first exchange.")
     client = self._client
+    self._tell_joiners(key)
     client.key_value_set_bytes(f"{self.prefix}/{key}/{self.rank}", payload, allow_overwrite=True)
     live = self._barrier()
     known = self._known
-    members = tuple(r for r in sorted(live) if known.get(r) == live[r])
     joined = tuple(r for r in sorted(live) if known.get(r) != live[r])
     lost = tuple(r for r in sorted(known) if live.get(r) != known[r])
     payloads = {}
-    for r in members:
+    for r in (r for r in sorted(live) if known.get(r) == live[r]):
       try:
-        payloads[r] = client.blocking_key_value_get_bytes(f"{self.prefix}/{key}/{r}", int(self.payload_timeout_s * 1000))
+        raw = client.blocking_key_value_get_bytes(f"{self.prefix}/{key}/{r}", int(self.payload_timeout_s * 1000))
       except Exception as e:  # noqa: BLE001
         raise MembershipError(f"process {r}'s payload of {key!r} did not come within"
                               f" {self.payload_timeout_s:g} s ({_first_line(e)})") from None
+      if raw:  # an empty payload: a replacement not healed yet
+        payloads[r] = raw
     if self._last_key is not None:  # everyone has read it: they all passed this barrier
       _delete(client, f"{self.prefix}/{self._last_key}/{self.rank}")
     self._known, self._last_key = live, key
-    return Agreement(key, members, joined, lost, payloads, dict(live))
+    agreement = Agreement(key, tuple(sorted(payloads)), joined, lost, payloads, dict(live))
+    if joined and payloads and self.rank == agreement.leader:  # the leader heals them (send_heal)
+      self.pending.update({r: [live[r], 0] for r in joined})
+    return agreement
 
-  def send_heal(self, agreement: Agreement, data: bytes) -> None:
-    """The leader's heal for each process that joined at ``agreement``: ``data`` (what it needs
-    to continue) under a key of the joiner's incarnation."""
-    for r in agreement.joined:
-      self._client.key_value_set_bytes(f"{self.prefix}/heal/{r}/{agreement.incarnations[r]}",
-                                       _frame(agreement.key, data), allow_overwrite=True)
+  def _tell_joiners(self, key: str) -> None:
+    """The leader, before each barrier: tells each replacement waiting for its heal what this
+    agreement is (take part with nothing), or that its heal is there (its first agreement as a
+    member is this one)."""
+    for r, (incarnation, n) in list(self.pending.items()):
+      status = f"{self.prefix}/status/{r}/{incarnation}/{n}"
+      if r in self._heals:
+        self._client.key_value_set_bytes(f"{self.prefix}/heal/{r}/{incarnation}", _frame(key, self._heals.pop(r)),
+                                         allow_overwrite=True)
+        self._client.key_value_set(status, "heal", allow_overwrite=True)
+        del self.pending[r]
+      else:
+        self._client.key_value_set(status, "key:" + key, allow_overwrite=True)
+        self.pending[r][1] = n + 1
 
-  def receive_heal(self, timeout_s: float = HEAL_TIMEOUT_S) -> tuple[str, bytes]:
-    """A replacement's heal: ``(key of the sync it joined at, data)``, after :meth:`enter`."""
-    incarnation = self._known[self.rank]
+  def send_heal(self, process: int, data: bytes) -> None:
+    """The leader: ``data`` (what the replacement ``process`` needs to continue) goes with its
+    next agreement, the replacement's first as a member. Call it when nothing of this process
+    is in flight: the next :meth:`exchange` is then the next sync of the schedule."""
+    self._heals[process] = data
+
+  def wait_for_heal(self, timeout_s: float = HEAL_TIMEOUT_S) -> tuple[str, bytes]:
+    """A replacement, after :meth:`enter`: takes part (with nothing) in the agreements the
+    leader names until its heal comes; returns ``(key of its first agreement as a member,
+    data)``: the caller's next :meth:`exchange` must be that one."""
+    incarnation, n = self._known[self.rank], 0
+    while True:
+      status = self._get(f"{self.prefix}/status/{self.rank}/{incarnation}/{n}", timeout_s).decode()
+      if status == "heal":
+        return _unframe(self._get(f"{self.prefix}/heal/{self.rank}/{incarnation}", timeout_s))
+      if status == "ended":
+        raise MembershipError("the run ended before this replacement could join it.")
+      self.exchange(status.removeprefix("key:"), b"")
+      n += 1
+
+  def release(self) -> None:
+    """The leader, at its end: tells the replacements still waiting that the run ended."""
+    for r, (incarnation, n) in self.pending.items():
+      self._client.key_value_set(f"{self.prefix}/status/{r}/{incarnation}/{n}", "ended", allow_overwrite=True)
+    self.pending.clear()
+
+  def _get(self, key: str, timeout_s: float) -> bytes:
     try:
-      raw = self._client.blocking_key_value_get_bytes(f"{self.prefix}/heal/{self.rank}/{incarnation}",
-                                                      int(timeout_s * 1000))
+      return self._client.blocking_key_value_get_bytes(key, int(timeout_s * 1000))
     except Exception as e:  # noqa: BLE001
-      raise MembershipError(f"no live process sent this replacement its state within {timeout_s:g} s"
-                            f" ({_first_line(e)})") from None
-    return _unframe(raw)
+      raise MembershipError(f"no live process answered this replacement within {timeout_s:g} s (at {key}:"
+                            f" {_first_line(e)})") from None
 
 
 def _try_get(client, key: str) -> bytes | None:

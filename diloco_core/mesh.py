@@ -227,3 +227,11 @@ def fetch(x: Any) -> np.ndarray:
     from jax.experimental import multihost_utils
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
   return np.asarray(jax.device_get(x))
+
+
+def host_copy(x: Any) -> np.ndarray:
+  """A host copy of a replicated (possibly multi-process) array: this process's own copy, no
+  collective."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    return np.asarray(x.addressable_shards[0].data)
+  return np.asarray(x)

@@ -74,6 +74,12 @@ class MetricsLog:
     self.total_bytes += sent
     self._since_row += sent
 
+  def uncount(self, sent: float) -> None:
+    """Takes back ``sent`` bytes per replica (mean over replicas) counted by :meth:`step` that
+    were not sent (an elastic run's lost replicas, known once their sync settles)."""
+    self.total_bytes -= sent
+    self._since_row -= sent
+
   def fetch_losses(self) -> np.ndarray:
     """The training losses [steps since the last row, M] (one host sync)."""
     losses, self._pending = self._gather(self._pending), []

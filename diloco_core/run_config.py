@@ -42,18 +42,31 @@ def parse_drop_schedule(text: str | None) -> tuple:
     ...
     ValueError: `drop_schedule` entry '4-1' must look like step:replica, e.g. 4:1,8:0.
   """
+  return _parse_schedule(text, "drop_schedule", ("step", "replica"), "4:1,8:0")
+
+
+def parse_rejoin_schedule(text: str | None) -> tuple:
+  """Parses ``"12:2:0"`` (step:replica:source, comma-separated) into ``((12, 2, 0),)``.
+
+  Examples:
+    >>> parse_rejoin_schedule("12:2:0")
+    ((12, 2, 0),)
+  """
+  return _parse_schedule(text, "rejoin_schedule", ("step", "replica", "source"), "12:2:0")
+
+
+def _parse_schedule(text: str | None, name: str, parts: tuple[str, ...], example: str) -> tuple:
   if text is None or not text.strip():
     return ()
   out = []
   for part in text.split(","):
-    step, sep, replica = part.strip().partition(":")
     try:
-      if not sep:
+      values = tuple(int(x) for x in part.strip().split(":"))
+      if len(values) != len(parts):
         raise ValueError
-      out.append((int(step), int(replica)))
+      out.append(values)
     except ValueError:
-      raise ValueError(f"`drop_schedule` entry {part.strip()!r} must look like step:replica,"
-                       " e.g. 4:1,8:0.") from None
+      raise ValueError(f"`{name}` entry {part.strip()!r} must look like {':'.join(parts)}, e.g. {example}.") from None
   return tuple(out)
 
 
@@ -177,6 +190,11 @@ class TrainConfig:
   drop_prob: float = field(
       0.0, flag="drop-prob", group=_C,
       help="simulated drops: each replica misses each sync with this probability (seeded by the model seed)")
+  rejoin_schedule: tuple = field(
+      (), flag="rejoin-schedule", group=_C, parse=parse_rejoin_schedule,
+      help="replays an elastic run's rejoins (in-step): 'step:replica:source,...': after that step"
+           " the replica restarts from the global params, the source replica's inner optimizer"
+           " state and a zero residual (drops.rejoins_from_trace reads them from a trace)")
   elastic: bool = field(
       False, flag="elastic", group=_C,
       help="several processes, communication background: a process that dies or is cut off is left"
@@ -243,7 +261,9 @@ class TrainConfig:
     self._validate_drops()
     self._validate_eval_replicas()
     if self.out is not None:  # only the process that writes may create (and remove) `out` to probe it
-      check_out_dir(self.out, self.overwrite, self.resume, probe=writes_files())
+      # elastic: the writer checked `out` at start; a replacement joins the run that is in it
+      check_out_dir(self.out, self.overwrite or (self.elastic and not writes_files()), self.resume,
+                    probe=writes_files())
       if self.checkpoint_every:
         check_no_foreign_steps(self.out)
 
@@ -321,6 +341,14 @@ class TrainConfig:
         raise ValueError(
             f"drop_schedule: no sync after step {s} (syncs every H/P = {dh} steps); use a multiple"
             f" of {dh}, e.g. {max(dh, s - s % dh)}.")
+    for entry in self.rejoin_schedule:
+      if (not isinstance(entry, (tuple, list)) or len(entry) != 3 or not all(v.is_int(x) for x in entry)
+          or not 1 <= entry[0] <= self.steps or not (0 <= entry[1] < M and 0 <= entry[2] < M) or entry[1] == entry[2]):
+        raise ValueError(f"rejoin_schedule entries must be (step, replica, source) with step in [1, steps="
+                         f"{self.steps}] and two different replicas in [0, replicas={M}), got {entry!r}.")
+    if self.rejoin_schedule and (self.communication != "in-step" or self.algo.algorithm == "dp"):
+      raise ValueError("`rejoin_schedule` replays an elastic run in the in-step runtime: use `communication`"
+                       " in-step and algorithm diloco or streaming.")
 
   def schedule_warnings(self) -> list[str]:
     """Warnings for a schedule that never syncs everything (H > steps: a fragment never sent).

@@ -5,10 +5,10 @@ Usage: ``python elastic_child.py COORDINATOR PROCESSES RANK HEARTBEAT [DIE_AT]``
 
 Each process holds ``x`` (float64 [4]). At sync k it sends ``x + (rank + 1) * k`` and sets
 ``x`` to the mean of the members' payloads (in process order); the leader sends ``x`` to the
-processes that joined. A process given ``DIE_AT`` kills itself (SIGKILL) at sync DIE_AT after
+processes that joined, HEAL_DELAY syncs later (it counts from the next sync on). A process given ``DIE_AT`` kills itself (SIGKILL) at sync DIE_AT after
 it put its payload, before the barrier: killed in the middle of a transfer. A replacement (the
 same RANK started again) enters, takes the leader's ``x`` and goes on. Every process stops
-three syncs after the first join (or at sync 400).
+HEAL_DELAY + 3 syncs after the first join (or at sync 400).
 """
 
 import json
@@ -18,6 +18,10 @@ import sys
 import time
 
 import numpy as np
+
+#: Syncs the leader lets pass after a join before it sends the heal (the replacement takes part
+#: in them with nothing).
+HEAL_DELAY = 2
 
 
 def main():
@@ -40,10 +44,10 @@ def main():
   link._pending = None
   entered = link.enter()
   say = lambda **row: print(json.dumps({"rank": rank, **row}), flush=True)
-  x, k, stop = np.zeros(4), 0, 400
-  if link.rejoined:
-    key, data = link.receive_heal()
-    x, k = np.frombuffer(data, np.float64).copy(), int(key.split("-")[1]) + 1
+  x, k, stop, joined_at = np.zeros(4), 0, 400, None
+  if link.rejoined:  # take part with nothing until the leader's heal comes with the next agreement
+    key, data = link.wait_for_heal()
+    x, k = np.frombuffer(data, np.float64).copy(), int(key.split("-")[1])
     stop = k + 2
     say(key=key, healed=x.tobytes().hex(), members=list(entered.members))
   while k <= stop:
@@ -51,10 +55,11 @@ def main():
     a = link.exchange(f"sync-{k}", (x + (rank + 1) * k).tobytes())
     waited = time.monotonic() - start
     x = np.mean([np.frombuffer(a.payloads[r], np.float64) for r in a.members], axis=0)
-    if a.joined and rank == a.leader:
-      link.send_heal(a, x.tobytes())
     if a.joined and stop == 400:
-      stop = k + 3
+      joined_at, stop = k, k + HEAL_DELAY + 3
+    for r in list(link.pending):  # the leader, HEAL_DELAY syncs after the join: the heal goes with the next one
+      if k >= joined_at + HEAL_DELAY:
+        link.send_heal(r, x.tobytes())
     say(key=a.key, members=list(a.members), joined=list(a.joined), lost=list(a.lost), x=x.tobytes().hex(),
         waited=waited)
     k += 1

@@ -258,6 +258,11 @@ CASES = [
      "--min-replicas applies to --elastic runs only: add --elastic, or drop --min-replicas."),
     ("min-replicas-above-replicas", lambda t, f: ["--elastic", "--min-replicas", "3"],
      "--min-replicas must be an integer in [1, replicas=2], got 3."),
+    ("rejoin-schedule-malformed", lambda t, f: ["--rejoin-schedule", "4:1"], "must look like step:replica:source"),
+    ("rejoin-schedule-same-replica", lambda t, f: ["--rejoin-schedule", "4:1:1"],
+     "--rejoin-schedule entries must be (step, replica, source) with step in [1, steps=4] and two different replicas"),
+    ("rejoin-schedule-background", lambda t, f: ["--rejoin-schedule", "4:1:0", "--communication", "background"],
+     "--rejoin-schedule replays an elastic run in the in-step runtime"),
     # ---- the replica-vs-global diagnostic ----
     ("eval-replicas-with-dp", lambda t, f: ["--algorithm", "dp", "--eval-replicas"], "algorithm 'dp' has one model"),
     ("eval-replicas-with-checkpoints", lambda t, f: ["--eval-replicas", "--checkpoint-every", "2", "--out", str(t / "o")],

@@ -13,9 +13,9 @@ import jax
 import numpy as np
 import pytest
 
-from diloco_core.drops import schedule_from_trace
+from diloco_core.drops import rejoins_from_trace, schedule_from_trace
 from diloco_core.elastic import HEARTBEAT_S
-from tiny_run import metrics_rows
+from tiny_run import metrics_rows, xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -42,8 +42,8 @@ def test_a_killed_process_is_left_out_and_the_run_equals_its_replay(tmp_path):
   """Process 2 of 3 is SIGKILLed at step 6: processes 0 and 1 finish the run (exit 0, the launcher
   says who was lost), its replica is left out of every sync from step 6 on (the trace says so),
   after a wait bounded by the heartbeat; its losses are null from its loss on. Replayed as a
-  drop schedule (schedule_from_trace) in a background run over the same three processes, the
-  run gives the same eval losses, survivors' losses and final params, bit for bit."""
+  drop schedule (schedule_from_trace) in the in-step runtime on three devices, the run gives
+  the same eval losses, survivors' losses and final params, bit for bit."""
   out, stamp = str(tmp_path / "elastic"), tmp_path / "killed_at"
   env = dict(ENV, KILL_RANK="2", KILL_AT_STEP=str(KILLED_AT), KILL_STAMP=str(stamp))
   r = _launch(*THREE, "--module", "kill_child", "--", *FLAGS, "--elastic", "--out", out, env=env)
@@ -63,18 +63,64 @@ def test_a_killed_process_is_left_out_and_the_run_equals_its_replay(tmp_path):
     present = [v for v in x["replica_loss"] if v is not None]
     assert x["train_loss"] == pytest.approx(np.mean(present), rel=1e-6)
 
-  schedule = schedule_from_trace(trace[0], replicas=3)
-  assert schedule == tuple((s, 2) for s in range(KILLED_AT, 17, 2))
-  replay = str(tmp_path / "replay")
-  r2 = _launch(*THREE, "--", *FLAGS, "--drop-schedule", ",".join(f"{s}:{m}" for s, m in schedule), "--out", replay)
-  assert r2.returncode == 0, r2.stderr[-3000:]
-  rows2 = metrics_rows(os.path.join(replay, "metrics.jsonl"))
+  assert schedule_from_trace(trace[0], replicas=3) == tuple((s, 2) for s in range(KILLED_AT, 17, 2))
+  rows2 = _replay(out, tmp_path / "replay")
   assert [x["eval_loss"] for x in rows] == [x["eval_loss"] for x in rows2]
   assert [x["replica_loss"][:2] for x in rows] == [x["replica_loss"][:2] for x in rows2]
+  assert [x["total_bytes_sent"] for x in rows] == pytest.approx([x["total_bytes_sent"] for x in rows2], rel=1e-12)
   assert rows[0] == {k: v for k, v in rows2[0].items() if k != "participants"}  # before the loss: everything
+
+
+def _replay(out, replay) -> list[dict]:
+  """The elastic run in ``out`` replayed from process 0's trace in the in-step runtime on three
+  devices (its drops and rejoins): checks the final params are equal bit for bit; the metrics rows."""
+  trace = _trace(out, 0)
+  drops = ",".join(f"{s}:{m}" for s, m in schedule_from_trace(trace, replicas=3))
+  rejoins = ",".join(f"{s}:{m}:{src}" for s, m, src in rejoins_from_trace(trace))
+  flags = [x for x in FLAGS if x not in ("--communication", "background")]
+  r = subprocess.run([sys.executable, "-m", "diloco_core.train", *flags, "--steps", _steps(out), "--mesh",
+                      "diloco=3,data=1", "--drop-schedule", drops, *(["--rejoin-schedule", rejoins] if rejoins else []),
+                      "--out", str(replay)], env=dict(ENV, XLA_FLAGS=xla_flags(3)), capture_output=True, text=True,
+                     timeout=300)
+  assert r.returncode == 0, r.stderr[-3000:]
   from diloco_core.params_io import load_params
   a, b = (jax.tree.leaves(load_params(os.path.join(d, "final_params"))) for d in (out, replay))
   assert all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(a, b, strict=True))
+  return metrics_rows(os.path.join(replay, "metrics.jsonl"))
+
+
+def _steps(out) -> str:
+  return str(json.load(open(os.path.join(out, "summary.json")))["config"]["steps"])
+
+
+@pytest.mark.slow
+def test_a_replacement_rejoins_is_healed_and_the_run_equals_its_replay(tmp_path):
+  """The launcher kills process 2 once it computed step 8 (--kill-at) and starts it again
+  (--restart): the replacement takes part in the agreements with nothing until process 0, the
+  leader, sends it the state after a log row (global params and outer state, replica 0's inner
+  optimizer state); it then counts in every sync and reports its losses. Replayed in-step from
+  process 0's trace (its drops and its rejoin), the run is the same bit for bit: every metric,
+  the final params."""
+  out = str(tmp_path / "elastic")
+  r = _launch(*THREE, "--kill-at", "2:8", "--restart", "--", *FLAGS, "--steps", "24", "--elastic", "--out", out)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "launch: process 2 of 3 was lost (killed by SIGKILL); a replacement rejoined and finished" in r.stderr
+  trace = _trace(out, 0)
+  heals = [x for x in trace if x["kind"] == "heal"]
+  assert len(heals) == 1 and heals[0]["replicas"] == [2] and heals[0]["source"] == 0
+  healed = heals[0]["step"]
+  assert healed % 4 == 0  # after a log row (--log-every 4)
+  assert [x["kind"] for x in _trace(out, 2) if x["kind"] == "healed"] == ["healed"]  # the replacement's own record
+  settles = {x["sent_at"]: x["present"] for x in trace if x["kind"] == "settle"}
+  assert all(p == [1.0, 1.0, 1.0] for s, p in settles.items() if s > healed)  # (it may have missed no sync:
+  # killed after a sync, its replacement may join at the next log row's agreement and be healed there)
+  rows = metrics_rows(os.path.join(out, "metrics.jsonl"))
+  assert [x["step"] for x in rows if x["replica_loss"][2] is None] != []  # lost for a while
+  assert all(x["replica_loss"][2] is not None for x in rows if x["step"] > healed)  # back
+  rows2 = _replay(out, tmp_path / "replay")
+  for x, y in zip(rows, rows2, strict=True):
+    assert x["eval_loss"] == y["eval_loss"] and x["bytes_sent"] == pytest.approx(y["bytes_sent"], rel=1e-12)
+    assert all(a is None or a == b for a, b in zip(x["replica_loss"], y["replica_loss"])), (x, y)
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ import pytest
 
 from diloco_core import launch
 from diloco_core.membership import Agreement
+from elastic_child import HEAL_DELAY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -98,9 +99,12 @@ def test_a_replacement_rejoins_is_healed_and_counts_again(elastic_run):
   joins = [r for r in elastic_run["0"] if r["joined"]]
   assert len(joins) == 1 and joins[0]["joined"] == [2] and joins[0]["members"] == [0, 1]
   j = int(joins[0]["key"].split("-")[1])
+  h = j + HEAL_DELAY  # the leader sends the heal after sync h; the replacement counts from h + 1
+  for k in range(j + 1, h + 1):  # meanwhile it takes part in the barriers with nothing
+    assert rows0[f"sync-{k}"]["members"] == [0, 1] and rows0[f"sync-{k}"]["joined"] == []
   healed, *after = elastic_run["new"]
-  assert healed["key"] == f"sync-{j}" and healed["healed"] == rows0[f"sync-{j}"]["x"]  # bit for bit
-  assert [r["key"] for r in after] == [f"sync-{k}" for k in range(j + 1, j + 4)]
+  assert healed["key"] == f"sync-{h + 1}" and healed["healed"] == rows0[f"sync-{h}"]["x"]  # bit for bit
+  assert [r["key"] for r in after] == [f"sync-{k}" for k in range(h + 1, h + 4)]
   for r in after:  # it counts in the average again, and every process holds the same values
     assert r["members"] == [0, 1, 2] and r["x"] == rows0[r["key"]]["x"] == {q["key"]: q for q in elastic_run["1"]}[r["key"]]["x"]
 

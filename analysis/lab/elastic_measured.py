@@ -1,8 +1,9 @@
-"""A process lost during an elastic run, measured: who trained, who synced, when it was lost.
+"""A process lost during an elastic run and its replacement, measured: who trained, who
+synced, when it was lost, when it was healed.
 
 :func:`elastic_demo` launches Streaming DiLoCo over three processes with ``--elastic``
 (:mod:`diloco_core.elastic`) and has the launcher kill one of them (``--kill-at``, SIGKILL)
-during the run. :func:`process_timeline` reads what each process did from the run's traces
+during the run and start it again (``--restart``): the replacement rejoins. :func:`process_timeline` reads what each process did from the run's traces
 (steps computed, waits, syncs and who took part in each), and the background-communication
 page draws it beside the loss curve (:func:`analysis.plots.timelines.plot_elastic`).
 """
@@ -34,23 +35,38 @@ def elastic_demo(workdir: str, *, kill: tuple[int, int] = (2, 10), steps: int = 
     "lost_step": the step whose sync first left it out, "wait_s": how long process 0 waited
     between the killed process's last step and that sync (for a sync or a log row: the
     heartbeat at work), "kill_time": when its last step ended, "lost_time": when the others
-    settled without it (seconds from step :data:`FIRST_STEP`)}``.
+    settled without it, "healed_step": the step whose state the leader sent the replacement,
+    "heal_time": when (seconds from step :data:`FIRST_STEP`), "join_wait_s": how long process 0
+    then waited until the replacement took part in a sync}``.
   """
   out = os.path.join(workdir, "elastic")
   launch_run(out, [*DEMO_FLAGS, "--steps", str(steps)], processes=3,
-             launcher_args=("--kill-at", f"{kill[0]}:{kill[1]}"))
+             launcher_args=("--kill-at", f"{kill[0]}:{kill[1]}", "--restart"))
   traces = read_trace(out)
   metrics = pd.read_json(os.path.join(out, "metrics.jsonl"), lines=True)
   lost = [r for r in traces[0] if r["kind"] == "lost"]
   if not lost:
     raise RuntimeError(f"process {kill[0]} was not lost in {out} (the run ended before the kill?)")
   t0 = _t0(traces, FIRST_STEP)
-  killed_steps = [r for r in traces[kill[0]] if r["kind"] == "compute"]
+  heals = [r for r in traces[0] if r["kind"] == "heal"]
+  if not heals:
+    raise RuntimeError(f"process {kill[0]}'s replacement was not healed in {out} (the run ended first?)")
+  killed_steps = [r for r in traces[kill[0]] if r["kind"] == "compute" and r["step"] <= heals[0]["step"]]
   waits = [r for r in traces[0] if r["kind"] == "wait" and killed_steps[-1]["end"] < r["end"] <= lost[0]["time"]]
   return {"out": out, "traces": traces, "metrics": metrics, "killed": kill[0],
           "last_step": killed_steps[-1]["step"], "lost_step": lost[0]["step"],
           "wait_s": sum(r["end"] - r["start"] for r in waits), "kill_time": killed_steps[-1]["end"] - t0,
-          "lost_time": lost[0]["time"] - t0}
+          "lost_time": lost[0]["time"] - t0, "healed_step": heals[0]["step"], "heal_time": heals[0]["time"] - t0,
+          "join_wait_s": _join_wait(traces, heals[0], kill[0])}
+
+
+def _join_wait(traces: dict, heal: dict, replaced: int) -> float:
+  """Seconds process 0 waited between the heal and the first sync the replacement took part in
+  (its first steps compile its programs, and every agreement waits for every live process)."""
+  back = next(r for r in traces[0] if r["kind"] == "settle" and r["time"] >= heal["time"]
+              and r["present"] is not None and r["present"][replaced] > 0)
+  return sum(r["end"] - r["start"] for r in traces[0]
+             if r["kind"] == "wait" and heal["time"] - 0.01 <= r["start"] and r["end"] <= back["time"] + 0.01)
 
 
 def _t0(traces: dict, first_step: int = 1) -> float:

@@ -245,12 +245,13 @@ def plot_hiding(runs: dict, *, after: float = 0.5, title: str | None = None):
 
 
 def plot_elastic(timeline: pd.DataFrame, metrics: pd.DataFrame, *, killed: int, kill_time: float,
-                 lost_time: float, lost_step: int, title: str | None = None):
+                 lost_time: float, lost_step: int, heal_time: float | None = None,
+                 healed_step: int | None = None, title: str | None = None):
   """An elastic run that lost a process: what each process did, beside the losses.
 
   Left: one lane per process, its steps (grey), its waits for the others (red: a sync or a log
   row's agreement) and each sync it settled (a tick: black when every replica took part,
-  orange when some were left out), and the kill. Right: each replica's training loss
+  orange when some were left out), the kill and the heal. Right: each replica's training loss
   and the eval loss of the global params, against the step.
 
   Args:
@@ -258,6 +259,8 @@ def plot_elastic(timeline: pd.DataFrame, metrics: pd.DataFrame, *, killed: int, 
     metrics: the run's ``metrics.jsonl`` rows (``step``, ``replica_loss``, ``eval_loss``).
     killed: the process killed; kill_time, lost_time: when its last step ended and when the
       others settled without it (seconds); lost_step: the step of that sync.
+    heal_time, healed_step: when the leader sent a replacement the state of that step (None:
+      no replacement).
     title: the figure's title.
 
   Returns:
@@ -279,6 +282,9 @@ def plot_elastic(timeline: pd.DataFrame, metrics: pd.DataFrame, *, killed: int, 
               label="sync without the lost replica" if p == 0 else None)
   ax.axvline(kill_time, color="C3", ls=":", lw=1)
   ax.annotate(f"process {killed} killed", (kill_time, len(procs) - 0.05), fontsize=8, color="C3", ha="right", va="top")
+  if heal_time is not None:
+    ax.axvline(heal_time, color="C2", ls=":", lw=1)
+    ax.annotate("healed", (heal_time, len(procs) - 0.05), fontsize=8, color="C2", ha="left", va="top")
   ax.set_yticks([len(procs) - 1 - p + 0.5 for p in procs], [f"process {p}" for p in procs])
   ax.set_ylim(0, len(procs))
   ax.set_xlabel("time (s)")
@@ -291,6 +297,8 @@ def plot_elastic(timeline: pd.DataFrame, metrics: pd.DataFrame, *, killed: int, 
   ev = metrics.dropna(subset=["eval_loss"])
   bx.plot(ev["step"], ev["eval_loss"], "k.-", lw=1.2, label="global params (eval)")
   bx.axvline(lost_step, color="C3", ls=":", lw=1)
+  if healed_step is not None:
+    bx.axvline(healed_step, color="C2", ls=":", lw=1)
   bx.set_xlabel("step")
   bx.set_ylabel("loss")
   bx.legend(fontsize=7)

@@ -1,0 +1,159 @@
+"""The elastic parts of the background runtime: lost replicas, and healing a replacement.
+
+:class:`ElasticRuntime` is mixed into :class:`~diloco_core.background.Background` (``elastic``,
+:mod:`diloco_core.elastic`). Its link runs every sync and log row as an agreement over the live
+processes (:class:`~diloco_core.membership.Membership`); this module reads who is lost from
+them, and heals a replacement:
+
+* **the leader** (the lowest process of the agreement the replacement joined at), at the start
+  of the first step after a log row, settles everything in flight (settling early changes no
+  number), and sends the state after that log row (:func:`pack_heal`): the global params and
+  the outer state of every fragment, its own first replica's inner optimizer state, the step;
+  the trace records a ``heal`` row (step, the replacement's replicas, the source replica);
+* **the replacement** (:meth:`ElasticRuntime.rejoin`) takes part in the agreements before it
+  with nothing, then starts from that state: its replicas' params are the global params, their
+  inner optimizer state the source replica's (its moments and step count, as torchft heals
+  from a live peer), their error-feedback residual zero, and each fragment counts as missed
+  (a merge still pending replaces its fragment by the global copy); it counts in the average
+  from the next sync on.
+
+The same event in the in-step runtime is ``rejoin_schedule`` (:func:`rejoin_replicas`): a
+run replayed from its trace (:func:`diloco_core.drops.schedule_from_trace`,
+:func:`diloco_core.drops.rejoins_from_trace`) follows the elastic run.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import time
+
+import jax
+import numpy as np
+
+from diloco_core.mesh import host_copy
+from diloco_core.state import DiLoCoState
+
+
+def pack_heal(global_params, outer_state, opt_state, step: int, keys: int) -> bytes:
+  """The heal a leader sends: host arrays (the source replica's ``opt_state``, no replica axis).
+
+  Examples:
+    >>> data = pack_heal({"w": np.ones(2)}, {"v": np.zeros(2)}, {"m": np.full(2, 3.0)}, 8, 5)
+    >>> g, o, s, step, keys = unpack_heal(data, {"w": 0}, {"v": 0}, {"m": 0})
+    >>> g["w"].tolist(), s["m"].tolist(), step, keys
+    ([1.0, 1.0], [3.0, 3.0], 8, 5)
+  """
+  arrays = {}
+  for prefix, tree in (("g", global_params), ("o", outer_state), ("s", opt_state)):
+    arrays.update({f"{prefix}{i}": np.asarray(x) for i, x in enumerate(jax.tree.leaves(tree))})
+  buf = io.BytesIO()
+  np.savez(buf, step=np.int64(step), keys=np.int64(keys), **arrays)
+  return buf.getvalue()
+
+
+def unpack_heal(data: bytes, like_global, like_outer, like_opt):
+  """``(global_params, outer_state, opt_state, step, keys)`` of :func:`pack_heal`, shaped as the ``like`` trees."""
+  z = np.load(io.BytesIO(data))
+  tree = lambda like, p: jax.tree.unflatten(jax.tree.structure(like),
+                                            [z[f"{p}{i}"] for i in range(len(jax.tree.leaves(like)))])
+  return (tree(like_global, "g"), tree(like_outer, "o"), tree(like_opt, "s"), int(z["step"]), int(z["keys"]))
+
+
+def rejoin_replicas(state: DiLoCoState, replicas, source: int) -> DiLoCoState:
+  """A replacement's state in the in-step runtime (``rejoin_schedule``): replicas ``replicas``
+  take the global params, replica ``source``'s inner optimizer state and a zero residual.
+
+  Examples:
+    >>> s = DiLoCoState(params={"w": np.zeros((2, 1))}, opt_state={"m": np.array([[1.0], [2.0]])},
+    ...                 global_params={"w": np.full(1, 5.0)}, outer_state=None, ef_residual=None,
+    ...                 step=np.int32(3), participants=np.ones((2, 1)), in_flight=None)
+    >>> r = rejoin_replicas(s, [1], source=0)
+    >>> r.params["w"].tolist(), r.opt_state["m"].tolist()
+    ([[0.0], [5.0]], [[1.0], [1.0]])
+  """
+  host = jax.device_get(state)
+  replicas = list(replicas)
+
+  def put(x, value):
+    x = np.array(x)
+    x[replicas] = value
+    return x
+  new = host.replace(params=jax.tree.map(put, host.params, host.global_params),
+                     opt_state=jax.tree.map(lambda x: put(x, np.asarray(x)[source]), host.opt_state),
+                     ef_residual=None if host.ef_residual is None else
+                     jax.tree.map(lambda x: put(x, 0), host.ef_residual))
+  return jax.tree.map(lambda n, o: jax.device_put(n, o.sharding) if isinstance(o, jax.Array) else n, new, state)
+
+
+class ElasticRuntime:
+  """Mixed into :class:`~diloco_core.background.Background`: who is lost, and healing."""
+
+  def absent_processes(self) -> tuple[int, ...]:
+    """Elastic: the processes the last agreement left out (lost); otherwise none."""
+    return tuple(r for r in range(self.processes) if self.link.last and r not in self.link.last.members)
+
+  def absent_replicas(self) -> np.ndarray | None:
+    """Elastic: the [M] mask of the replicas of lost processes (True: lost); None otherwise."""
+    if self.min_replicas is None:
+      return None
+    lost = np.zeros(self.processes, bool)
+    lost[list(self.absent_processes())] = True
+    return np.repeat(lost, self.local)
+
+  def replica_params(self, state: DiLoCoState):
+    """The replicas' params the divergence watch reads: all; elastic: this process's own (no
+    collective that a lost process would hold)."""
+    if self.min_replicas is None:
+      return state.params
+    return jax.tree.map(lambda x: [s.data for s in x.addressable_shards], state.params)
+
+  def take_unsent(self) -> list[tuple[int, float]]:
+    """The syncs settled since the last call, as ``(step, share)``: the share of the replicas
+    the byte counters counted that sent nothing (lost, or a replacement not healed yet)."""
+    unsent, self._unsent = [(s, f) for s, f in self._unsent if f > 0], []
+    return unsent
+
+  def _key_count(self) -> int:
+    """The number of the next link exchange (a replacement continues the count)."""
+    n = next(self._keys)
+    self._keys = itertools.count(n)
+    return n
+
+  @property
+  def rejoining(self) -> bool:
+    """Whether this process is a replacement that must :meth:`rejoin` before its first step."""
+    return self.link.membership is not None and self.link.membership.rejoined
+
+  def heal_joiners(self, state: DiLoCoState, t: int) -> DiLoCoState:
+    """The leader, at the start of step ``t`` when step t - 1 was a log row: the replacements
+    waiting get the state after step t - 1 (with nothing in flight)."""
+    membership = self.link.membership
+    pending = [] if membership is None else sorted(membership.pending)
+    if not pending or (t - 1) % self.heal_every:
+      return state
+    state = self.settle(state, t - 1)
+    first = lambda x: np.asarray(x.addressable_shards[0].data)[0]  # this process's first replica's row
+    data = pack_heal(jax.tree.map(host_copy, state.global_params), jax.tree.map(host_copy, state.outer_state),
+                     jax.tree.map(first, state.opt_state), t - 1, self._key_count())
+    for r in pending:
+      membership.send_heal(r, data)
+    self._record({"kind": "heal", "step": t - 1, "processes": pending, "source": self.offset, "time": time.time(),
+                  "replicas": [r * self.local + i for r in pending for i in range(self.local)]})
+    return state
+
+  def rejoin(self, state: DiLoCoState) -> tuple[DiLoCoState, int]:
+    """A replacement: takes part in the agreements with nothing until the leader's heal, then
+    returns its state (see the module docstring) and the step it holds."""
+    key, data = self.link.membership.wait_for_heal()
+    one = jax.tree.map(lambda x: np.asarray(x.addressable_shards[0].data)[0], state.opt_state)
+    glob, outer, opt, step, keys = unpack_heal(data, state.global_params, state.outer_state, one)
+    m, P = self.local, self.config.fragments
+    stack = lambda tree: jax.tree.map(lambda x: np.broadcast_to(x, (m, *np.shape(x))), tree)
+    host = state.replace(params=stack(glob), opt_state=stack(opt), global_params=glob, outer_state=outer,
+                         ef_residual=None if state.ef_residual is None else
+                         jax.tree.map(lambda x: np.zeros(np.shape(x), np.float32), stack(glob)),
+                         step=np.int32(step), participants=np.zeros((m, P), np.float32))
+    self._keys = itertools.count(keys)
+    self._record({"kind": "healed", "step": step, "first": key})
+    return self._place(host), step
