@@ -152,7 +152,7 @@ class Background(PhasePrograms, MeshPlacement, ElasticRuntime):
     if cfg.outer_overlap == "eager":
       self.replica_fields = Background.replica_fields + ("in_flight",)
     algo.prepare(params)
-    self.min_replicas, self.heal_every, self._lost_seen = min_replicas, heal_every, set()  # elastic: all agree at start
+    self.min_replicas, self.heal_every = min_replicas, heal_every  # elastic: every process agrees at start
     self._unsent: list[tuple[int, float]] = []  # elastic: (sync step, share of the replicas that sent nothing)
     membership = None if min_replicas is None else Membership.entered()
     self.trace: list[dict] = []
@@ -322,10 +322,7 @@ class Background(PhasePrograms, MeshPlacement, ElasticRuntime):
       live = np.repeat(agreement.present(self.processes), self.local)
       planned, present = (1.0 if present is None else present), live * (1.0 if present is None else present)
       self._unsent.append((flight.step, float(np.mean(planned) - np.mean(present))))  # the lost sent nothing
-      new = [r for r in self.absent_processes() if r not in self._lost_seen]
-      if new:  # first left out of a sync here (or of a log row's exchange just before)
-        self._lost_seen.update(new)
-        self._record({"kind": "lost", "step": t, "processes": new, "time": now})
+      self.record_membership(t)
       if live.sum() < self.min_replicas:
         raise LostProcessError(f"process(es) {list(self.absent_processes())} lost: {int(live.sum())} replica(s)"
                                f" took part in the sync of fragment {p} sent at step {flight.step}, fewer than"
@@ -402,6 +399,7 @@ class Background(PhasePrograms, MeshPlacement, ElasticRuntime):
     every = self.link.exchange(f"{what}/{next(self._keys)}", x, fill=fill)
     if self.min_replicas is not None:
       self._record({"kind": "wait", "step": self._step, "for": what, "start": start, "end": time.time()})
+      self.record_membership(self._step)
     return every
 
   def finite_flags(self, state: DiLoCoState):

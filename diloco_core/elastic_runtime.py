@@ -108,6 +108,12 @@ class ElasticRuntime:
       return state.params
     return jax.tree.map(lambda x: [s.data for s in x.addressable_shards], state.params)
 
+  def record_membership(self, t: int) -> None:
+    """Trace rows for the losses and joins the link's agreements saw since the last call
+    (``lost``, ``joined``: the processes, the agreement, its time), under step ``t``."""
+    while self.link.events:
+      self._record({**self.link.events.pop(0), "step": t})
+
   def take_unsent(self) -> list[tuple[int, float]]:
     """The syncs settled since the last call, as ``(step, share)``: the share of the replicas
     the byte counters counted that sent nothing (lost, or a replacement not healed yet)."""

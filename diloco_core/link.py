@@ -98,6 +98,7 @@ class Link:
     self._on_transfer = on_transfer
     self.membership = membership
     self.last = None  # elastic: the link thread's last Agreement
+    self.events: list[dict] = []  # elastic: the losses and joins the agreements saw, for the trace
     self._jobs: queue.Queue = queue.Queue()
     self._closed = False
     self._thread = threading.Thread(target=self._run, name="diloco-link", daemon=True)
@@ -209,6 +210,10 @@ class Link:
     for r, raw in agreement.payloads.items():
       rows[r] = np.frombuffer(raw, x.dtype).reshape(x.shape)
     self.last = agreement
+    for kind in ("lost", "joined"):
+      if getattr(agreement, kind):
+        self.events.append({"kind": kind, "processes": list(getattr(agreement, kind)), "at": agreement.key,
+                            "time": time.time()})
     received = sum(len(raw) for r, raw in agreement.payloads.items() if r != self.rank)
     return rows.reshape(-1, *x.shape[1:]), received
 
