@@ -39,6 +39,7 @@ import os
 import shutil
 import sys
 import threading
+import time
 from typing import Any, Sequence
 
 import jax
@@ -147,11 +148,16 @@ class CheckpointWriter:
     previous = threading.excepthook  # Orbax's writer threads: their errors are reported below
     threading.excepthook = lambda info: errors.append(info.exc_value)
     quiet_orbax_failures()
+    running = set(threading.enumerate())
     try:
       with OrbaxLogs():  # what Orbax logs of a failed save is in the one line below
-        self._mgr.save(int(step), args=ocp.args.Composite(
-            state=ocp.args.StandardSave(_items(state)), meta=ocp.args.JsonSave(_jsonable(meta))))
-        self._mgr.wait_until_finished()
+        try:
+          self._mgr.save(int(step), args=ocp.args.Composite(
+              state=ocp.args.StandardSave(_items(state)), meta=ocp.args.JsonSave(_jsonable(meta))))
+          self._mgr.wait_until_finished()
+        except Exception:
+          _join_new_threads(running)  # the save's other writers fail too: their logs go here
+          raise
     except Exception as e:  # noqa: BLE001 - Orbax / TensorStore: one line at the boundary
       raise OSError(self._failed(path, e)) from None
     finally:
@@ -186,6 +192,19 @@ class CheckpointWriter:
     except Exception as e:  # noqa: BLE001 - e.g. "cannot schedule new futures after shutdown"
       if not self._failures:
         raise OSError(f"closing the checkpoints in {checkpoints_dir(self.out)} failed ({one_line(e)}).") from None
+
+
+def _join_new_threads(running: set, timeout_s: float = 30.0) -> None:
+  """Waits (at most ``timeout_s`` in all) for the threads started since ``running`` was taken.
+
+  When one of Orbax's writers fails, ``wait_until_finished`` raises at once while the others
+  still write; left running, they fail at interpreter exit ("cannot schedule new futures after
+  interpreter shutdown") and log tracebacks after the one-line error. Waited for inside
+  :class:`OrbaxLogs`, their failures are dropped with the rest of the failed save's logs."""
+  deadline = time.monotonic() + timeout_s
+  for t in threading.enumerate():  # Orbax's writers (not thread-pool workers: they wait forever)
+    if t not in running and type(t).__module__.startswith("orbax"):
+      t.join(max(0.0, deadline - time.monotonic()))
 
 
 @dataclasses.dataclass
