@@ -29,6 +29,7 @@ from analysis.planning.bandwidth import t_comm
 from analysis.planning.bandwidth import utilization_no_overlap
 from analysis.planning.bandwidth import utilization_overlapped
 from analysis.planning.goodput import Failures
+from analysis.planning.goodput import elastic_failure_cost
 from analysis.planning.goodput import goodput_curves
 from analysis.planning.hardware import HARDWARE
 from analysis.planning.hardware import HardwareSpec

@@ -6,7 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from analysis.planning.goodput import Failures, goodput, goodput_curves, kept_by_restarts, lost_to_elastic_failures
+from analysis.lab.elastic_measured import failure_cost, measure_failure
+from analysis.planning.goodput import (Failures, elastic_failure_cost, goodput, goodput_curves, kept_by_restarts,
+                                      lost_to_elastic_failures)
 
 
 def test_no_failures_keeps_the_utilization():
@@ -99,3 +101,52 @@ def test_errors_are_one_line(call, message):
   with pytest.raises(ValueError) as e:
     call()
   assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_one_failure_costs_the_sum_of_its_parts():
+  """elastic_failure_cost's parts are what lost_to_elastic_failures adds up, per failure."""
+  f = Failures(rate_per_hour=1.8, rejoin_s=40.0, grace_s=7.0)
+  parts = elastic_failure_cost("streaming", f, replicas=5, step_wall_s=0.25, sync_every=16, fragments=4)
+  assert parts == {"work": 2.0, "rejoin": 40.0, "wait": 0.5, "grace": 28.0}  # 16·0.25/2, 16·0.25/8, 4·7
+  assert lost_to_elastic_failures("streaming", f, replicas=5, step_wall_s=0.25, sync_every=16, fragments=4) == \
+      pytest.approx(1.8 / 3600 * 70.5)
+
+
+def _trace(kill_step: int, heal_at: float):
+  """Two processes, steps of 10 s (start 10 t); process 1 stops after ``kill_step``."""
+  step = lambda t: {"kind": "compute", "step": t, "start": 10.0 * t, "end": 10.0 * t + 9}
+  leader = [*(step(t) for t in range(1, 9)),
+            {"kind": "settle", "sent_at": 2, "time": 30.5, "present": [1.0, 1.0]},
+            {"kind": "settle", "sent_at": 4, "time": 50.5, "present": [1.0, 1.0]},
+            {"kind": "wait", "step": 6, "start": 69.0, "end": 71.0},
+            {"kind": "lost", "step": 6, "processes": [1], "time": 71.0},
+            {"kind": "settle", "sent_at": 6, "time": 71.5, "present": [1.0, 0.0]},
+            {"kind": "joined", "step": 7, "processes": [1], "time": 78.0},
+            {"kind": "heal", "step": 8, "processes": [1], "time": heal_at},
+            {"kind": "wait", "step": 9, "start": heal_at + 1, "end": heal_at + 3.5},
+            {"kind": "settle", "sent_at": 10, "time": heal_at + 4, "present": [1.0, 1.0]}]
+  return {0: leader, 1: [*(step(t) for t in range(1, kill_step + 1)), {"kind": "healed", "step": 8}]}
+
+
+def test_a_measured_failure_beside_the_model():
+  """A hand-made trace: killed after step 5 (its last counted send at step 4, ended at 49 s),
+  joined at 78 s, healed at 89 s; the others waited 2 s at the sync without it and 2.5 s while
+  it compiled."""
+  m = measure_failure(_trace(5, 89.0), 1, first_step=1)
+  assert (m["last_step"], m["sent_step"], m["lost_step"], m["healed_step"]) == (5, 4, 6, 8)
+  assert (m["kill_time"], m["sent_time"], m["join_time"], m["heal_time"]) == (49.0, 39.0, 68.0, 79.0)
+  assert (m["wait_s"], m["join_wait_s"], m["step_s"]) == (2.0, 2.5, 10.0)
+  table = failure_cost(m, replicas=2, sync_every=4, fragments=2, heartbeat_s=10.0).set_index("part")
+  assert table["run_s"].to_dict() == {"work": 10.0, "rejoin": 19.0, "wait": 11.0, "grace": 2.0, "compile": 2.5,
+                                      "total": 44.5}
+  assert table["model_s"].to_dict() == {"work": 20.0, "rejoin": 19.0, "wait": 10.0, "grace": 10.0, "compile": 0.0,
+                                        "total": 59.0}
+
+
+def test_a_trace_without_the_loss_or_the_heal_says_so():
+  t = _trace(5, 89.0)
+  no_heal = {0: [r for r in t[0] if r["kind"] != "heal"], 1: t[1]}
+  with pytest.raises(RuntimeError, match="process 1's replacement was not healed"):
+    measure_failure(no_heal, 1, first_step=1)
+  with pytest.raises(RuntimeError, match="process 0 was not lost"):
+    measure_failure(t, 0, first_step=1)

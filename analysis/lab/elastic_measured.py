@@ -1,24 +1,34 @@
 """A process lost during an elastic run and its replacement, measured: who trained, who
-synced, when it was lost, when it was healed.
+synced, when it was lost, when it was healed, and what the failure cost.
 
 :func:`elastic_demo` launches Streaming DiLoCo over three processes with ``--elastic``
 (:mod:`diloco_core.elastic`) and has the launcher kill one of them (``--kill-at``, SIGKILL)
-during the run and start it again (``--restart``): the replacement rejoins. :func:`process_timeline` reads what each process did from the run's traces
-(steps computed, waits, syncs and who took part in each), and the background-communication
-page draws it beside the loss curve (:func:`analysis.plots.timelines.plot_elastic`).
-"""
+during the run and start it again (``--restart``): the replacement rejoins.
+:func:`process_timeline` reads what each process did from the run's traces (steps computed,
+waits, syncs and who took part in each), and the background-communication page draws it
+beside the loss curve (:func:`analysis.plots.timelines.plot_elastic`).
+:func:`measure_failure` reads when the failure's events happened, and :func:`failure_cost`
+sets what it cost beside the goodput model's
+(:func:`analysis.planning.goodput.elastic_failure_cost`)."""
 
 from __future__ import annotations
 
 import os
 
+import numpy as np
 import pandas as pd
 
 from analysis.lab.measured import launch_run, read_trace
+from analysis.planning.goodput import Failures, elastic_failure_cost
 
-#: The demo run: three processes, one replica each, Streaming DiLoCo with 4-bit payloads.
-DEMO_FLAGS = ("--model", "tiny", "--replicas", "3", "--algorithm", "streaming", "--fragments", "2",
-              "--sync-every", "4", "--batch-size", "4", "--seq-len", "32", "--log-every", "2",
+#: The demo run's shape: replicas M (one per process), sync interval H, fragments P.
+DEMO_SHAPE = {"replicas": 3, "sync_every": 4, "fragments": 2}
+
+#: The demo run: three processes, one replica each, Streaming DiLoCo with 4-bit payloads; a log
+#: row (where a replacement is healed) every H / P steps, as often as a fragment's sync.
+DEMO_FLAGS = ("--model", "tiny", "--replicas", str(DEMO_SHAPE["replicas"]), "--algorithm", "streaming",
+              "--fragments", str(DEMO_SHAPE["fragments"]), "--sync-every", str(DEMO_SHAPE["sync_every"]),
+              "--batch-size", "4", "--seq-len", "32", "--log-every", str(DEMO_SHAPE["sync_every"] // DEMO_SHAPE["fragments"]),
               "--eval-every", "4", "--warmup-steps", "2", "--compression", "fp4", "--error-feedback",
               "--communication", "background", "--elastic")
 
@@ -31,35 +41,108 @@ def elastic_demo(workdir: str, *, kill: tuple[int, int] = (2, 10), steps: int = 
 
   Returns:
     ``{"out": the run's directory, "traces": rank -> trace rows, "metrics": the metrics rows
-    (DataFrame), "killed": the process killed, "last_step": the last step it computed,
-    "lost_step": the step of the first agreement (a sync or a log row) that left it out,
-    "wait_s": how long process 0 waited
-    between the killed process's last step and that sync (for a sync or a log row: the
-    heartbeat at work), "kill_time": when its last step ended, "lost_time": when that agreement
-    passed, "healed_step": the step whose state the leader sent the replacement,
-    "heal_time": when (seconds from step :data:`FIRST_STEP`), "join_wait_s": how long process 0
-    then waited until the replacement took part in a sync}``.
+    (DataFrame), **measure_failure(traces, kill[0])}`` (:func:`measure_failure`).
   """
   out = os.path.join(workdir, "elastic")
   launch_run(out, [*DEMO_FLAGS, "--steps", str(steps)], processes=3,
              launcher_args=("--kill-at", f"{kill[0]}:{kill[1]}", "--restart"))
   traces = read_trace(out)
   metrics = pd.read_json(os.path.join(out, "metrics.jsonl"), lines=True)
-  lost = [r for r in traces[0] if r["kind"] == "lost"]
-  if not lost:
-    raise RuntimeError(f"process {kill[0]} was not lost in {out} (the run ended before the kill?)")
-  t0 = _t0(traces, FIRST_STEP)
-  heals = [r for r in traces[0] if r["kind"] == "heal"]
-  if not heals:
-    raise RuntimeError(f"process {kill[0]}'s replacement was not healed in {out} (the run ended first?)")
-  killed_steps = [r for r in traces[kill[0]] if r["kind"] == "compute" and r["step"] <= heals[0]["step"]]
-  waits = [r for r in traces[0] if r["kind"] == "wait"  # the agreement's time is its link thread's, just before
-           and killed_steps[-1]["end"] < r["end"] <= lost[0]["time"] + 0.5]
-  return {"out": out, "traces": traces, "metrics": metrics, "killed": kill[0],
-          "last_step": killed_steps[-1]["step"], "lost_step": lost[0]["step"],
-          "wait_s": sum(r["end"] - r["start"] for r in waits), "kill_time": killed_steps[-1]["end"] - t0,
-          "lost_time": lost[0]["time"] - t0, "healed_step": heals[0]["step"], "heal_time": heals[0]["time"] - t0,
-          "join_wait_s": _join_wait(traces, heals[0], kill[0])}
+  return {"out": out, "traces": traces, "metrics": metrics, **measure_failure(traces, kill[0])}
+
+
+def measure_failure(traces: dict, killed: int, first_step: int = FIRST_STEP) -> dict:
+  """When process ``killed`` was lost and healed, from the run's traces (times in seconds from
+  the start of step ``first_step`` on the earliest process; process 0 leads and records).
+
+  Returns:
+    ``{"killed", "last_step": the last step its first life computed (recorded, or sent in a
+    sync that counted it), "kill_time": its last trace record, "lost_step", "lost_time": the step and time of the first agreement (a sync or a
+    log row) that left it out, "wait_s": how long process 0 waited between that last step and
+    that agreement (the heartbeat at work), "sent_step", "sent_time": the last step whose
+    fragment it sent counted in a sync, and when that step ended on it, "join_time": when its
+    replacement joined an agreement, "healed_step", "heal_time": the step whose state the
+    leader sent it, and when, "join_wait_s": how long process 0 then waited until the
+    replacement took part in a sync, "step_s": process 0's median step time (start to start)
+    before the kill}``.
+
+  Examples:
+    >>> step = lambda r, t: {"kind": "compute", "step": t, "start": 10.0 * t, "end": 10.0 * t + 9}
+    >>> traces = {0: [*(step(0, t) for t in range(1, 5)),
+    ...               {"kind": "settle", "sent_at": 2, "time": 30.0, "present": [1.0, 1.0]},
+    ...               {"kind": "wait", "step": 4, "start": 49.0, "end": 55.0},
+    ...               {"kind": "lost", "step": 4, "processes": [1], "time": 55.0},
+    ...               {"kind": "joined", "step": 5, "processes": [1], "time": 70.0},
+    ...               {"kind": "heal", "step": 6, "processes": [1], "time": 75.0},
+    ...               {"kind": "wait", "step": 7, "start": 80.0, "end": 84.0},
+    ...               {"kind": "settle", "sent_at": 6, "time": 85.0, "present": [1.0, 1.0]}],
+    ...           1: [step(1, 1), step(1, 2), step(1, 3), {"kind": "healed", "step": 6}]}
+    >>> m = measure_failure(traces, 1, first_step=1)
+    >>> [m[k] for k in ("last_step", "kill_time", "sent_time", "join_time", "heal_time", "wait_s", "join_wait_s", "step_s")]
+    [3, 29.0, 19.0, 60.0, 65.0, 6.0, 4.0, 10.0]
+  """
+  rows = traces[0]
+  lost = next((r for r in rows if r["kind"] == "lost" and killed in r["processes"]), None)
+  if lost is None:
+    raise RuntimeError(f"process {killed} was not lost in this run (it ended before the kill?)")
+  heal = next((r for r in rows if r["kind"] == "heal" and killed in r["processes"]), None)
+  if heal is None:
+    raise RuntimeError(f"process {killed}'s replacement was not healed in this run (it ended first?)")
+  mine = traces[killed]
+  first_life = mine[:next((i for i, r in enumerate(mine) if r["kind"] == "healed"), len(mine))]
+  computed = {r["step"]: r["end"] for r in first_life if r["kind"] == "compute"}
+  killed_at = max(r.get("end", r.get("time", r.get("finished", 0.0))) for r in first_life)  # its last record
+  sent = max(r["sent_at"] for r in rows if r["kind"] == "settle" and r["time"] <= lost["time"]
+             and r["present"] is not None and r["present"][killed] > 0)
+  # killed after it put a sync's payload and before it recorded that step: its work up to then counted
+  sent_end = computed.get(sent, killed_at)
+  joined = next(r for r in rows if r["kind"] == "joined" and killed in r["processes"] and r["time"] >= killed_at)
+  waits = [r for r in rows if r["kind"] == "wait"  # the agreement's time is its link thread's, just before
+           and killed_at < r["end"] <= lost["time"] + 0.5]
+  starts = [r["start"] for r in rows if r["kind"] == "compute" and first_step <= r["step"] and r["end"] <= killed_at]
+  t0 = _t0(traces, first_step)
+  return {"killed": killed, "last_step": max(max(computed), sent), "kill_time": killed_at - t0,
+          "lost_step": lost["step"], "lost_time": lost["time"] - t0, "wait_s": sum(r["end"] - r["start"] for r in waits),
+          "sent_step": sent, "sent_time": sent_end - t0, "join_time": joined["time"] - t0,
+          "healed_step": heal["step"], "heal_time": heal["time"] - t0, "join_wait_s": _join_wait(traces, heal, killed),
+          "step_s": float(np.median(np.diff(starts))) if len(starts) > 1 else float("nan")}
+
+
+def failure_cost(measured: dict, *, replicas: int, sync_every: int, fragments: int, heartbeat_s: float,
+                 method: str = "streaming") -> pd.DataFrame:
+  """One measured failure (:func:`measure_failure`) beside what the goodput model
+  (:func:`analysis.planning.goodput.elastic_failure_cost`) says it costs, in replica-seconds.
+
+  The run's parts: ``work``, the lost replica's steps after its last counted send (kill time −
+  that step's end); ``rejoin``, until its replacement joined an agreement; ``wait``, until the
+  leader sent it the heal; ``grace``, the others' wait at the agreement that left it out, times
+  M − 1; ``compile``, their wait while the replacement compiled its first steps, times M − 1
+  (not in the model). The model is given the measured rejoin time (a property of the
+  machine, fitted here), the heartbeat as its grace window (the longest the others can wait)
+  and the measured step time; its ``work`` and ``wait`` are expectations over when the
+  failure lands (H s / 2 and H s / (2P): the trainer heals after a log row, so ``wait``
+  matches when the log interval is H / P steps).
+
+  Returns:
+    Rows ``part, model_s, run_s`` for the five parts and their ``total``.
+
+  Examples:
+    >>> m = {"kill_time": 29.0, "sent_time": 19.0, "join_time": 60.0, "heal_time": 65.0, "wait_s": 6.0,
+    ...      "join_wait_s": 4.0, "step_s": 10.0}
+    >>> failure_cost(m, replicas=2, sync_every=4, fragments=2, heartbeat_s=10.0).values.tolist()
+    [['work', 20.0, 10.0], ['rejoin', 31.0, 31.0], ['wait', 10.0, 5.0], ['grace', 10.0, 6.0], ['compile', 0.0, 4.0], ['total', 71.0, 56.0]]
+  """
+  rejoin = measured["join_time"] - measured["kill_time"]
+  model = elastic_failure_cost(method, Failures(0.0, rejoin_s=rejoin, grace_s=heartbeat_s), replicas=replicas,
+                               step_wall_s=measured["step_s"], sync_every=sync_every, fragments=fragments)
+  others = replicas - 1
+  run = {"work": measured["kill_time"] - measured["sent_time"], "rejoin": rejoin,
+         "wait": measured["heal_time"] - measured["join_time"], "grace": others * measured["wait_s"],
+         "compile": others * measured["join_wait_s"]}
+  model["compile"] = 0.0
+  parts = list(run)
+  return pd.DataFrame({"part": [*parts, "total"], "model_s": [*(model[p] for p in parts), sum(model.values())],
+                       "run_s": [*(run[p] for p in parts), sum(run.values())]})
 
 
 def _join_wait(traces: dict, heal: dict, replaced: int) -> float:

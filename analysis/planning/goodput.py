@@ -109,10 +109,45 @@ def kept_by_restarts(failures: Failures, replicas: int) -> float:
   return float(C * rate / (math.exp(rate * R) * math.expm1(rate * C)))
 
 
+def elastic_failure_cost(method: str, failures: Failures, *, replicas: int, step_wall_s: float,
+                         sync_every: int = 1, fragments: int = 1) -> dict[str, float]:
+  """What one failure costs an elastic run, in replica-seconds, by part: ``work`` (w, the lost
+  replica's work since its last sync), ``rejoin`` (J), ``wait`` (v, its replacement's wait for a
+  sync to join at) and ``grace`` ((M - 1) g, the others' wait at the sync it misses).
+
+  Args:
+    method: ``"dp"``, ``"diloco"`` or ``"streaming"``.
+    failures: the failure model (its ``rejoin_s`` and ``grace_s``).
+    replicas: M >= 2.
+    step_wall_s: s, the wall time of one step (compute and waits).
+    sync_every: H (DiLoCo, Streaming).
+    fragments: P (Streaming).
+
+  Returns:
+    ``{"work", "rejoin", "wait", "grace"}``; their sum is the cost of one failure.
+
+  Examples:
+    >>> elastic_failure_cost("streaming", Failures(1.0, rejoin_s=20.0, grace_s=5.0), replicas=3,
+    ...                      step_wall_s=0.5, sync_every=8, fragments=2)  # w = 8·0.5/2, v = 8·0.5/4
+    {'work': 2.0, 'rejoin': 20.0, 'wait': 1.0, 'grace': 10.0}
+  """
+  check_choice("method", method, METHODS)
+  M = check_int("replicas (M)", replicas)
+  if M < 2:
+    raise ValueError(f"elastic needs replicas (M) >= 2 (a live replica to heal from), got {M}.")
+  s = float(_checks.positive("step_wall_s", step_wall_s))
+  H, P = check_int("sync_every (H)", sync_every), check_int("fragments (P)", fragments)
+  if method == "dp":
+    work, wait = s / 2, s / 2
+  else:
+    work, wait = H * s / 2, H * s / (2 * (P if method == "streaming" else 1))
+  return {"work": work, "rejoin": float(failures.rejoin_s), "wait": wait, "grace": (M - 1) * float(failures.grace_s)}
+
+
 def lost_to_elastic_failures(method: str, failures: Failures, *, replicas: int, step_wall_s: float,
                              sync_every: int = 1, fragments: int = 1) -> float:
   """The fraction of replica time that failures take from an elastic run,
-  :math:`f = \\lambda (w + J + v + (M - 1) g)`, capped at 1.
+  :math:`f = \\lambda (w + J + v + (M - 1) g)` (the parts of :func:`elastic_failure_cost`), capped at 1.
 
   Args:
     method: ``"dp"``, ``"diloco"`` or ``"streaming"``.
@@ -127,17 +162,8 @@ def lost_to_elastic_failures(method: str, failures: Failures, *, replicas: int, 
     >>> lost_to_elastic_failures("diloco", f, replicas=2, step_wall_s=1.0, sync_every=100)  # w = v = 50 s
     0.1
   """
-  check_choice("method", method, METHODS)
-  M = check_int("replicas (M)", replicas)
-  if M < 2:
-    raise ValueError(f"elastic needs replicas (M) >= 2 (a live replica to heal from), got {M}.")
-  s = float(_checks.positive("step_wall_s", step_wall_s))
-  H, P = check_int("sync_every (H)", sync_every), check_int("fragments (P)", fragments)
-  if method == "dp":
-    work, wait = s / 2, s / 2
-  else:
-    work, wait = H * s / 2, H * s / (2 * (P if method == "streaming" else 1))
-  per_failure = work + failures.rejoin_s + wait + (M - 1) * failures.grace_s
+  per_failure = sum(elastic_failure_cost(method, failures, replicas=replicas, step_wall_s=step_wall_s,
+                                         sync_every=sync_every, fragments=fragments).values())
   return min(1.0, failures.rate_per_hour / 3600.0 * per_failure)
 
 
