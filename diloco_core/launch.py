@@ -379,8 +379,11 @@ def _supervise(children: list[_Child], kill_at: tuple[int, int, str] | None = No
     if c.index != 0 and said not in children[0].tail:  # process 0's output was shown already
       sys.stderr.write("\n".join(f"[process {c.index}] {line}" for line in c.tail) + "\n")
     rc = c.proc.returncode
-    print(f"launch: process {c.index} of {len(children)} {_how(rc)}; the others were stopped"
-          f" ({_checkpoint_advice(children[0].cmd)}).", file=sys.stderr)
+    advice = (": process 0 hosts the coordination service, which an elastic run cannot lose (it writes no"
+              " checkpoint: run the same command again)" if elastic and c.index == 0 and rc < 0
+              else f" ({_checkpoint_advice(children[0].cmd)})")
+    print(f"launch: process {c.index} of {len(children)} {_how(rc)}; the others were stopped{advice}.",
+          file=sys.stderr)
     return _exit_code(rc)
   return 0
 

@@ -142,3 +142,15 @@ def test_below_min_replicas_the_run_stops_in_one_line(tmp_path):
   assert errors and "process(es) [2] lost: 2 replica(s) took part in the sync of fragment 1 sent at step 4," \
                     " fewer than --min-replicas (3); the run stopped after step 3" in errors[0], r.stdout[-3000:]
   assert r.stderr.strip().splitlines()[-1].startswith("launch: process 2 of 3 was lost (killed by SIGKILL)")
+
+
+@pytest.mark.slow
+def test_losing_process_0_stops_the_run_in_one_line(tmp_path):
+  """Process 0 hosts the coordination service: an elastic run cannot lose it. Killed, the others
+  are stopped and the launcher's last line says why and what to do."""
+  out = str(tmp_path / "elastic")
+  r = _launch(*THREE, "--kill-at", "0:4", "--", *FLAGS, "--steps", "200", "--elastic", "--out", out)
+  assert r.returncode == 137, r.stderr[-3000:]
+  assert r.stderr.strip().splitlines()[-1] == (
+      "launch: process 0 of 3 was lost (killed by SIGKILL); the others were stopped: process 0 hosts the"
+      " coordination service, which an elastic run cannot lose (it writes no checkpoint: run the same command again).")
