@@ -82,7 +82,7 @@ from diloco_core.diloco import DiLoCo
 from diloco_core.elastic_runtime import ElasticRuntime
 from diloco_core.hyperparams import resolve_optimizer
 from diloco_core.link import Link, LostProcessError, wait
-from diloco_core.membership import Membership
+from diloco_core.membership import process_membership
 from diloco_core.mesh import MeshPlacement, global_array, host_copy, replica_sharding, replicated
 from diloco_core.reduce_scatter import ChunkPlan
 from diloco_core.schedule import merged_fragment, sent_fragment
@@ -132,6 +132,7 @@ class Background(PhasePrograms, MeshPlacement, ElasticRuntime):
       the processes alive, and the run stops below this many; None: not elastic.
     heal_every: elastic: a replacement is healed after a step that is a multiple of this (the
       log interval: every process's log rows then cover the same steps).
+    heal_wait: elastic: seconds the leader may wait there for a replacement still compiling.
 
   The loop calls it as its runtime (:class:`~diloco_core.communication.Runtime`): the same
   calls as :class:`~diloco_core.communication.InStep`.
@@ -142,7 +143,8 @@ class Background(PhasePrograms, MeshPlacement, ElasticRuntime):
   replica_fields = ("params", "opt_state", "ef_residual", "participants")
 
   def __init__(self, algo: DiLoCo, params, mesh: str | None = None, out: str | None = None,
-               resumed: bool = False, min_replicas: int | None = None, heal_every: int = 1):
+               resumed: bool = False, min_replicas: int | None = None, heal_every: int = 1,
+               heal_wait: float = 0.0):
     self.algo, self.config = algo, algo.config
     cfg = self.config
     self.processes, self.rank = jax.process_count(), jax.process_index()
@@ -152,9 +154,9 @@ class Background(PhasePrograms, MeshPlacement, ElasticRuntime):
     if cfg.outer_overlap == "eager":
       self.replica_fields = Background.replica_fields + ("in_flight",)
     algo.prepare(params)
-    self.min_replicas, self.heal_every = min_replicas, heal_every  # elastic: every process agrees at start
+    self.min_replicas, self.heal_every, self.heal_wait = min_replicas, heal_every, heal_wait  # elastic
     self._unsent: list[tuple[int, float]] = []  # elastic: (sync step, share of the replicas that sent nothing)
-    membership = None if min_replicas is None else Membership.entered()
+    membership = None if min_replicas is None else process_membership()
     self.trace: list[dict] = []
     self._trace_file = None
     if out is not None:  # a replacement (elastic) goes on with its lost predecessor's trace

@@ -23,6 +23,7 @@ from diloco_core import interrupts
 from diloco_core.fields import spec, walk
 from diloco_core.backend import configure_determinism
 from diloco_core.elastic import HEARTBEAT_S as ELASTIC_HEARTBEAT_S
+from diloco_core.membership import process_membership
 from diloco_core.processes import (JOIN_TIMEOUT_S, SHUTDOWN_S, exit_without_peers, initialize_distributed,
                                    leave_elastic, leave_together, lost_process)
 from diloco_core.run_config import TrainConfig
@@ -197,6 +198,8 @@ def _main(argv: list[str] | None) -> int:
                                      describe=to_flags, elastic_heartbeat=ELASTIC_HEARTBEAT_S if elastic else None)
     if several:
       interrupts.forward(signal.SIGTERM)  # Ctrl-C too stops every process at one step (processes.stop_agreed)
+    if several and elastic:  # the first agreement at once: a replacement then never holds the others up
+      process_membership()
     with warnings.catch_warnings():
       warnings.simplefilter("always", RunWarning)
       warnings.showwarning = _show_warning

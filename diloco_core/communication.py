@@ -164,5 +164,6 @@ def make_communication(cfg, algo, params, resumed: bool = False) -> Runtime:
   :class:`~diloco_core.background.Background`."""
   if cfg.communication == "background":
     return Background(algo, params, mesh=cfg.mesh, out=cfg.out, resumed=resumed,
-                      min_replicas=cfg.min_replicas if cfg.elastic else None, heal_every=cfg.log_every)
+                      min_replicas=cfg.min_replicas if cfg.elastic else None, heal_every=cfg.log_every,
+                      heal_wait=cfg.heal_wait)
   return InStep(algo)

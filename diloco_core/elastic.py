@@ -41,7 +41,7 @@ HEARTBEAT_S = 10
 
 
 def check_elastic(cfg) -> None:
-  """One-line errors for ``elastic`` and ``min_replicas`` (before anything compiles).
+  """One-line errors for ``elastic``, ``min_replicas`` and ``heal_wait`` (before anything compiles).
 
   Examples:
     >>> from diloco_core import TrainConfig
@@ -54,9 +54,11 @@ def check_elastic(cfg) -> None:
   M, k = cfg.algo.replicas, cfg.min_replicas
   if not v.is_int(k) or not 1 <= k <= M:
     raise ValueError(f"`min_replicas` must be an integer in [1, replicas={M}], got {k!r}.")
+  v.check_real("heal_wait", cfg.heal_wait, low=0.0)
   if not cfg.elastic:
-    if k != 1:
-      raise ValueError("`min_replicas` applies to `elastic` runs only: add `elastic`, or drop `min_replicas`.")
+    for name, value, default in (("min_replicas", k, 1), ("heal_wait", cfg.heal_wait, 0.0)):
+      if value != default:
+        raise ValueError(f"`{name}` applies to `elastic` runs only: add `elastic`, or drop `{name}`.")
     return
   if cfg.communication != "background":
     raise ValueError("`elastic` needs `communication` background (in-step runs every replica in one"

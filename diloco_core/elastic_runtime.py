@@ -5,15 +5,18 @@
 processes (:class:`~diloco_core.membership.Membership`); this module reads who is lost from
 them, and heals a replacement:
 
+* **the replacement** enters the agreements as soon as it is connected, and takes part in them
+  with nothing on a thread while it builds and compiles its programs
+  (:meth:`ElasticRuntime.warm_up`); then it says it is ready;
 * **the leader** (the lowest process of the agreement the replacement joined at), at the start
-  of the first step after a log row, settles everything in flight (settling early changes no
+  of the first step after a log row at which the replacement is ready (``heal_wait``: it may
+  wait that long there for it), settles everything in flight (settling early changes no
   number), and sends the state after that log row (:func:`pack_heal`): the global params and
   the outer state of every fragment, its own first replica's inner optimizer state, the step;
   the trace records a ``heal`` row (step, the replacement's replicas, the source replica);
-* **the replacement** (:meth:`ElasticRuntime.rejoin`) takes part in the agreements before it
-  with nothing, then starts from that state: its replicas' params are the global params, their
-  inner optimizer state the source replica's (its moments and step count, as torchft heals
-  from a live peer), their error-feedback residual zero, and each fragment counts as missed
+* **the replacement** (:meth:`ElasticRuntime.rejoin`) then starts from that state: its
+  replicas' params are the global params, their inner optimizer state the source replica's
+  (its moments and step count, as torchft heals from a live peer), their error-feedback residual zero, and each fragment counts as missed
   (a merge still pending replaces its fragment by the global copy); it counts in the average
   from the next sync on.
 
@@ -31,6 +34,7 @@ import time
 import jax
 import numpy as np
 
+from diloco_core.background_programs import fragment_branch
 from diloco_core.mesh import host_copy
 from diloco_core.state import DiLoCoState
 
@@ -133,10 +137,13 @@ class ElasticRuntime:
 
   def heal_joiners(self, state: DiLoCoState, t: int) -> DiLoCoState:
     """The leader, at the start of step ``t`` when step t - 1 was a log row: the replacements
-    waiting get the state after step t - 1 (with nothing in flight)."""
+    waiting that are ready (compiled: :meth:`rejoin`) get the state after step t - 1 (with
+    nothing in flight)."""
     membership = self.link.membership
-    pending = [] if membership is None else sorted(membership.pending)
-    if not pending or (t - 1) % self.heal_every:
+    if membership is None or not membership.pending or (t - 1) % self.heal_every:
+      return state
+    pending = self._ready_joiners(membership, t)
+    if not pending:
       return state
     state = self.settle(state, t - 1)
     first = lambda x: np.asarray(x.addressable_shards[0].data)[0]  # this process's first replica's row
@@ -148,10 +155,46 @@ class ElasticRuntime:
                   "replicas": [r * self.local + i for r in pending for i in range(self.local)]})
     return state
 
-  def rejoin(self, state: DiLoCoState) -> tuple[DiLoCoState, int]:
-    """A replacement: takes part in the agreements with nothing until the leader's heal, then
+  def _ready_joiners(self, membership, t: int) -> list[int]:
+    """The replacements waiting that are ready; with ``heal_wait``, waits up to that long for
+    the others to be (the wait is a trace row, ``"for": "heal"``)."""
+    start = time.time()
+    ready = [r for r in sorted(membership.pending) if membership.ready(r)]
+    while len(ready) < len(membership.pending) and time.time() - start < self.heal_wait:
+      time.sleep(0.05)
+      ready = [r for r in sorted(membership.pending) if membership.ready(r)]
+    if time.time() - start > 0.05:
+      self._record({"kind": "wait", "step": t - 1, "for": "heal", "start": start, "end": time.time()})
+    return ready
+
+  def warm_up(self, state: DiLoCoState, batch) -> None:
+    """A replacement, before it says it is ready: runs each phase program it will run (an inner
+    step, and for each fragment branch a send, a settle of zero payloads and a merge) once on a
+    copy of its placeholder state, then drops the copy. It compiles them while the others train
+    (its thread takes part in their agreements meanwhile), instead of after its heal, when every
+    agreement would wait for it; no number of the run depends on it."""
+    M, P, hp = self.config.replicas, self.config.fragments, self._hyperparams(False)
+    copy = self.local_state(state)  # fresh arrays: the programs donate their state
+    copy, loss, _ = self.inner_program(copy, batch, hp)
+    everyone = self.place_replicated(np.ones(M, np.float32))
+    for p in sorted({fragment_branch(p, P)[0]: p for p in range(P)}.values()):  # one fragment per branch
+      copy, flat = self.send_program(copy, p, hp)
+      zeros = np.zeros((M, int(np.shape(flat)[-1])), np.float32)
+      copy = self.settle_program(copy, p, self._leaves_of(copy, p, zeros), hp, everyone)
+      copy = self.merge_program(copy, p, hp)
+    jax.block_until_ready((loss, copy))
+
+  def rejoin(self, state: DiLoCoState, batch=None) -> tuple[DiLoCoState, int]:
+    """A replacement: compiles its programs (:meth:`warm_up`, given a ``batch``) while it takes
+    part in the agreements with nothing, says it is ready, waits for the leader's heal, then
     returns its state (see the module docstring) and the step it holds."""
-    key, data = self.link.membership.wait_for_heal()
+    membership = self.link.membership
+    if batch is not None:
+      started = time.time()
+      self.warm_up(state, batch)
+      self._record({"kind": "warm-up", "start": started, "end": time.time()})
+    membership.mark_ready()
+    key, data = membership.heal()
     one = jax.tree.map(lambda x: np.asarray(x.addressable_shards[0].data)[0], state.opt_state)
     glob, outer, opt, step, keys = unpack_heal(data, state.global_params, state.outer_state, one)
     m, P = self.local, self.config.fragments

@@ -354,9 +354,10 @@ def _supervise(children: list[_Child], kill_at: tuple[int, int, str] | None = No
   if elastic and children[0].proc.returncode == 0:  # the run ended; say who was lost on the way
     for c in replaced:
       new = children[c.index]
-      ended = "finished" if new.proc.returncode == 0 else f"{_how(new.proc.returncode)}: {new.tail[-1] if new.tail else ''}"
+      ended = ("rejoined and finished" if new.proc.returncode == 0 else
+               f"was started and {_how(new.proc.returncode)}: {new.tail[-1] if new.tail else ''}")
       print(f"launch: process {c.index} of {len(children)} {_how(c.proc.returncode)}; a replacement"
-            f" rejoined and {ended} (--elastic --restart).", file=sys.stderr)
+            f" {ended} (--elastic --restart).", file=sys.stderr)
     for c in children:
       if c.proc.returncode != 0 and c not in replaced:
         print(f"launch: process {c.index} of {len(children)} {_how(c.proc.returncode)}; the others went on"

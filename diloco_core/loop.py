@@ -184,7 +184,7 @@ def train(cfg: TrainConfig) -> TrainResult:
     state = comm.local_state(resumed.state)
   first = 1 if resumed is None else resumed.step + 1  # checkpoints fall on log rows: nothing pending
   if getattr(comm, "rejoining", False):  # an elastic replacement: the state a live peer sends
-    state, healed = comm.rejoin(state)
+    state, healed = comm.rejoin(state, comm.place_batch(data.train_batch(0)))  # (compiles with any batch)
     first = healed + 1
   if cfg.out is not None and jax.process_index() == 0:  # only process 0 writes files
     check_run_space(cfg, comm.global_state(state), params, first,  # before any step, not at a save

@@ -22,10 +22,11 @@ One sync (:meth:`Membership.exchange`):
 4. it reads every contributor's payload (they were put before the barrier: each is there).
 
 **A replacement** must take part in every barrier from its first on (the barrier waits for
-every live process), but has no state yet. The leader (the lowest member of the agreement it
+every live process: from its connection on, so it enters at once, :func:`process_membership`,
+and a thread takes part while it builds and compiles), but has no state yet. The leader (the lowest member of the agreement it
 joined at) writes, before each of its next barriers, a status for it: "take part in agreement
 *key* with nothing" (an empty payload: no contribution), until the trainer hands the leader
-its heal (:meth:`Membership.send_heal`, at a point where nothing of the leader is in flight);
+its heal (the trainer waits until the replacement said it is ready, :meth:`Membership.mark_ready`) (:meth:`Membership.send_heal`, at a point where nothing of the leader is in flight);
 the next status then says "heal", and that agreement is the replacement's first as a member
 (:meth:`Membership.wait_for_heal`). Every process reads the same payloads, so every process
 agrees on who counted, at every agreement.
@@ -47,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+import threading
 
 import jax
 import numpy as np
@@ -124,12 +126,14 @@ class Membership:
     self._client = client or _client()
     self.rank, self.processes = jax.process_index(), jax.process_count()
     self._known: dict[int, int] | None = None  # {process: incarnation} of the last agreement
+    self.incarnation: int | None = None  # this process's, from enter()
     self._last_key: str | None = None
     #: Whether :meth:`enter` found the run started: this process is a replacement.
     self.rejoined = False
     #: The leader's replacements waiting for their heal: ``{process: [incarnation, statuses told]}``.
     self.pending: dict[int, list[int]] = {}
     self._heals: dict[int, bytes] = {}
+    self._heal_wait: tuple[threading.Thread, list] | None = None  # start_waiting_for_heal's thread, result
 
   def _barrier(self) -> dict[int, int]:
     try:
@@ -150,7 +154,7 @@ class Membership:
     :attr:`rejoined` is True and :meth:`wait_for_heal` gives what the leader sent)."""
     self.rejoined = _try_get(self._client, f"{self.prefix}/started") is not None
     live = self._barrier()
-    self._known = live
+    self._known, self.incarnation = live, live[self.rank]
     if not self.rejoined and self.rank == min(live):
       self._client.key_value_set(f"{self.prefix}/started", "1", allow_overwrite=True)
     return Agreement("enter", tuple(sorted(live)), (), (), {}, dict(live))
@@ -230,6 +234,43 @@ class Membership:
       self.exchange(status.removeprefix("key:"), b"")
       n += 1
 
+  def start_waiting_for_heal(self, timeout_s: float = HEAL_TIMEOUT_S) -> None:
+    """A replacement: :meth:`wait_for_heal` on a thread, so that it takes part in every
+    agreement (with nothing) from now on while the process builds and compiles its programs;
+    the others' barriers then never wait for its start. :meth:`heal` gives the result."""
+    box: list = []
+
+    def run():
+      try:
+        box.append(("ok", self.wait_for_heal(timeout_s)))
+      except BaseException as e:  # noqa: BLE001 - handed to heal()
+        box.append(("error", e))
+    thread = threading.Thread(target=run, daemon=True, name="diloco-heal-wait")
+    thread.start()
+    self._heal_wait = (thread, box)
+
+  def heal(self) -> tuple[str, bytes]:
+    """A replacement: what :meth:`wait_for_heal` returns, from the thread of
+    :meth:`start_waiting_for_heal` (started now if it was not)."""
+    if self._heal_wait is None:
+      self.start_waiting_for_heal()
+    thread, box = self._heal_wait
+    thread.join()
+    kind, value = box[0]
+    if kind == "error":
+      raise value
+    return value
+
+  def mark_ready(self) -> None:
+    """A replacement: it is ready to count (its programs are compiled); the leader heals it at
+    its next heal point (:meth:`ready`)."""
+    self._client.key_value_set(f"{self.prefix}/ready/{self.rank}/{self.incarnation}", "1", allow_overwrite=True)
+
+  def ready(self, process: int) -> bool:
+    """The leader: whether the replacement ``process`` waiting for its heal is ready
+    (:meth:`mark_ready`; no wait)."""
+    return _try_get(self._client, f"{self.prefix}/ready/{process}/{self.pending[process][0]}") is not None
+
   def release(self) -> None:
     """The leader, at its end: tells the replacements still waiting that the run ended."""
     for r, (incarnation, n) in self.pending.items():
@@ -242,6 +283,22 @@ class Membership:
     except Exception as e:  # noqa: BLE001
       raise MembershipError(f"no live process answered this replacement within {timeout_s:g} s (at {key}:"
                             f" {_first_line(e)})") from None
+
+
+_PROCESS: Membership | None = None
+
+
+def process_membership() -> Membership:
+  """This process's membership (an elastic run has one): entered at the first call, which the
+  command line makes right after joining the coordination service. A replacement then takes
+  part in the agreements at once (:meth:`Membership.start_waiting_for_heal`): the others wait
+  for it only from its connection to its first barrier, not while it builds and compiles."""
+  global _PROCESS
+  if _PROCESS is None:
+    _PROCESS = Membership.entered()
+    if _PROCESS.rejoined:
+      _PROCESS.start_waiting_for_heal()
+  return _PROCESS
 
 
 def _try_get(client, key: str) -> bytes | None:

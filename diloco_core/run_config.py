@@ -205,6 +205,11 @@ class TrainConfig:
       1, flag="min-replicas", group=_C,
       help="elastic: the run stops (one line, the lost processes) when fewer replicas than this"
            " take part in a sync")
+  heal_wait: float = field(
+      0.0, flag="heal-wait", group=_C,
+      help="elastic: seconds the others may wait, at a log row, for a replacement that is still"
+           " compiling before they heal it (0: never wait; it is healed at the first log row"
+           " after it is ready)")
 
   def validate(self) -> None:
     """Raises a one-line ``ValueError`` for any invalid option, before anything compiles."""

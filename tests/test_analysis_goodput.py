@@ -122,6 +122,7 @@ def _trace(kill_step: int, heal_at: float):
             {"kind": "lost", "step": 6, "processes": [1], "time": 71.0},
             {"kind": "settle", "sent_at": 6, "time": 71.5, "present": [1.0, 0.0]},
             {"kind": "joined", "step": 7, "processes": [1], "time": 78.0},
+            {"kind": "wait", "step": 8, "for": "heal", "start": heal_at - 2.0, "end": heal_at - 0.5},
             {"kind": "heal", "step": 8, "processes": [1], "time": heal_at},
             {"kind": "wait", "step": 9, "start": heal_at + 1, "end": heal_at + 3.5},
             {"kind": "settle", "sent_at": 10, "time": heal_at + 4, "present": [1.0, 1.0]}]
@@ -130,15 +131,15 @@ def _trace(kill_step: int, heal_at: float):
 
 def test_a_measured_failure_beside_the_model():
   """A hand-made trace: killed after step 5 (its last counted send at step 4, ended at 49 s),
-  joined at 78 s, healed at 89 s; the others waited 2 s at the sync without it and 2.5 s while
-  it compiled."""
+  joined at 78 s, healed at 89 s; the others waited 2 s at the sync without it and 1.5 s + 2.5 s
+  while it compiled (before the heal, at the log row, and after it)."""
   m = measure_failure(_trace(5, 89.0), 1, first_step=1)
   assert (m["last_step"], m["sent_step"], m["lost_step"], m["healed_step"]) == (5, 4, 6, 8)
   assert (m["kill_time"], m["sent_time"], m["join_time"], m["heal_time"]) == (49.0, 39.0, 68.0, 79.0)
-  assert (m["wait_s"], m["join_wait_s"], m["step_s"]) == (2.0, 2.5, 10.0)
+  assert (m["wait_s"], m["heal_wait_s"], m["join_wait_s"], m["step_s"]) == (2.0, 1.5, 2.5, 10.0)
   table = failure_cost(m, replicas=2, sync_every=4, fragments=2, heartbeat_s=10.0).set_index("part")
-  assert table["run_s"].to_dict() == {"work": 10.0, "rejoin": 19.0, "wait": 11.0, "grace": 2.0, "compile": 2.5,
-                                      "total": 44.5}
+  assert table["run_s"].to_dict() == {"work": 10.0, "rejoin": 19.0, "wait": 11.0, "grace": 2.0, "compile": 4.0,
+                                      "total": 46.0}
   assert table["model_s"].to_dict() == {"work": 20.0, "rejoin": 19.0, "wait": 10.0, "grace": 10.0, "compile": 0.0,
                                         "total": 59.0}
 

@@ -96,13 +96,15 @@ def _steps(out) -> str:
 @pytest.mark.slow
 def test_a_replacement_rejoins_is_healed_and_the_run_equals_its_replay(tmp_path):
   """The launcher kills process 2 once it computed step 6 (--kill-at) and starts it again
-  (--restart): the replacement takes part in the agreements with nothing until process 0, the
-  leader, sends it the state after a log row (global params and outer state, replica 0's inner
+  (--restart): the replacement takes part in the agreements with nothing while it compiles its
+  programs, says it is ready, and process 0, the leader, waits for that at a log row
+  (--heal-wait) and sends it the state after that row (global params and outer state, replica 0's inner
   optimizer state); it then counts in every sync and reports its losses. Replayed in-step from
   process 0's trace (its drops and its rejoin), the run is the same bit for bit: every metric,
   the final params."""
   out = str(tmp_path / "elastic")
-  r = _launch(*THREE, "--kill-at", "2:6", "--restart", "--", *FLAGS, "--steps", "24", "--elastic", "--out", out)
+  r = _launch(*THREE, "--kill-at", "2:6", "--restart", "--", *FLAGS, "--steps", "24", "--elastic",
+              "--heal-wait", "300", "--out", out)  # (a short run: the others wait for it to compile)
   assert r.returncode == 0, r.stderr[-3000:]
   assert "launch: process 2 of 3 was lost (killed by SIGKILL); a replacement rejoined and finished" in r.stderr
   trace = _trace(out, 0)
@@ -113,6 +115,8 @@ def test_a_replacement_rejoins_is_healed_and_the_run_equals_its_replay(tmp_path)
   own = _trace(out, 2)  # the first incarnation's rows, then the replacement's (it appends)
   assert [x["kind"] for x in own if x["kind"] == "healed"] == ["healed"]  # the replacement's own record
   first_life = own[:next(i for i, x in enumerate(own) if x["kind"] == "healed")]
+  warm = [x for x in own if x["kind"] == "warm-up"]  # it compiled before it was healed
+  assert len(warm) == 1 and warm[0]["end"] <= heals[0]["time"]
   last_computed = max(x["step"] for x in first_life if x["kind"] == "compute")
   settles = {x["sent_at"]: x["present"] for x in trace if x["kind"] == "settle"}
   assert all(p == [1.0, 1.0, 1.0] for s, p in settles.items() if s > healed)  # (it may have missed no sync:

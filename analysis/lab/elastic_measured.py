@@ -25,12 +25,14 @@ from analysis.planning.goodput import Failures, elastic_failure_cost
 DEMO_SHAPE = {"replicas": 3, "sync_every": 4, "fragments": 2}
 
 #: The demo run: three processes, one replica each, Streaming DiLoCo with 4-bit payloads; a log
-#: row (where a replacement is healed) every H / P steps, as often as a fragment's sync.
+#: row (where a replacement is healed) every H / P steps, as often as a fragment's sync. The run
+#: is short (its steps take milliseconds), so the others wait at a log row for the replacement
+#: to compile (``--heal-wait``) instead of finishing before it is ready.
 DEMO_FLAGS = ("--model", "tiny", "--replicas", str(DEMO_SHAPE["replicas"]), "--algorithm", "streaming",
               "--fragments", str(DEMO_SHAPE["fragments"]), "--sync-every", str(DEMO_SHAPE["sync_every"]),
               "--batch-size", "4", "--seq-len", "32", "--log-every", str(DEMO_SHAPE["sync_every"] // DEMO_SHAPE["fragments"]),
               "--eval-every", "4", "--warmup-steps", "2", "--compression", "fp4", "--error-feedback",
-              "--communication", "background", "--elastic")
+              "--communication", "background", "--elastic", "--heal-wait", "120")
 
 #: The first step the timeline shows (the steps before it compile).
 FIRST_STEP = 3
@@ -62,7 +64,8 @@ def measure_failure(traces: dict, killed: int, first_step: int = FIRST_STEP) -> 
     that agreement (the heartbeat at work), "sent_step", "sent_time": the last step whose
     fragment it sent counted in a sync, and when that step ended on it, "join_time": when its
     replacement joined an agreement, "healed_step", "heal_time": the step whose state the
-    leader sent it, and when, "join_wait_s": how long process 0 then waited until the
+    leader sent it, and when, "heal_wait_s": how long process 0 waited before that for it to be
+    ready (compiled; ``heal_wait``), "join_wait_s": how long process 0 then waited until the
     replacement took part in a sync, "step_s": process 0's median step time (start to start)
     before the kill}``.
 
@@ -80,6 +83,8 @@ def measure_failure(traces: dict, killed: int, first_step: int = FIRST_STEP) -> 
     >>> m = measure_failure(traces, 1, first_step=1)
     >>> [m[k] for k in ("last_step", "kill_time", "sent_time", "join_time", "heal_time", "wait_s", "join_wait_s", "step_s")]
     [3, 29.0, 19.0, 60.0, 65.0, 6.0, 4.0, 10.0]
+    >>> m["heal_wait_s"]  # no wait for it at the log row
+    0.0
   """
   rows = traces[0]
   lost = next((r for r in rows if r["kind"] == "lost" and killed in r["processes"]), None)
@@ -89,7 +94,7 @@ def measure_failure(traces: dict, killed: int, first_step: int = FIRST_STEP) -> 
   if heal is None:
     raise RuntimeError(f"process {killed}'s replacement was not healed in this run (it ended first?)")
   mine = traces[killed]
-  first_life = mine[:next((i for i, r in enumerate(mine) if r["kind"] == "healed"), len(mine))]
+  first_life = mine[:next((i for i, r in enumerate(mine) if r["kind"] in ("warm-up", "healed")), len(mine))]
   computed = {r["step"]: r["end"] for r in first_life if r["kind"] == "compute"}
   killed_at = max(r.get("end", r.get("time", r.get("finished", 0.0))) for r in first_life)  # its last record
   sent = max(r["sent_at"] for r in rows if r["kind"] == "settle" and r["time"] <= lost["time"]
@@ -105,6 +110,8 @@ def measure_failure(traces: dict, killed: int, first_step: int = FIRST_STEP) -> 
           "lost_step": lost["step"], "lost_time": lost["time"] - t0, "wait_s": sum(r["end"] - r["start"] for r in waits),
           "sent_step": sent, "sent_time": sent_end - t0, "join_time": joined["time"] - t0,
           "healed_step": heal["step"], "heal_time": heal["time"] - t0, "join_wait_s": _join_wait(traces, heal, killed),
+          "heal_wait_s": float(sum(r["end"] - r["start"] for r in rows
+                                   if r["kind"] == "wait" and r.get("for") == "heal" and r["end"] <= heal["time"])),
           "step_s": float(np.median(np.diff(starts))) if len(starts) > 1 else float("nan")}
 
 
@@ -116,8 +123,9 @@ def failure_cost(measured: dict, *, replicas: int, sync_every: int, fragments: i
   The run's parts: ``work``, the lost replica's steps after its last counted send (kill time −
   that step's end); ``rejoin``, until its replacement joined an agreement; ``wait``, until the
   leader sent it the heal; ``grace``, the others' wait at the agreement that left it out, times
-  M − 1; ``compile``, their wait while the replacement compiled its first steps, times M − 1
-  (not in the model). The model is given the measured rejoin time (a property of the
+  M − 1; ``compile``, their wait while the replacement compiled (at the log row, ``heal_wait``,
+  and after the heal until its first sync), times M − 1 (not in the model: with ``heal_wait``
+  0 the others never wait for it). The model is given the measured rejoin time (a property of the
   machine, fitted here), the heartbeat as its grace window (the longest the others can wait)
   and the measured step time; its ``work`` and ``wait`` are expectations over when the
   failure lands (H s / 2 and H s / (2P): the trainer heals after a log row, so ``wait``
@@ -138,7 +146,7 @@ def failure_cost(measured: dict, *, replicas: int, sync_every: int, fragments: i
   others = replicas - 1
   run = {"work": measured["kill_time"] - measured["sent_time"], "rejoin": rejoin,
          "wait": measured["heal_time"] - measured["join_time"], "grace": others * measured["wait_s"],
-         "compile": others * measured["join_wait_s"]}
+         "compile": others * (measured.get("heal_wait_s", 0.0) + measured["join_wait_s"])}
   model["compile"] = 0.0
   parts = list(run)
   return pd.DataFrame({"part": [*parts, "total"], "model_s": [*(model[p] for p in parts), sum(model.values())],
