@@ -116,3 +116,76 @@ def test_every_value_equals_a_replay_of_the_recorded_membership(elastic_run):
     k = int(row["key"].split("-")[1])
     x = np.mean([x + (r + 1) * k for r in row["members"]], axis=0)
     assert x.tobytes().hex() == row["x"], row["key"]
+
+
+class _Store:
+  """An in-memory stand-in for the coordination service's client (its key-value store and
+  membership barrier), for the replacement's side in one process."""
+
+  def __init__(self, live):
+    self.kv, self.live, self.barriers = {}, live, 0
+
+  def key_value_set(self, key, value, allow_overwrite=False):
+    self.kv[key] = value.encode()
+
+  def key_value_set_bytes(self, key, value, allow_overwrite=False):
+    self.kv[key] = bytes(value)
+
+  def key_value_try_get_bytes(self, key):
+    if key not in self.kv:
+      raise RuntimeError("NOT_FOUND")
+    return self.kv[key]
+
+  def blocking_key_value_get_bytes(self, key, timeout_ms):
+    deadline = time.time() + timeout_ms / 1000
+    while key not in self.kv:
+      if time.time() > deadline:
+        raise RuntimeError(f"DEADLINE_EXCEEDED {key}")
+      time.sleep(0.01)
+    return self.kv[key]
+
+  def key_value_delete(self, key):
+    self.kv.pop(key, None)
+
+  def get_live_nodes(self, processes):
+    self.barriers += 1
+    return dict(self.live)
+
+
+def test_a_replacement_takes_part_on_a_thread_until_its_heal():
+  """The leader names two agreements, then the heal: the replacement's thread takes part in both
+  with an empty payload (no contribution) and heal() gives the leader's data and the key of its
+  first agreement as a member; its readiness is a key of its own incarnation."""
+  from diloco_core.membership import Membership, PREFIX, _frame
+  store = _Store({0: 41})
+  store.kv[f"{PREFIX}/started"] = b"1"
+  m = Membership(client=store)
+  m.enter()
+  assert m.rejoined and m.incarnation == 41
+  m.start_waiting_for_heal(timeout_s=60)
+  for n, key in enumerate(("rows-3", "fragment 1 @ step 14")):
+    store.kv[f"{PREFIX}/status/0/41/{n}"] = f"key:{key}".encode()
+    store.blocking_key_value_get_bytes(f"{PREFIX}/{key}/0", 60_000)  # it took part...
+    assert store.kv[f"{PREFIX}/{key}/0"] == b""  # ...with nothing
+  store.kv[f"{PREFIX}/heal/0/41"] = _frame("fragment 0 @ step 16", b"state")
+  store.kv[f"{PREFIX}/status/0/41/2"] = b"heal"
+  assert m.heal() == ("fragment 0 @ step 16", b"state")
+  assert store.barriers == 3  # enter, then the two named agreements
+  m.mark_ready()
+  leader = Membership(client=store)
+  leader.pending = {0: [41, 0]}
+  assert leader.ready(0)
+  leader.pending = {0: [42, 0]}  # a later incarnation of the same process: not ready yet
+  assert not leader.ready(0)
+
+
+def test_a_replacement_whose_run_ended_says_so():
+  from diloco_core.membership import Membership, MembershipError, PREFIX
+  store = _Store({0: 7})
+  store.kv[f"{PREFIX}/started"] = b"1"
+  m = Membership(client=store)
+  m.enter()
+  m.start_waiting_for_heal(timeout_s=60)
+  store.kv[f"{PREFIX}/status/0/7/0"] = b"ended"
+  with pytest.raises(MembershipError, match="the run ended before this replacement could join it"):
+    m.heal()
