@@ -69,6 +69,16 @@ def checkpoints_dir(out: str) -> str:
   return os.path.join(os.path.abspath(out), CHECKPOINTS)
 
 
+def step_dir(out: str, step: int) -> str:
+  """``<out>/checkpoints/<step>``: where checkpoint ``step`` is (absolute).
+
+  Examples:
+    >>> step_dir("/runs/a", 8)
+    '/runs/a/checkpoints/8'
+  """
+  return os.path.join(checkpoints_dir(out), str(step))
+
+
 def finalized_steps(out: str) -> list[int]:
   """Steps with a finalized checkpoint directory in ``<out>/checkpoints``, ascending.
 
@@ -108,9 +118,17 @@ def _items(state) -> dict[str, Any]:
   return {f"{i:05d}": x for i, x in enumerate(jax.tree.leaves(state))}
 
 
-def _manager(out: str, keep: int | None, create: bool) -> ocp.CheckpointManager:
+def _manager(out: str, keep: int | None, create: bool, alone: bool = False) -> ocp.CheckpointManager:
+  """Orbax's manager of ``<out>/checkpoints``; ``alone``: this process writes without the others
+  (Orbax's barriers then involve it only; Orbax leaves creating the directory to the caller)."""
+  multiprocessing = {}
+  if alone:
+    os.makedirs(checkpoints_dir(out), exist_ok=True)
+    me = jax.process_index()
+    multiprocessing = {"multiprocessing_options": ocp.options.MultiprocessingOptions(primary_host=me,
+                                                                                     active_processes={me})}
   options = ocp.CheckpointManagerOptions(
-      max_to_keep=keep, enable_async_checkpointing=False, create=create)
+      max_to_keep=keep, enable_async_checkpointing=False, create=create and not alone, **multiprocessing)
   return ocp.CheckpointManager(checkpoints_dir(out), options=options, item_names=("state", "meta"))
 
 
@@ -122,11 +140,15 @@ class CheckpointWriter:
   Args:
     out: the run directory.
     keep: how many checkpoints to keep (older ones are deleted after a successful save).
+    alone: this process writes every checkpoint by itself, from host arrays, while the other
+      processes of the run write nothing (an elastic run: it cannot wait for a lost process;
+      :meth:`~diloco_core.elastic_runtime.ElasticRuntime.checkpoint_state` gathers the state). Restoring
+      is the same either way: every process reads its part.
   """
 
-  def __init__(self, out: str, keep: int):
+  def __init__(self, out: str, keep: int, alone: bool = False):
     self.out = out
-    self._mgr = _manager(out, keep, create=True)
+    self._mgr = _manager(out, keep, create=True, alone=alone)
     self._last: str | None = None  # the newest checkpoint this writer saved
     self._failures = 0  # saves that failed (and were reported)
 
@@ -139,7 +161,7 @@ class CheckpointWriter:
     """
     meta = dict(meta, format=FORMAT_VERSION, step=int(step), leaves=leaf_table(state),
                 checksums=fingerprint(state))
-    path = os.path.join(checkpoints_dir(self.out), str(step))
+    path = step_dir(self.out, step)
     if not os.path.isdir(checkpoints_dir(self.out)) or (
         self._last and int(os.path.basename(self._last)) not in finalized_steps(self.out)):
       gone = checkpoints_dir(self.out) if not os.path.isdir(checkpoints_dir(self.out)) else self._last

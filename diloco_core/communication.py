@@ -59,6 +59,13 @@ class Runtime(Protocol):
   def global_state(self, state) -> Any:
     """The state as the SPMD run places it (what a checkpoint saves)."""
 
+  def checkpoint_state(self, state, t: int) -> tuple[Any, dict]:
+    """What checkpoint ``t`` saves on this process (None: this process writes nothing) and what
+    its meta item adds (elastic: the replicas it filled)."""
+
+  def resumed_from(self, step: int, meta: dict) -> None:
+    """Called after a resume from checkpoint ``step`` (with its meta item)."""
+
   def local_state(self, state) -> Any:
     """A restored state in this runtime's placement."""
 
@@ -124,6 +131,12 @@ class InStep:
 
   def global_state(self, state):
     return state
+
+  def checkpoint_state(self, state, t: int):
+    return state, {}  # every process writes its part
+
+  def resumed_from(self, step: int, meta: dict) -> None:
+    pass  # no trace to record it in
 
   def local_state(self, state):
     return state

@@ -65,6 +65,10 @@ def schedule_from_trace(rows, replicas: int) -> tuple[tuple[int, int], ...]:
     rows: the trace's rows (dicts; rows of other kinds are ignored).
     replicas: M, the run's replica count (a skipped sync drops every replica).
 
+  A run resumed from a checkpoint (elastic runs write a ``resumed`` row with the checkpoint's
+  step into the same trace) replays as the resumed run: the syncs its earlier life made
+  after that step are dropped from the record.
+
   Returns:
     ``(step, replica)`` pairs, sorted.
 
@@ -76,9 +80,17 @@ def schedule_from_trace(rows, replicas: int) -> tuple[tuple[int, int], ...]:
     ...                      {"kind": "skip", "step": 8, "fragment": 0},
     ...                      {"kind": "settle", "sent_at": 12, "present": None}], replicas=2)
     ((4, 1), (8, 0), (8, 1))
+    >>> schedule_from_trace([{"kind": "settle", "sent_at": 4, "present": [1.0, 0.0]},
+    ...                      {"kind": "settle", "sent_at": 8, "present": [1.0, 0.0]},
+    ...                      {"kind": "resumed", "step": 4, "replicas": [1], "source": 0},
+    ...                      {"kind": "settle", "sent_at": 8, "present": None}], replicas=2)
+    ((4, 1),)
   """
   missed: dict[int, tuple[int, ...]] = {}
   for row in rows:
+    if row.get("kind") == "resumed":  # the run before it stopped: its syncs after the checkpoint are undone
+      missed = {s: a for s, a in missed.items() if s <= row["step"]}
+      continue
     if row.get("kind") == "skip":
       step, absent = row["step"], tuple(range(replicas))
     elif row.get("kind") == "settle":
@@ -99,13 +111,24 @@ def rejoins_from_trace(rows) -> tuple[tuple[int, int, int], ...]:
 
   The leader's trace has one ``heal`` row per heal (``step``: the step whose state it sent;
   ``replicas``: the replacement's; ``source``: the replica whose inner optimizer state it
-  sent). With the drop schedule of :func:`schedule_from_trace`, an in-step run of the same
-  config then follows the elastic run.
+  sent). A ``resumed`` row (the run went on from its checkpoint of ``step``) is a heal too:
+  that checkpoint holds the replicas left out of it (``replicas``) as their heal would set
+  them (:meth:`~diloco_core.elastic_runtime.ElasticRuntime.checkpoint_state`); the heals the
+  earlier life made from that step on are undone. With the drop schedule of
+  :func:`schedule_from_trace`, an in-step run of the same config then follows the elastic run.
 
   Examples:
     >>> rejoins_from_trace([{"kind": "heal", "step": 12, "replicas": [2], "source": 0},
     ...                     {"kind": "settle", "sent_at": 12, "present": None}])
     ((12, 2, 0),)
+    >>> rejoins_from_trace([{"kind": "heal", "step": 12, "replicas": [2], "source": 0},
+    ...                     {"kind": "resumed", "step": 8, "replicas": [1], "source": 0}])
+    ((8, 1, 0),)
   """
-  return tuple(sorted((row["step"], m, row["source"]) for row in rows if row.get("kind") == "heal"
-                      for m in row["replicas"]))
+  rejoins: list[tuple[int, int, int]] = []
+  for row in rows:
+    if row.get("kind") == "resumed":
+      rejoins = [r for r in rejoins if r[0] < row["step"]]
+    if row.get("kind") in ("heal", "resumed"):
+      rejoins += [(row["step"], m, row["source"]) for m in row["replicas"]]
+  return tuple(sorted(rejoins))

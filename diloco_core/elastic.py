@@ -22,10 +22,16 @@ the state after a log row, and counts from the next sync on
 records the heal, :func:`~diloco_core.drops.rejoins_from_trace` turns it into the
 ``rejoin_schedule`` that replays it in-step.
 
-Not yet (one-line refusals, :func:`check_elastic`): checkpoints and ``resume`` (a checkpoint
-with a replica missing), ``eval_replicas``, ``reduction="reduce-scatter"``, ``outer_overlap``
-other than ``"none"`` (as for simulated drops); and the loss of process 0 (it hosts the
-coordination service: the run ends, as without ``elastic``).
+**Checkpoints** (``checkpoint_every``) are written by process 0 alone, from every replica's
+rows gathered through one agreement; the replicas missing from it are written as their heal
+would set them, so ``resume`` starts every replica again and equals the run replayed with
+them rejoining at the checkpoint
+(:meth:`~diloco_core.elastic_runtime.ElasticRuntime.checkpoint_state`).
+
+Not yet (one-line refusals, :func:`check_elastic`): ``eval_replicas``,
+``reduction="reduce-scatter"``, ``outer_overlap`` other than ``"none"`` (as for simulated
+drops); and the loss of process 0 (it hosts the coordination service: the run ends, as
+without ``elastic``, and goes on from its last checkpoint with ``resume``).
 """
 
 from __future__ import annotations
@@ -64,15 +70,13 @@ def check_elastic(cfg) -> None:
     raise ValueError("`elastic` needs `communication` background (in-step runs every replica in one"
                      " program: no process to lose); pass `communication` background.")
   a = cfg.algo
-  refused = [("checkpoint_every", cfg.checkpoint_every, cfg.checkpoint_every != 0,
-              "a checkpoint with a replica missing is not defined yet"),
-             ("resume", cfg.resume, cfg.resume, "elastic runs write no checkpoints yet"),
-             ("eval_replicas", cfg.eval_replicas, cfg.eval_replicas, "a lost replica has no params to evaluate"),
+  refused = [("eval_replicas", cfg.eval_replicas, cfg.eval_replicas, "a lost replica has no params to evaluate"),
              ("reduction", a.reduction, a.reduction == "reduce-scatter", "its owners average every replica"),
              ("outer_overlap", a.outer_overlap, a.outer_overlap != "none", "as for simulated drops: only 'none'")]
   for name, value, bad, why in refused:
     if bad:
-      raise ValueError(f"`elastic` does not support `{name}` {value!r} ({why}); drop `elastic` or `{name}`.")
+      shown = "" if isinstance(value, bool) else f" {value!r}"
+      raise ValueError(f"`elastic` does not support `{name}`{shown} ({why}); drop `elastic` or `{name}`.")
   if jax.process_count() == 1:
     raise ValueError("`elastic` needs several processes: start them with `python -m diloco_core.launch"
                      " --processes N -- ... --elastic` (or one per host with --coordinator).")

@@ -23,6 +23,16 @@ them, and heals a replacement:
 The same event in the in-step runtime is ``rejoin_schedule`` (:func:`rejoin_replicas`): a
 run replayed from its trace (:func:`diloco_core.drops.schedule_from_trace`,
 :func:`diloco_core.drops.rejoins_from_trace`) follows the elastic run.
+
+**Checkpoints** (:meth:`ElasticRuntime.checkpoint_state`): no Orbax save over every process
+(its barriers would wait for a lost one). At a checkpoint's log row every process sends its
+replicas' rows through one agreement, and process 0 (always present: it hosts the
+coordination service) writes the checkpoint alone. The replicas of the processes left out
+(lost, or a replacement not healed yet) are written as their heal would make them: the
+global params, the source replica's inner state, a zero residual; the meta item names them
+(``filled``, ``source``). A resume therefore starts every replica, and equals the run
+replayed in-step with those replicas rejoining at the checkpoint's step (the trace's
+``resumed`` row: :func:`~diloco_core.drops.rejoins_from_trace`).
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ import jax
 import numpy as np
 
 from diloco_core.background_programs import fragment_branch
+from diloco_core.link import wait
 from diloco_core.mesh import host_copy
 from diloco_core.state import DiLoCoState
 
@@ -129,6 +140,51 @@ class ElasticRuntime:
     n = next(self._keys)
     self._keys = itertools.count(n)
     return n
+
+  def checkpoint_state(self, state: DiLoCoState, t: int) -> tuple[DiLoCoState | None, dict]:
+    """What the checkpoint of log row ``t`` (nothing in flight) saves on this process, and what
+    its meta item adds: the state itself (every process writes its part); elastic: the whole
+    state on the host of process 0, its only writer, and ``{"filled": [...], "source": s}``
+    (see the module docstring), None on the others."""
+    if self.min_replicas is None:
+      return state, {}
+    fields = [(name, i, x) for name in self.replica_fields
+              for i, x in enumerate(jax.tree.leaves(getattr(state, name)))]
+    own = [np.ascontiguousarray(self.own_rows(x)) for _, _, x in fields]
+    flat = np.concatenate([x.view(np.uint8).reshape(-1) for x in own])[None]  # bit for bit, any dtype
+    rows, agreement = wait(self.link.gather(flat, f"checkpoint @ step {t}"), f"gathering the checkpoint of step {t}")
+    m = self.local
+    filled = [r * m + i for r in range(self.processes) if r not in agreement.members for i in range(m)]
+    source = agreement.leader * m  # as a heal: the first replica of the lowest process present
+    note = {"filled": filled, "source": source}
+    self._record({"kind": "checkpoint", "step": t, **note})
+    if self.link.rank != 0:
+      return None, note
+    glob = jax.tree.leaves(state.global_params)
+    full, start = {}, 0
+    for (name, i, x), mine in zip(fields, own, strict=True):
+      size = mine.nbytes
+      parts = [np.frombuffer(rows[r, start:start + size].tobytes(), x.dtype).reshape(mine.shape)
+               for r in range(self.processes)]
+      full[name, i] = np.concatenate(parts)
+      start += size
+    for (name, i, x) in fields:  # the rows of those left out: as their heal would set them
+      value = full[name, i]
+      for r in filled:
+        value[r] = {"params": lambda: host_copy(glob[i]), "opt_state": lambda: value[source]}.get(name, lambda: 0)()
+    host = {name: jax.tree.unflatten(jax.tree.structure(getattr(state, name)),
+                                     [full[name, i] for n, i, _ in fields if n == name])
+            for name in self.replica_fields if getattr(state, name) is not None}
+    rest = {name: jax.tree.map(host_copy, getattr(state, name)) for name in state.__dataclass_fields__
+            if name not in self.replica_fields}
+    return state.replace(**host, **rest), note
+
+  def resumed_from(self, step: int, meta: dict) -> None:
+    """Elastic, after a resume: the trace's ``resumed`` row (the checkpoint's step, the replicas it
+    filled and their source), which the replay reads as a rejoin."""
+    if self.min_replicas is not None:
+      self._record({"kind": "resumed", "step": step, "replicas": meta.get("filled", []),
+                    "source": meta.get("source", 0)})
 
   @property
   def rejoining(self) -> bool:

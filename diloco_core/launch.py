@@ -380,9 +380,9 @@ def _supervise(children: list[_Child], kill_at: tuple[int, int, str] | None = No
     if c.index != 0 and said not in children[0].tail:  # process 0's output was shown already
       sys.stderr.write("\n".join(f"[process {c.index}] {line}" for line in c.tail) + "\n")
     rc = c.proc.returncode
-    advice = (": process 0 hosts the coordination service, which an elastic run cannot lose (it writes no"
-              " checkpoint: run the same command again)" if elastic and c.index == 0 and rc < 0
-              else f" ({_checkpoint_advice(children[0].cmd)})")
+    advice = f" ({_checkpoint_advice(children[0].cmd)})"
+    if elastic and c.index == 0 and rc < 0:
+      advice = ": process 0 hosts the coordination service, which an elastic run cannot lose" + advice
     print(f"launch: process {c.index} of {len(children)} {_how(rc)}; the others were stopped{advice}.",
           file=sys.stderr)
     return _exit_code(rc)
@@ -409,7 +409,7 @@ def _checkpoint_advice(cmd: list[str]) -> str:
     return "nothing was saved: no --out"
   steps = finalized_steps(out) if os.path.isdir(out) else []
   if not steps:
-    return "no checkpoint was written"
+    return "no checkpoint was written: run the same command again, with --checkpoint-every to keep one"
   return (f"the last intact checkpoint is {os.path.join(out, CHECKPOINTS, str(max(steps)))}: run the"
           " same command with --resume")
 

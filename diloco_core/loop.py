@@ -174,7 +174,8 @@ def train(cfg: TrainConfig) -> TrainResult:
   state = comm.init(params)
   interrupts.check()
   resumed = None
-  if cfg.resume:
+  rejoining = getattr(comm, "rejoining", False)  # an elastic replacement: a live peer sends its state
+  if cfg.resume and not rejoining:
     resumed = ckpt.restore_latest(cfg.out, comm.global_state(state), effective_config(dataclasses.asdict(cfg)),
                                   must_match_fields(type(cfg)), normalize=effective_config)
   if resumed is not None:
@@ -182,8 +183,9 @@ def train(cfg: TrainConfig) -> TrainResult:
       raise ValueError(f"steps ({cfg.steps}) is below the checkpoint's step {resumed.step} in"
                        f" {resumed.path}; pass `steps` >= {resumed.step}.")
     state = comm.local_state(resumed.state)
+    comm.resumed_from(resumed.step, resumed.meta)
   first = 1 if resumed is None else resumed.step + 1  # checkpoints fall on log rows: nothing pending
-  if getattr(comm, "rejoining", False):  # an elastic replacement: the state a live peer sends
+  if rejoining:
     state, healed = comm.rejoin(state, comm.place_batch(data.train_batch(0)))  # (compiles with any batch)
     first = healed + 1
   if cfg.out is not None and jax.process_index() == 0:  # only process 0 writes files
@@ -194,7 +196,9 @@ def train(cfg: TrainConfig) -> TrainResult:
   drops = bool(cfg.drop_schedule or cfg.drop_prob)
   log = MetricsLog(M * b * T, drops, _prepare_out(cfg), None if resumed is None else resumed.meta["metrics"],
                    gather=comm.gather_rows)
-  checkpoints = ckpt.CheckpointWriter(cfg.out, cfg.keep_checkpoints) if cfg.checkpoint_every else None
+  # elastic: process 0 writes the checkpoints alone (comm.checkpoint_state gathers them)
+  checkpoints = (ckpt.CheckpointWriter(cfg.out, cfg.keep_checkpoints, alone=cfg.elastic)
+                 if cfg.checkpoint_every and (not cfg.elastic or jax.process_index() == 0) else None)
   last_checkpoint = None if resumed is None else resumed.path
 
   # ---- the run ----
@@ -225,7 +229,7 @@ def train(cfg: TrainConfig) -> TrainResult:
       if t % cfg.log_every == 0 or do_eval:
         if store is not None:
           store.check_unchanged()
-        save = checkpoints is not None and (t % cfg.checkpoint_every == 0 or t == cfg.steps)
+        save = bool(cfg.checkpoint_every) and (t % cfg.checkpoint_every == 0 or t == cfg.steps)
         if do_eval or save:  # evaluated and saved states hold no fragment in flight (= the SPMD state)
           state = comm.settle(state, t)
         step_losses = log.fetch_losses()
@@ -241,7 +245,9 @@ def train(cfg: TrainConfig) -> TrainResult:
         wall = time.perf_counter() - start
         log.row(t, losses, eval_loss if do_eval else None, wall, log.fetch_aux())
         if save:
-          watch.saved(checkpoints.save(t, comm.global_state(state), _checkpoint_meta(cfg, t, log, data_identity)))
+          saved, note = comm.checkpoint_state(state, t)
+          meta = {**_checkpoint_meta(cfg, t, log, data_identity), **note}
+          watch.saved(ckpt.step_dir(cfg.out, t) if checkpoints is None else checkpoints.save(t, saved, meta))
         bar.update(t - bar.n)
         tok_s = (t - 1) * log.tokens_per_step / max(wall - compile_time, 1e-9) if t > 1 else 0.0
         bar.set_postfix(loss=f"{np.nanmean(losses):.3f}", tok_s=f"{tok_s:,.0f}")

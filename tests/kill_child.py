@@ -2,7 +2,7 @@
 killed (SIGKILL, as ``kill -9`` or a lost host would) in the middle of a run.
 
 Process ``KILL_RANK`` (environment; default 1) kills itself as it hands the fragment sent at
-step ``KILL_AT_STEP`` (default 10) to its link: the other processes are then in that
+step ``KILL_AT_STEP`` (default 10) to its link (several: ``KILL_RANK=2,1 KILL_AT_STEP=6,12``): the other processes are then in that
 fragment's all-reduce, or about to start it. It first writes the time to the file
 ``KILL_STAMP`` (if set). Every other process runs the trainer unchanged.
 """
@@ -16,8 +16,9 @@ import time
 def main():
   from diloco_core import link
   from diloco_core.cli import main as train_main
-  if os.environ["JAX_PROCESS_ID"] == os.environ.get("KILL_RANK", "1"):
-    at = f"@ step {os.environ.get('KILL_AT_STEP', '10')}"
+  kills = dict(zip(os.environ.get("KILL_RANK", "1").split(","), os.environ.get("KILL_AT_STEP", "10").split(",")))
+  if os.environ["JAX_PROCESS_ID"] in kills:
+    at = f"@ step {kills[os.environ['JAX_PROCESS_ID']]}"
 
     def or_die(job):
       def job_or_die(self, x, what, *args, **kwargs):

@@ -251,9 +251,9 @@ CASES = [
     ("elastic-in-step", lambda t, f: ["--elastic"], "--elastic needs --communication background"),
     ("elastic-one-process", lambda t, f: ["--elastic", "--communication", "background", "--replicas", "1"],
      "--elastic needs several processes: start them with `python -m diloco_core.launch"),
-    ("elastic-with-checkpoints", lambda t, f: ["--elastic", "--communication", "background", "--checkpoint-every", "2",
-                                               "--out", str(t / "o")],
-     "--elastic does not support --checkpoint-every 2 (a checkpoint with a replica missing is not defined yet)"),
+    ("elastic-with-eval-replicas", lambda t, f: ["--elastic", "--communication", "background", "--eval-replicas"],
+     "--elastic does not support --eval-replicas (a lost replica has no params to evaluate); drop --elastic or"
+     " --eval-replicas."),
     ("min-replicas-without-elastic", lambda t, f: ["--min-replicas", "2"],
      "--min-replicas applies to --elastic runs only: add --elastic, or drop --min-replicas."),
     ("min-replicas-above-replicas", lambda t, f: ["--elastic", "--min-replicas", "3"],

@@ -99,12 +99,14 @@ def test_a_replacement_rejoins_is_healed_and_the_run_equals_its_replay(tmp_path)
   (--restart): the replacement takes part in the agreements with nothing while it compiles its
   programs, says it is ready, and process 0, the leader, waits for that at a log row
   (--heal-wait) and sends it the state after that row (global params and outer state, replica 0's inner
-  optimizer state); it then counts in every sync and reports its losses. Replayed in-step from
+  optimizer state); it then counts in every sync and reports its losses. The checkpoints
+  (process 0 writes them alone) fill its replica while it is out. Replayed in-step from
   process 0's trace (its drops and its rejoin), the run is the same bit for bit: every metric,
   the final params."""
   out = str(tmp_path / "elastic")
   r = _launch(*THREE, "--kill-at", "2:6", "--restart", "--", *FLAGS, "--steps", "24", "--elastic",
-              "--heal-wait", "300", "--out", out)  # (a short run: the others wait for it to compile)
+              "--heal-wait", "300", "--checkpoint-every", "8", "--keep-checkpoints", "3",
+              "--out", out)  # (a short run: the others wait for it to compile)
   assert r.returncode == 0, r.stderr[-3000:]
   assert "launch: process 2 of 3 was lost (killed by SIGKILL); a replacement rejoined and finished" in r.stderr
   trace = _trace(out, 0)
@@ -127,6 +129,9 @@ def test_a_replacement_rejoins_is_healed_and_the_run_equals_its_replay(tmp_path)
     gap = list(range(last_computed + 4 - last_computed % 4, healed + 1, 4))  # its rows until the heal
     assert gap and [x["step"] for x in rows if x["replica_loss"][2] is None] == gap
   assert all(x["replica_loss"][2] is not None for x in rows if x["step"] > healed)  # back
+  for step in (8, 16, 24):  # checkpoints through the loss and the heal: replica 2 filled while it was out
+    filled = json.load(open(os.path.join(out, "checkpoints", str(step), "meta", "metadata")))["filled"]
+    assert filled == ([2] if last_computed < step <= healed else []) or step == last_computed, (step, filled)
   rows2 = _replay(out, tmp_path / "replay")
   for x, y in zip(rows, rows2, strict=True):
     assert x["eval_loss"] == y["eval_loss"] and x["bytes_sent"] == pytest.approx(y["bytes_sent"], rel=1e-12)
@@ -134,27 +139,58 @@ def test_a_replacement_rejoins_is_healed_and_the_run_equals_its_replay(tmp_path)
 
 
 @pytest.mark.slow
-def test_below_min_replicas_the_run_stops_in_one_line(tmp_path):
-  """With --min-replicas 3, losing one of three processes stops the others at that sync: one line
-  naming the lost process and the option; the launcher names the killed process."""
+def test_below_min_replicas_the_run_stops_in_one_line_and_its_checkpoint_resumes_exactly(tmp_path):
+  """Process 2 of 3 is lost at step 6 and the others go on (--min-replicas 2); process 1 is lost
+  at step 12: one replica is left, and the run stops in one line naming the lost processes and
+  the last intact checkpoint, step 8's, written with replica 2 missing (process 0 wrote it alone,
+  replica 2's rows as its heal would set them; the meta item says so). --resume goes on from it
+  with all three processes, and the run equals its trace replayed in-step (its drops up to step
+  8, replica 2 rejoining there; the first life's syncs after step 8 undone), bit for bit."""
   out = str(tmp_path / "run")
-  env = dict(ENV, KILL_RANK="2", KILL_AT_STEP="4")
-  r = _launch(*THREE, "--module", "kill_child", "--", *FLAGS, "--steps", "8", "--elastic", "--min-replicas", "3",
-              "--out", out, env=env)
+  flags = [*FLAGS, "--steps", "24", "--elastic", "--min-replicas", "2", "--checkpoint-every", "8", "--out", out]
+  r = _launch(*THREE, "--module", "kill_child", "--", *flags, env=dict(ENV, KILL_RANK="2,1", KILL_AT_STEP="6,12"))
   assert r.returncode == 128 + signal.SIGKILL, r.stderr[-3000:]
   errors = [line for line in r.stdout.splitlines() if line.startswith("error:")]  # process 0's output
-  assert errors and "process(es) [2] lost: 2 replica(s) took part in the sync of fragment 1 sent at step 4," \
-                    " fewer than --min-replicas (3); the run stopped after step 3" in errors[0], r.stdout[-3000:]
-  assert r.stderr.strip().splitlines()[-1].startswith("launch: process 2 of 3 was lost (killed by SIGKILL)")
+  checkpoint = os.path.join(out, "checkpoints", "8")
+  assert errors and errors[0] == (
+      "error: process(es) [1, 2] lost: 1 replica(s) took part in the sync of fragment 1 sent at step 12, fewer"
+      f" than --min-replicas (2); the run stopped after step 11: the last intact checkpoint is {checkpoint}:"
+      " run again with --resume."), r.stdout[-3000:]
+  meta = json.load(open(os.path.join(checkpoint, "meta", "metadata")))
+  assert (meta["filled"], meta["source"]) == ([2], 0)
+
+  r = _launch(*THREE, "--", *flags, "--resume")
+  assert r.returncode == 0, r.stderr[-3000:]
+  trace = _trace(out, 0)  # both lives (a resumed run appends)
+  assert [x for x in trace if x["kind"] == "resumed"] == [{"kind": "resumed", "step": 8, "replicas": [2], "source": 0}]
+  assert schedule_from_trace(trace, replicas=3) == ((6, 2), (8, 2))
+  assert rejoins_from_trace(trace) == ((8, 2, 0),)
+  rows = metrics_rows(os.path.join(out, "metrics.jsonl"))
+  assert [(x["step"], x["replica_loss"][2] is None) for x in rows] == [(4, False), (8, True), (12, False),
+                                                                        (16, False), (20, False), (24, False)]
+  rows2 = _replay(out, tmp_path / "replay")
+  for x, y in zip(rows, rows2, strict=True):
+    assert x["eval_loss"] == y["eval_loss"] and x["bytes_sent"] == pytest.approx(y["bytes_sent"], rel=1e-12)
+    assert all(a is None or a == b for a, b in zip(x["replica_loss"], y["replica_loss"])), (x, y)
 
 
 @pytest.mark.slow
-def test_losing_process_0_stops_the_run_in_one_line(tmp_path):
-  """Process 0 hosts the coordination service: an elastic run cannot lose it. Killed, the others
-  are stopped and the launcher's last line says why and what to do."""
+def test_losing_process_0_stops_the_run_in_one_line_and_it_resumes(tmp_path):
+  """Process 0 hosts the coordination service: an elastic run cannot lose it. Killed at step 6,
+  the others are stopped and the launcher's last line says why and names the last intact
+  checkpoint; --resume goes on from it and ends where the run replayed in-step ends, bit for bit."""
   out = str(tmp_path / "elastic")
-  r = _launch(*THREE, "--kill-at", "0:4", "--", *FLAGS, "--steps", "200", "--elastic", "--out", out)
+  flags = [*FLAGS, "--elastic", "--checkpoint-every", "4", "--out", out]
+  r = _launch(*THREE, "--module", "kill_child", "--", *flags, env=dict(ENV, KILL_RANK="0", KILL_AT_STEP="6"))
   assert r.returncode == 137, r.stderr[-3000:]
   assert r.stderr.strip().splitlines()[-1] == (
       "launch: process 0 of 3 was lost (killed by SIGKILL); the others were stopped: process 0 hosts the"
-      " coordination service, which an elastic run cannot lose (it writes no checkpoint: run the same command again).")
+      " coordination service, which an elastic run cannot lose (the last intact checkpoint is"
+      f" {os.path.join(out, 'checkpoints', '4')}: run the same command with --resume).")
+  r = _launch(*THREE, "--", *flags, "--resume")
+  assert r.returncode == 0, r.stderr[-3000:]
+  rows = metrics_rows(os.path.join(out, "metrics.jsonl"))
+  assert [x["step"] for x in rows] == [4, 8, 12, 16] and all(None not in x["replica_loss"] for x in rows)
+  rows2 = _replay(out, tmp_path / "replay")  # no drops, no rejoin: the plain run
+  assert [x["eval_loss"] for x in rows] == [x["eval_loss"] for x in rows2]
+  assert [x["replica_loss"] for x in rows] == [x["replica_loss"] for x in rows2]
