@@ -25,6 +25,11 @@ leaves the previous checkpoint loadable; :func:`restore_latest` ignores (and rem
 such leftovers, and skips damaged checkpoints (unreadable files, checksum mismatch)
 in favour of the newest valid one, saying so on stderr.
 
+Who writes. Every process writes its part of the state (Orbax over all of them), except in an
+elastic run (:mod:`diloco_core.elastic`): a lost process would never reach Orbax's barriers,
+so process 0 gathers the state and writes it alone (``CheckpointWriter(alone=True)``). Either
+way every process reads its part at a resume.
+
 The leaves are stored under positional names (``00000``, ``00001``, ...) and restored
 into the structure of a freshly initialised state, so the restored pytree has exactly
 the structure, dtypes and shardings of the fresh one; the leaf table (paths, shapes,
