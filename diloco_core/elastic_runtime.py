@@ -168,10 +168,14 @@ class ElasticRuntime:
                for r in range(self.processes)]
       full[name, i] = np.concatenate(parts)
       start += size
-    for (name, i, x) in fields:  # the rows of those left out: as their heal would set them
-      value = full[name, i]
-      for r in filled:
-        value[r] = {"params": lambda: host_copy(glob[i]), "opt_state": lambda: value[source]}.get(name, lambda: 0)()
+    for name, i, _ in fields:  # the rows of those left out: as their heal would set them
+      rows_of = full[name, i]
+      if name == "params":
+        rows_of[filled] = host_copy(glob[i])
+      elif name == "opt_state":
+        rows_of[filled] = rows_of[source]
+      else:  # the error-feedback residual; "participants": every fragment counts as missed
+        rows_of[filled] = 0
     host = {name: jax.tree.unflatten(jax.tree.structure(getattr(state, name)),
                                      [full[name, i] for n, i, _ in fields if n == name])
             for name in self.replica_fields if getattr(state, name) is not None}
