@@ -66,6 +66,10 @@ class Runtime(Protocol):
   def resumed_from(self, step: int, meta: dict) -> None:
     """Called after a resume from checkpoint ``step`` (with its meta item)."""
 
+  def writes_files(self) -> bool:
+    """Whether this process writes the run's files now (metrics, checkpoints, summary, final
+    params): process 0; elastic, the lowest process present since the start."""
+
   def local_state(self, state) -> Any:
     """A restored state in this runtime's placement."""
 
@@ -137,6 +141,9 @@ class InStep:
 
   def resumed_from(self, step: int, meta: dict) -> None:
     pass  # no trace to record it in
+
+  def writes_files(self) -> bool:
+    return jax.process_index() == 0
 
   def local_state(self, state):
     return state

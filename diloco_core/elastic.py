@@ -22,16 +22,21 @@ the state after a log row, and counts from the next sync on
 records the heal, :func:`~diloco_core.drops.rejoins_from_trace` turns it into the
 ``rejoin_schedule`` that replays it in-step.
 
-**Checkpoints** (``checkpoint_every``) are written by process 0 alone, from every replica's
-rows gathered through one agreement; the replicas missing from it are written as their heal
-would set them, so ``resume`` starts every replica again and equals the run replayed with
-them rejoining at the checkpoint
+**Checkpoints** (``checkpoint_every``) are written by one process alone (process 0 while it is
+there), from every replica's rows gathered through one agreement; the replicas missing from it
+are written as their heal would set them, so ``resume`` starts every replica again and equals
+the run replayed with them rejoining at the checkpoint
 (:meth:`~diloco_core.elastic_runtime.ElasticRuntime.checkpoint_state`).
+
+**Process 0** hosts JAX's coordination service: losing it ends the run (the others are stopped;
+``resume`` goes on from the last checkpoint). With the service in a process of its own
+(``launch --own-coordinator``, :mod:`diloco_core.coordination_service`) any process may be
+lost, process 0 included: the lowest process left writes the run's files from then on; losing
+the service's process ends the run, to go on with ``resume``.
 
 Not yet (one-line refusals, :func:`check_elastic`): ``eval_replicas``,
 ``reduction="reduce-scatter"``, ``outer_overlap`` other than ``"none"`` (as for simulated
-drops); and the loss of process 0 (it hosts the coordination service: the run ends, as
-without ``elastic``, and goes on from its last checkpoint with ``resume``).
+drops). A replacement for process 0 (``launch --restart`` starts the others again only).
 """
 
 from __future__ import annotations

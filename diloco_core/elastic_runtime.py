@@ -24,10 +24,16 @@ The same event in the in-step runtime is ``rejoin_schedule`` (:func:`rejoin_repl
 run replayed from its trace (:func:`diloco_core.drops.schedule_from_trace`,
 :func:`diloco_core.drops.rejoins_from_trace`) follows the elastic run.
 
+**Who writes the run's files** (:meth:`ElasticRuntime.writes_files`): the lowest process of
+the last agreement that has run since the start: process 0, unless it was lost (possible
+when the coordination service runs in a process of its own,
+:mod:`diloco_core.coordination_service`); a replacement never (it lacks the rows before its
+heal). A process that becomes the writer at a log row takes ``metrics.jsonl`` over from its
+own rows (every process holds them all).
+
 **Checkpoints** (:meth:`ElasticRuntime.checkpoint_state`): no Orbax save over every process
 (its barriers would wait for a lost one). At a checkpoint's log row every process sends its
-replicas' rows through one agreement, and process 0 (always present: it hosts the
-coordination service) writes the checkpoint alone. The replicas of the processes left out
+replicas' rows through one agreement, and the writer writes the checkpoint alone. The replicas of the processes left out
 (lost, or a replacement not healed yet) are written as their heal would make them: the
 global params, the source replica's inner state, a zero residual; the meta item names them
 (``filled``, ``source``). A resume therefore starts every replica, and equals the run
@@ -141,11 +147,21 @@ class ElasticRuntime:
     self._keys = itertools.count(n)
     return n
 
+  def writes_files(self) -> bool:
+    """Whether this process writes the run's files now: process 0; elastic, the lowest process
+    of the last agreement that is no replacement (see the module docstring)."""
+    if self.min_replicas is None or self.link.last is None:
+      return self.link.rank == 0
+    if self.link.membership.rejoined:
+      return False
+    first = [r for r in self.link.last.members if r not in self.link.replaced]
+    return bool(first) and first[0] == self.link.rank
+
   def checkpoint_state(self, state: DiLoCoState, t: int) -> tuple[DiLoCoState | None, dict]:
     """What the checkpoint of log row ``t`` (nothing in flight) saves on this process, and what
     its meta item adds: the state itself (every process writes its part); elastic: the whole
-    state on the host of process 0, its only writer, and ``{"filled": [...], "source": s}``
-    (see the module docstring), None on the others."""
+    state on the host of its only writer (:meth:`writes_files` after this agreement), and
+    ``{"filled": [...], "source": s}`` (see the module docstring), None on the others."""
     if self.min_replicas is None:
       return state, {}
     fields = [(name, i, x) for name in self.replica_fields
@@ -158,7 +174,7 @@ class ElasticRuntime:
     source = agreement.leader * m  # as a heal: the first replica of the lowest process present
     note = {"filled": filled, "source": source}
     self._record({"kind": "checkpoint", "step": t, **note})
-    if self.link.rank != 0:
+    if not self.writes_files():
       return None, note
     glob = jax.tree.leaves(state.global_params)
     full, start = {}, 0

@@ -21,6 +21,11 @@ a multi-host run starts one per host with ``--coordinator/--num-processes/--proc
   once its trace records its step S. With the trainer's ``--elastic`` the others go on; with
   ``--restart`` a lost process (but 0) is started again, once: the replacement rejoins and is
   healed from a live peer (:mod:`diloco_core.elastic_runtime`).
+* ``--own-coordinator`` (with the trainer's ``--elastic``) runs the coordination service in a
+  process of its own that trains no replica (:mod:`diloco_core.coordination_service`): any
+  trainer may then be lost, process 0 included (the lowest process left takes over the run's
+  files); losing the service's process is one line naming the last intact checkpoint, to go
+  on from with ``--resume``. It is stopped once every trainer has ended.
 * The processes die with the launcher, even when it is killed with SIGKILL (Linux).
 * ``--link-mbit R`` runs every process in a new network namespace whose loopback is shaped
   to R Mbit/s (``tc qdisc ... tbf``: both directions share the rate; Linux, root, iproute2).
@@ -42,9 +47,7 @@ import argparse
 import collections
 import ctypes
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -52,6 +55,8 @@ import time
 
 from diloco_core import faults, interrupts
 from diloco_core.cli import PROCESS_FLAGS
+from diloco_core.processes import ELSEWHERE_ENV, free_port
+from diloco_core.shaped_link import ShapedLink
 
 #: Seconds the processes get to stop after SIGTERM before they are killed.
 GRACE_S = 30.0
@@ -59,10 +64,6 @@ GRACE_S = 30.0
 FAILURE_GRACE_S = 10.0
 #: Lines of a failed process's output shown with its error.
 TAIL_LINES = 20
-#: The token bucket of a shaped link: burst and queue limit (``tc ... tbf``).
-TBF_BURST, TBF_LATENCY = "64kbit", "4000ms"
-#: A shaped link's network namespace is this prefix and the launcher's pid.
-LINK_PREFIX = "diloco-link-"
 #: Linux's prctl option that sends a process a signal when its parent dies.
 PR_SET_PDEATHSIG = 1
 
@@ -86,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--restart", action="store_true",
                  help="with --elastic: start a lost process (but 0) again, once; the replacement"
                       " rejoins at a sync and is healed from a live peer")
+  p.add_argument("--own-coordinator", action="store_true",
+                 help="with --elastic: run the coordination service in a process that trains no"
+                      " replica, so that any process may be lost, process 0 included")
   p.add_argument("--module", default="diloco_core.train",
                  help="the module each process runs (diloco_core.train)")
   p.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then the trainer's flags")
@@ -114,9 +118,12 @@ def parse_args(argv):
     raise ValueError(f"--pin-cpus needs at least one CPU per process: {len(_cpus())} CPU(s) for"
                      f" {a.processes} processes; drop --pin-cpus or start fewer processes.")
   if a.kill_at is not None:
-    a.kill_at = faults.parse_kill_at(a.kill_at, a.processes, a.train_args)
+    a.kill_at = faults.parse_kill_at(a.kill_at, a.processes, a.train_args, a.own_coordinator)
   if a.restart and "--elastic" not in a.train_args:
     raise ValueError("--restart starts a lost process again for it to rejoin: pass --elastic to the trainer.")
+  if a.own_coordinator and "--elastic" not in a.train_args:
+    raise ValueError("--own-coordinator keeps the run going when process 0 is lost: pass --elastic to"
+                     " the trainer (without it a lost process ends the run anyway).")
   clash = [f for f in PROCESS_FLAGS.values() if any(x == f or x.startswith(f + "=") for x in a.train_args)]
   if clash:
     raise ValueError(f"{', '.join(clash)} is set by the launcher for each process; drop it from the"
@@ -140,84 +147,6 @@ def cpu_share(index: int, processes: int) -> list[int]:
   cpus = _cpus()
   per = max(len(cpus) // processes, 1)
   return cpus[index * per:(index + 1) * per] or cpus[-1:]
-
-
-def free_port() -> int:
-  """A TCP port on 127.0.0.1 that nothing listens on now."""
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
-class ShapedLink:
-  """A network namespace whose loopback carries at most ``mbit`` Mbit/s (a context manager).
-
-  ``prefix`` is the command prefix that runs a program inside it. Needs Linux, root and
-  iproute2 (``ip``, ``tc``); otherwise entering it raises a one-line ValueError.
-  """
-
-  def __init__(self, mbit: float):
-    self.mbit = mbit
-    self.name = f"{LINK_PREFIX}{os.getpid()}"
-    self.prefix: list[str] = []
-
-  @staticmethod
-  def unavailable() -> str | None:
-    """None when a shaped link can be made here (it makes one and removes it), else the
-    one-line reason entering one would raise."""
-    try:
-      with ShapedLink(1000.0):
-        return None
-    except ValueError as e:
-      return str(e)
-
-  def __enter__(self) -> "ShapedLink":
-    missing = [t for t in ("ip", "tc") if shutil.which(t) is None]
-    if not sys.platform.startswith("linux") or missing or os.geteuid() != 0:
-      why = ("not Linux" if not sys.platform.startswith("linux") else
-             f"{' and '.join(missing)} not found" if missing else "not root")
-      raise ValueError(f"--link-mbit needs Linux, root and iproute2 (ip, tc) to shape a network"
-                       f" namespace's loopback ({why}); run without --link-mbit, or as root.")
-    remove_stale_links()
-    rate = f"{self.mbit:g}mbit"
-    steps = [["ip", "netns", "add", self.name],
-             ["ip", "-n", self.name, "link", "set", "lo", "mtu", "1500"],
-             ["ip", "-n", self.name, "link", "set", "lo", "up"],
-             ["ip", "netns", "exec", self.name, "tc", "qdisc", "add", "dev", "lo", "root", "tbf",
-              "rate", rate, "burst", TBF_BURST, "latency", TBF_LATENCY]]
-    for cmd in steps:
-      r = subprocess.run(cmd, capture_output=True, text=True)
-      if r.returncode != 0:
-        self.__exit__(None, None, None)
-        raise ValueError(f"--link-mbit: `{' '.join(cmd)}` failed ({r.stderr.strip() or r.returncode});"
-                         " the link cannot be shaped here.")
-    self.prefix = ["ip", "netns", "exec", self.name]
-    return self
-
-  def __exit__(self, *exc) -> None:
-    subprocess.run(["ip", "netns", "delete", self.name], capture_output=True)
-
-
-def remove_stale_links() -> list[str]:
-  """Deletes the shaped-link namespaces of launchers that are gone (one killed by SIGKILL could
-  not remove its own); returns their names."""
-  listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
-  stale = [name for name in listed if name.startswith(LINK_PREFIX) and not _alive(name[len(LINK_PREFIX):])]
-  for name in stale:
-    subprocess.run(["ip", "netns", "delete", name], capture_output=True)
-  return stale
-
-
-def _alive(pid: str) -> bool:
-  if not pid.isdigit():
-    return True  # not a name this launcher made: leave it
-  try:
-    os.kill(int(pid), 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    pass
-  return True
 
 
 def _child_setup(cpus: list[int] | None, launcher: int):
@@ -280,14 +209,17 @@ def _exit_code(rc: int) -> int:
 def launch(argv) -> int:
   """Runs the launcher; returns its exit code (see the module docstring)."""
   a = parse_args(argv)
-  port = free_port()
-  base_env = dict(os.environ, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
-                  JAX_NUM_PROCESSES=str(a.processes))
+  address = f"127.0.0.1:{free_port()}"
+  base_env = dict(os.environ, JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES=str(a.processes))
+  base_env.pop(ELSEWHERE_ENV, None)
+  if a.own_coordinator:
+    base_env[ELSEWHERE_ENV] = "1"
   if a.devices_per_process is not None:
     flags = os.environ.get("XLA_FLAGS", "")
     base_env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={a.devices_per_process}".strip()
   link = ShapedLink(a.link_mbit) if a.link_mbit is not None else None
   children: list[_Child] = []
+  service: _Child | None = None
   try:
     if link is not None:
       link.__enter__()
@@ -296,33 +228,50 @@ def launch(argv) -> int:
       if interrupts.requested():  # during the imports: start nothing
         print("launch: stopped on request before any process started.", file=sys.stderr)
         return 130
+      if a.own_coordinator:
+        from diloco_core.coordination_service import command
+        from diloco_core.elastic import HEARTBEAT_S
+        service = _Child(faults.COORDINATOR, [*prefix, *command(address, a.processes, HEARTBEAT_S)],
+                         dict(os.environ), show=False)
       for i in range(a.processes):
         children.append(_Child(i, [*prefix, sys.executable, "-m", a.module, *a.train_args],
                                dict(base_env, JAX_PROCESS_ID=str(i)), show=i == 0,
                                cpus=cpu_share(i, a.processes) if a.pin_cpus else None))
-      return _supervise(children, a.kill_at, a.restart)
+      return _supervise(children, a.kill_at, a.restart, service)
   except KeyboardInterrupt:  # a second stop request: no more waiting
-    for c in children:
+    for c in children + ([service] if service else []):
       c.stop(signal.SIGKILL)
     print("launch: stopped at once on a second request; every process was killed.", file=sys.stderr)
     return 130
   finally:
+    if service is not None:  # the trainers have ended (or were killed): nothing uses it
+      service.stop(signal.SIGTERM)
+      try:
+        service.proc.wait(timeout=GRACE_S)
+      except subprocess.TimeoutExpired:
+        service.stop(signal.SIGKILL)
     if link is not None:
       link.__exit__(None, None, None)
 
 
-def _supervise(children: list[_Child], kill_at: tuple[int, int, str] | None = None, restart: bool = False) -> int:
+def _supervise(children: list[_Child], kill_at: tuple[int, int, str] | None = None, restart: bool = False,
+               service: _Child | None = None) -> int:
   """Waits for every child; stops them all on a failure or a stop request; the worst code.
-  ``kill_at``: (process, step, trace) of ``--kill-at``; ``restart``: ``--restart``."""
+  ``kill_at``: (process, step, trace) of ``--kill-at``; ``restart``: ``--restart``; ``service``:
+  the coordination service's own process (``--own-coordinator``)."""
   replaced: list[_Child] = []  # --restart: the lost processes whose replacement was started
   first_failure: _Child | None = None
   elastic = "--elastic" in children[0].cmd
+  spared = set(range(1 if service is None else 0, len(children))) if elastic else set()  # may be lost
   stopping_since = None
   ended: dict[int, float] = {}  # child index -> when the launcher saw it end
   while True:
     if kill_at is not None and faults.reached(kill_at[2], kill_at[1]):
-      os.killpg(children[kill_at[0]].proc.pid, signal.SIGKILL)  # not in c.signalled: a lost process
+      target = service if kill_at[0] == faults.COORDINATOR else children[kill_at[0]]
+      os.killpg(target.proc.pid, signal.SIGKILL)  # not in c.signalled: a lost process
       kill_at = None
+    if service is not None and service.proc.poll() is not None and first_failure is None:
+      first_failure = service  # the trainers notice it (their agreements fail) and end
     for i, c in enumerate(children):
       if restart and i != 0 and c.proc.poll() not in (None, 0) and all(x.index != i for x in replaced):
         replaced.append(c)  # the same command and process id: it rejoins (--elastic)
@@ -333,9 +282,9 @@ def _supervise(children: list[_Child], kill_at: tuple[int, int, str] | None = No
         ended.setdefault(c.index, time.monotonic())
     if all(rc is not None for rc in codes):
       break
-    if first_failure is None:  # elastic (--elastic): the others go on without a lost process but 0
+    if first_failure is None:  # elastic (--elastic): the others go on without a lost process of `spared`
       first_failure = next((c for c, rc in zip(children, codes)
-                            if rc not in (None, 0) and not (elastic and c.index != 0)), None)
+                            if rc not in (None, 0) and c.index not in spared), None)
     if stopping_since is None and (first_failure is not None or interrupts.requested()):
       stopping_since = time.monotonic()
       # A stop request: every trainer stops at one agreed step (SIGTERM). A failure: the others
@@ -351,7 +300,12 @@ def _supervise(children: list[_Child], kill_at: tuple[int, int, str] | None = No
     time.sleep(0.1)
   for c in children:
     c.join()
-  if elastic and children[0].proc.returncode == 0:  # the run ended; say who was lost on the way
+  if service is not None and first_failure is service:
+    print(f"launch: the coordination service's own process {_how(service.proc.returncode)}; the"
+          f" trainers stopped ({_checkpoint_advice(children[0].cmd)}).", file=sys.stderr)
+    return _exit_code(service.proc.returncode) or 1
+  finished = [c for c in children if c.proc.returncode == 0]
+  if elastic and finished and (service is not None or children[0] in finished):  # say who was lost on the way
     for c in replaced:
       new = children[c.index]
       ended = ("rejoined and finished" if new.proc.returncode == 0 else
@@ -381,8 +335,9 @@ def _supervise(children: list[_Child], kill_at: tuple[int, int, str] | None = No
       sys.stderr.write("\n".join(f"[process {c.index}] {line}" for line in c.tail) + "\n")
     rc = c.proc.returncode
     advice = f" ({_checkpoint_advice(children[0].cmd)})"
-    if elastic and c.index == 0 and rc < 0:
-      advice = ": process 0 hosts the coordination service, which an elastic run cannot lose" + advice
+    if elastic and c.index == 0 and rc < 0 and service is None:
+      advice = (": process 0 hosts the coordination service, which an elastic run cannot lose (give it a"
+                " process of its own with --own-coordinator)" + advice)
     print(f"launch: process {c.index} of {len(children)} {_how(rc)}; the others were stopped{advice}.",
           file=sys.stderr)
     return _exit_code(rc)

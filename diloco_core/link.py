@@ -99,6 +99,7 @@ class Link:
     self.membership = membership
     self.last = None  # elastic: the link thread's last Agreement
     self.events: list[dict] = []  # elastic: the losses and joins the agreements saw, for the trace
+    self.replaced: set[int] = set()  # elastic: the processes an agreement saw join as a replacement
     self._jobs: queue.Queue = queue.Queue()
     self._closed = False
     self._thread = threading.Thread(target=self._run, name="diloco-link", daemon=True)
@@ -210,6 +211,7 @@ class Link:
     for r, raw in agreement.payloads.items():
       rows[r] = np.frombuffer(raw, x.dtype).reshape(x.shape)
     self.last = agreement
+    self.replaced.update(agreement.joined)
     for kind in ("lost", "joined"):
       if getattr(agreement, kind):
         self.events.append({"kind": kind, "processes": list(getattr(agreement, kind)), "at": agreement.key,

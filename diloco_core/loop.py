@@ -26,6 +26,7 @@ from diloco_core import files
 from diloco_core import interrupts
 from diloco_core import params_io
 from diloco_core import run_files
+from diloco_core import solo_write
 from diloco_core.data import make_dataset
 from diloco_core.divergence import Watch, check_finite  # noqa: F401 (check_finite: re-exported)
 from diloco_core.disk_space import check_run_space, disk_full, full_disk_message
@@ -41,6 +42,10 @@ from diloco_core.programs import PROGRAMS
 from diloco_core.run_config import TrainConfig, effective_config
 from diloco_core.schedule import sent_fragment
 from diloco_core.tree_io import one_line
+
+
+#: The file of the run's log rows under ``out``.
+METRICS_FILE = "metrics.jsonl"
 
 
 class RunWarning(UserWarning):
@@ -105,7 +110,7 @@ def _prepare_out(cfg: TrainConfig) -> str | None:
     if foreign:
       warnings.warn(f"`overwrite` kept {len(foreign)} file(s) no run wrote: {', '.join(foreign)}.",
                     RunWarning, stacklevel=3)
-  return os.path.join(cfg.out, "metrics.jsonl")
+  return os.path.join(cfg.out, METRICS_FILE)
 
 
 def _check_resumable(cfg: TrainConfig, data_identity: dict | None) -> None:
@@ -126,6 +131,16 @@ def _check_resumable(cfg: TrainConfig, data_identity: dict | None) -> None:
     raise ValueError(f"`resume`: the data changed since checkpoint {path} was written"
                      f" ({cfg.data.source}: {change}); restore it, or pass `allow_data_change` to"
                      " continue on the new data.")
+
+
+def _writes_files(cfg: TrainConfig, comm, log: MetricsLog) -> bool:
+  """Whether this process writes the run's files now (``comm.writes_files``); an elastic run's
+  process that has just become the writer (the one before it was lost) first takes
+  ``metrics.jsonl`` over from its own rows (:meth:`MetricsLog.take_over`)."""
+  writes = comm.writes_files()
+  if writes and cfg.out is not None and log.path is None:
+    log.take_over(os.path.join(cfg.out, METRICS_FILE))
+  return writes
 
 
 def _init_params(cfg: TrainConfig, model_cfg):
@@ -243,11 +258,14 @@ def train(cfg: TrainConfig) -> TrainResult:
         for s, share in comm.take_unsent():  # elastic: what the lost did not send is not counted
           log.uncount(algo.bytes_sent(s) * share)
         wall = time.perf_counter() - start
+        _writes_files(cfg, comm, log)  # elastic: process 0 may have been lost
         log.row(t, losses, eval_loss if do_eval else None, wall, log.fetch_aux())
         if save:
-          saved, note = comm.checkpoint_state(state, t)
+          saved, note = comm.checkpoint_state(state, t)  # None: another process writes it
           meta = {**_checkpoint_meta(cfg, t, log, data_identity), **note}
-          watch.saved(ckpt.step_dir(cfg.out, t) if checkpoints is None else checkpoints.save(t, saved, meta))
+          if saved is not None and checkpoints is None:  # elastic: the writer after process 0
+            checkpoints = solo_write.CheckpointWriter(cfg.out, cfg.keep_checkpoints)
+          watch.saved(ckpt.step_dir(cfg.out, t) if saved is None else checkpoints.save(t, saved, meta))
         bar.update(t - bar.n)
         tok_s = (t - 1) * log.tokens_per_step / max(wall - compile_time, 1e-9) if t > 1 else 0.0
         bar.set_postfix(loss=f"{np.nanmean(losses):.3f}", tok_s=f"{tok_s:,.0f}")
@@ -284,10 +302,13 @@ def train(cfg: TrainConfig) -> TrainResult:
 
   # ---- summary ----
   final_params = None
+  writer = _writes_files(cfg, comm, log)
+  log.close()  # a writer that took the rows over just now
   if cfg.out is not None and (writer or not cfg.elastic):  # plain params: diloco_core.load_params(path)
     try:  # elastic: the writer alone (a lost process would never reach Orbax's barriers)
-      final_params = params_io.export_params(algo.eval_params(comm.global_state(state)),
-                                             os.path.join(cfg.out, ckpt.FINAL_PARAMS), alone=cfg.elastic)
+      params_out, params_path = algo.eval_params(comm.global_state(state)), os.path.join(cfg.out, ckpt.FINAL_PARAMS)
+      final_params = (solo_write.export_params(params_out, params_path) if cfg.elastic and jax.process_index() != 0
+                      else params_io.export_params(params_out, params_path, alone=cfg.elastic))
     except OSError as e:
       raise RunFileError(f"{e}; the run trained all {cfg.steps} steps: {_finish_advice(watch)}.") from None
   wall = time.perf_counter() - start

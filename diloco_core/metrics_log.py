@@ -46,14 +46,21 @@ class MetricsLog:
     self.total_bytes = 0.0 if resumed is None else resumed["total_bytes_sent"]
     self.peak_bytes = 0.0 if resumed is None else resumed["peak_bytes_per_step"]
     self._since_row, self._pending, self._pending_aux, self._syncs = 0.0, [], [], []
-    self._file, self.path, self._failed = None, path, False
+    self._file, self.path, self._failed = None, None, False
     if path is not None and resumed is None:
-      self._file = open(path, "w")
+      self._file, self.path = open(path, "w"), path
     elif path is not None:
-      with open(path + ".tmp", "w") as f:
-        f.writelines(json.dumps(r, allow_nan=False) + "\n" for r in self.rows[1:])  # the step-0 row is not in the file
-      os.replace(path + ".tmp", path)
-      self._file = open(path, "a")
+      self.take_over(path)
+
+  def take_over(self, path: str) -> None:
+    """Writes ``path`` (atomically) from the rows held here and appends the next rows to it: a
+    resumed run (the checkpoint's rows), or an elastic run's process that becomes the writer
+    when the one before it was lost (:meth:`~diloco_core.elastic_runtime.ElasticRuntime.writes_files`:
+    every process holds every row)."""
+    with open(path + ".tmp", "w") as f:
+      f.writelines(json.dumps(r, allow_nan=False) + "\n" for r in self.rows[1:])  # the step-0 row is not in the file
+    os.replace(path + ".tmp", path)
+    self._file, self.path = open(path, "a"), path
 
   def start(self, eval_loss: float) -> None:
     """The step-0 row (the initial eval loss; kept in the summary's rows, not in the file)."""

@@ -26,6 +26,7 @@ Examples:
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import threading
 import time
@@ -41,6 +42,10 @@ HEARTBEAT_S = 100
 #: The XLA status codes of a failure at run time (the text before the first colon of the error).
 RUNTIME_STATUSES = frozenset({"UNKNOWN", "INTERNAL", "UNAVAILABLE", "ABORTED", "DEADLINE_EXCEEDED",
                               "CANCELLED", "DATA_LOSS", "FAILED_PRECONDITION"})
+#: Set to ``1`` in the trainers' environment when the coordination service runs in a process of
+#: its own (:mod:`diloco_core.coordination_service`, ``launch --own-coordinator``): process 0
+#: then hosts none (:func:`spare_bind_address`), and any process may be lost.
+ELSEWHERE_ENV = "DILOCO_OWN_COORDINATOR"
 #: Seconds a process waits at exit for the others to exit too (JAX's shutdown barrier).
 SHUTDOWN_S = 10
 #: Seconds a process that ended its run (or stopped at the agreed step) waits at the end for
@@ -98,12 +103,38 @@ def initialize_distributed(coordinator: str | None = None, num_processes: int | 
   message = join_timeout_message(join_timeout, coordinator, num_processes, process_id)
   threading.Thread(target=_give_up_unless, args=(joined, (describe or str)(message), join_timeout),
                    daemon=True, name="join-timeout").start()
+  elsewhere = own_coordinator() and process_id == 0  # its own service goes unused
   jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
                              process_id=process_id, initialization_timeout=int(join_timeout) + 60,
+                             coordinator_bind_address=spare_bind_address() if elsewhere else None,
                              heartbeat_timeout_seconds=int(elastic_heartbeat or HEARTBEAT_S),
                              shutdown_timeout_seconds=SHUTDOWN_S)
   joined.set()
   return True
+
+
+def own_coordinator() -> bool:
+  """Whether the coordination service runs in a process of its own (:data:`ELSEWHERE_ENV`)."""
+  return os.environ.get(ELSEWHERE_ENV) == "1"
+
+
+def spare_bind_address() -> str:
+  """Where process 0 starts the coordination service that ``jax.distributed.initialize`` always
+  starts there, when the run's service runs elsewhere (:func:`own_coordinator`): a free local
+  port that no process connects to.
+
+  Examples:
+    >>> spare_bind_address().startswith("127.0.0.1:")
+    True
+  """
+  return f"127.0.0.1:{free_port()}"
+
+
+def free_port() -> int:
+  """A TCP port on 127.0.0.1 that nothing listens on now."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
 
 
 def join_timeout_message(timeout: float, coordinator: str, num_processes: int, process_id: int) -> str:
@@ -202,15 +233,15 @@ def leave_together(code: int, timeout: float = END_WAIT_S) -> int:
 
 
 def leave_elastic(code: int) -> None:
-  """The end of an elastic run's process (:mod:`diloco_core.elastic`): it waits for the live
-  processes at the coordination service's membership barrier (a lost one is not waited for
-  past the heartbeat), then exits; process 0, which hosts the service, once the others said
-  they leave (at most :data:`SHUTDOWN_S` each)."""
+  """The end of an elastic run's process (:mod:`diloco_core.elastic`): it says it leaves and
+  exits; process 0, when it hosts the coordination service, once the live others said they
+  leave (at most :data:`SHUTDOWN_S` each). A service of its own (:func:`own_coordinator`)
+  outlives every trainer: nobody waits."""
   from jax._src import distributed  # the coordination service's client (no public accessor)
   client, rank = distributed.global_state.client, jax.process_index()
   try:
     live = client.get_live_nodes(list(range(jax.process_count())))
-    if rank != 0:
+    if rank != 0 or own_coordinator():
       client.key_value_set(f"diloco/left/{rank}", str(code))
     else:
       for other in sorted(set(live) - {0}):

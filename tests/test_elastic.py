@@ -71,10 +71,10 @@ def test_a_killed_process_is_left_out_and_the_run_equals_its_replay(tmp_path):
   assert rows[0] == {k: v for k, v in rows2[0].items() if k != "participants"}  # before the loss: everything
 
 
-def _replay(out, replay) -> list[dict]:
-  """The elastic run in ``out`` replayed from process 0's trace in the in-step runtime on three
+def _replay(out, replay, rank=0) -> list[dict]:
+  """The elastic run in ``out`` replayed from process ``rank``'s trace in the in-step runtime on three
   devices (its drops and rejoins): checks the final params are equal bit for bit; the metrics rows."""
-  trace = _trace(out, 0)
+  trace = _trace(out, rank)
   drops = ",".join(f"{s}:{m}" for s, m in schedule_from_trace(trace, replicas=3))
   rejoins = ",".join(f"{s}:{m}:{src}" for s, m, src in rejoins_from_trace(trace))
   flags = [x for x in FLAGS if x not in ("--communication", "background")]
@@ -185,7 +185,8 @@ def test_losing_process_0_stops_the_run_in_one_line_and_it_resumes(tmp_path):
   assert r.returncode == 137, r.stderr[-3000:]
   assert r.stderr.strip().splitlines()[-1] == (
       "launch: process 0 of 3 was lost (killed by SIGKILL); the others were stopped: process 0 hosts the"
-      " coordination service, which an elastic run cannot lose (the last intact checkpoint is"
+      " coordination service, which an elastic run cannot lose (give it a process of its own with"
+      " --own-coordinator) (the last intact checkpoint is"
       f" {os.path.join(out, 'checkpoints', '4')}: run the same command with --resume).")
   r = _launch(*THREE, "--", *flags, "--resume")
   assert r.returncode == 0, r.stderr[-3000:]
@@ -194,3 +195,54 @@ def test_losing_process_0_stops_the_run_in_one_line_and_it_resumes(tmp_path):
   rows2 = _replay(out, tmp_path / "replay")  # no drops, no rejoin: the plain run
   assert [x["eval_loss"] for x in rows] == [x["eval_loss"] for x in rows2]
   assert [x["replica_loss"] for x in rows] == [x["replica_loss"] for x in rows2]
+
+
+@pytest.mark.slow
+def test_with_its_own_coordinator_process_0_may_be_lost(tmp_path):
+  """--own-coordinator runs the coordination service in a process that trains nothing: process 0
+  killed at step 6, processes 1 and 2 finish the run. Process 1, the lowest left, takes the
+  run's files over: every metrics row, the checkpoints of steps 8 and 16 (replica 0 filled from
+  replica 1, as its heal would be), the summary and the final params (written by a
+  single-process helper: Orbax writes host arrays from process 0 only). Replayed in-step from
+  process 1's trace, the run is the same bit for bit."""
+  out = str(tmp_path / "elastic")
+  flags = [*FLAGS, "--elastic", "--checkpoint-every", "8", "--out", out]
+  r = _launch(*THREE, "--own-coordinator", "--module", "kill_child", "--", *flags,
+              env=dict(ENV, KILL_RANK="0", KILL_AT_STEP=str(KILLED_AT)))
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert r.stderr.strip().splitlines()[-1] == ("launch: process 0 of 3 was lost (killed by SIGKILL); the others"
+                                                " went on without it (--elastic).")
+  rows = metrics_rows(os.path.join(out, "metrics.jsonl"))
+  assert [(x["step"], x["replica_loss"][0] is None) for x in rows] == [(4, False), (8, True), (12, True), (16, True)]
+  for step in (8, 16):
+    meta = json.load(open(os.path.join(out, "checkpoints", str(step), "meta", "metadata")))
+    assert (meta["filled"], meta["source"]) == ([0], 1)
+  summary = json.load(open(os.path.join(out, "summary.json")))
+  assert summary["final_eval_loss"] == rows[-1]["eval_loss"]
+  rows2 = _replay(out, tmp_path / "replay", rank=1)  # checks the final params too
+  assert [x["eval_loss"] for x in rows] == [x["eval_loss"] for x in rows2]
+  assert [x["replica_loss"][1:] for x in rows] == [x["replica_loss"][1:] for x in rows2]
+
+
+@pytest.mark.slow
+def test_losing_its_own_coordinator_stops_the_run_in_one_line_and_it_resumes(tmp_path):
+  """The coordination service's own process killed at step 10 (--kill-at coordinator:10): the
+  trainers stop, and the launcher's last line says so and names the last intact checkpoint;
+  --resume (a new service) finishes the run from it."""
+  out = str(tmp_path / "elastic")
+  flags = [*FLAGS, "--elastic", "--checkpoint-every", "4", "--out", out]
+  r = _launch(*THREE, "--own-coordinator", "--kill-at", "coordinator:10", "--", *flags)
+  assert r.returncode == 128 + signal.SIGKILL, r.stderr[-3000:]
+  from diloco_core.checkpoint import finalized_steps
+  last = max(finalized_steps(out))
+  assert last in (8, 12)  # the kill lands as step 10 is computed (maybe a step or two later)
+  assert r.stderr.strip().splitlines()[-1] == (
+      "launch: the coordination service's own process was lost (killed by SIGKILL); the trainers stopped"
+      f" (the last intact checkpoint is {os.path.join(out, 'checkpoints', str(last))}: run the same command"
+      " with --resume).")
+  r = _launch(*THREE, "--own-coordinator", "--", *flags, "--resume")
+  assert r.returncode == 0, r.stderr[-3000:]
+  summary = json.load(open(os.path.join(out, "summary.json")))
+  assert summary["resumed_from"] == os.path.join(out, "checkpoints", str(last))
+  rows = metrics_rows(os.path.join(out, "metrics.jsonl"))
+  assert [x["step"] for x in rows] == [4, 8, 12, 16] and all(None not in x["replica_loss"] for x in rows)

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from diloco_core import launch
+from diloco_core import launch, shaped_link
 from tiny_run import metrics_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -281,7 +281,7 @@ def test_one_of_four_processes_killed_ends_the_job_in_one_line(tmp_path):
 
 
 def _can_shape() -> str | None:
-  return launch.ShapedLink.unavailable()
+  return shaped_link.ShapedLink.unavailable()
 
 
 @pytest.mark.slow
@@ -315,7 +315,7 @@ def test_a_shaped_link_runs_every_process_in_a_namespace_and_removes_it():
     pytest.skip(why)
   gone = subprocess.Popen(["true"])  # a pid that no longer runs
   gone.wait()
-  stale = f"{launch.LINK_PREFIX}{gone.pid}"
+  stale = f"{shaped_link.LINK_PREFIX}{gone.pid}"
   subprocess.run(["ip", "netns", "add", stale], check=True)
   r = run_launcher("--processes", "2", "--link-mbit", "50", "--module", "launch_child", "--", "netns")
   assert r.returncode == 0, r.stderr

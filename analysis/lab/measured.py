@@ -137,9 +137,9 @@ def simulated(step_s: float, payload_bytes: float, rate_mbit: float, *, processe
 
 
 def can_shape() -> str | None:
-  """None when this machine can shape a link (:meth:`diloco_core.launch.ShapedLink.unavailable`:
+  """None when this machine can shape a link (:meth:`diloco_core.shaped_link.ShapedLink.unavailable`:
   Linux, root, iproute2, network namespaces), else why not."""
-  from diloco_core.launch import ShapedLink
+  from diloco_core.shaped_link import ShapedLink
   return ShapedLink.unavailable()
 
 
