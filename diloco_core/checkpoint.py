@@ -27,7 +27,8 @@ in favour of the newest valid one, saying so on stderr.
 
 Who writes. Every process writes its part of the state (Orbax over all of them), except in an
 elastic run (:mod:`diloco_core.elastic`): a lost process would never reach Orbax's barriers,
-so process 0 gathers the state and writes it alone (``CheckpointWriter(alone=True)``). Either
+so one process gathers the state and writes it alone: process 0 (``CheckpointWriter(alone=True)``),
+or, once it was lost, the lowest process left, through :mod:`diloco_core.solo_write`. Either
 way every process reads its part at a resume.
 
 The leaves are stored under positional names (``00000``, ``00001``, ...) and restored
@@ -51,6 +52,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from diloco_core.disk_space import disk_full, full_disk_message
+from diloco_core.processes import collective_failure
 from diloco_core.tree_io import OrbaxLogs, fingerprint, leaf_table, one_line, quiet_orbax_failures
 
 FORMAT_VERSION = 1
@@ -186,7 +188,10 @@ class CheckpointWriter:
           _join_new_threads(running)  # the save's other writers fail too: their logs go here
           raise
     except Exception as e:  # noqa: BLE001 - Orbax / TensorStore: one line at the boundary
-      raise OSError(self._failed(path, e)) from None
+      message = self._failed(path, e)  # (removes the partial save)
+      if jax.process_count() > 1 and collective_failure(e):
+        raise  # another process was lost during the save: the loop says so, not "could not be written"
+      raise OSError(message) from None
     finally:
       threading.excepthook = previous
     if errors or not os.path.isdir(path):

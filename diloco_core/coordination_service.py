@@ -30,7 +30,7 @@ import signal
 import sys
 import threading
 
-#: Seconds the service waits for the trainers at its shutdown barrier (they skip it: nothing waits).
+#: Seconds the service would wait for the trainers at its shutdown barrier (recoverable trainers skip it).
 SHUTDOWN_S = 10
 
 
@@ -61,7 +61,7 @@ def serve(address: str, processes: int, heartbeat: int, stop: threading.Event | 
         " stop it with SIGTERM or Ctrl-C once they have ended.", flush=True)
   while not stop.wait(0.5):
     pass
-  threading.Thread(target=service.shutdown, daemon=True).start()  # its barrier waits for no trainer
+  service.shutdown()  # at once: its shutdown barrier blocks no recoverable trainer
 
 
 def main(argv=None) -> int:

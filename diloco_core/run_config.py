@@ -200,8 +200,9 @@ class TrainConfig:
       help="several processes, communication background: a process that dies or is cut off is left"
            " out of every sync from the first one that cannot include it (after"
            f" {ELASTIC_HEARTBEAT_S} s without its heartbeat), and the others go on: the outer average is"
-           " over the replicas present, as with --drop-schedule; its checkpoints (process 0 writes"
-           " them) hold a lost replica as its heal would set it")
+           " over the replicas present, as with --drop-schedule; its checkpoints (one process"
+           " writes them: 0, or the lowest left when it was lost under launch --own-coordinator) hold a"
+           " lost replica as its heal would set it")
   min_replicas: int = field(
       1, flag="min-replicas", group=_C,
       help="elastic: the run stops (one line, the lost processes) when fewer replicas than this"

@@ -34,6 +34,12 @@ def run_launcher(*args, timeout=240):
     (["--link-mbit", "inf"], "--link-mbit must be a finite rate > 0 (Mbit/s), got inf."),
     (["--devices-per-process", "1.5"], "argument --devices-per-process: invalid int value: '1.5'"),
     (["--processes", "2", "--model", "tiny"], "unrecognized arguments: --model; the trainer's flags go after --"),
+    (["--own-coordinator", "--", "--model", "tiny"], "--own-coordinator keeps the run going when process 0 is lost:"
+     " pass --elastic to the trainer"),
+    (["--kill-at", "coordinator:6", "--", "--communication", "background", "--out", "o"],
+     "--kill-at 'coordinator:6' must be P:S with a process P in [0, 2) and a step S >= 1"),
+    (["--own-coordinator", "--kill-at", "x:6", "--", "--communication", "background", "--out", "o", "--elastic"],
+     "--kill-at 'x:6' must be P:S with a process P in [0, 2) (or coordinator:S, its service's process) and a step"),
 ])
 def test_bad_launcher_options_one_line(argv, message, capsys):
   try:
@@ -436,6 +442,24 @@ def test_a_killed_process_in_step_is_one_line(tmp_path):
                              "interrupted at step "))
 
 
+
+@pytest.mark.slow
+def test_a_process_lost_during_a_checkpoint_save_is_one_line(tmp_path):
+  """Process 1 killed while both processes write the checkpoint of step 40 (Orbax's cross-process
+  barrier fails in process 0): the line says a process was lost (not that the checkpoint "could
+  not be written", with advice about the directory), names the last intact checkpoint, and the
+  partial save is gone."""
+  out = tmp_path / "run"
+  r = run_launcher("--processes", "2", "--devices-per-process", "1", "--module", "save_kill_child", "--",
+                   *[x if x != "100000" else "60" for x in LONG], *SAME_MESH, "--out", str(out))
+  assert r.returncode == 128 + signal.SIGKILL, r.stderr[-3000:]
+  said = [line for line in r.stdout.splitlines() if line.startswith("error: ")]
+  assert len(said) == 1 and said[0].startswith("error: a collective across the 2 processes failed: another process"
+                                               " was lost"), r.stdout[-3000:]
+  assert said[0].endswith(f"the last intact checkpoint is {out / 'checkpoints' / '20'}: run again with --resume.")
+  assert "Traceback" not in r.stdout + r.stderr
+  assert sorted(os.listdir(out / "checkpoints")) == ["20"]
+
 def test_a_gloo_failure_reported_as_value_error_is_a_lost_process(monkeypatch):
   # jaxlib raises a gloo collective that lost its peer as a ValueError with an XLA status (seen on
   # a loaded 2-core CI machine, in-step): it is a lost process, not a bad option.
@@ -482,3 +506,20 @@ def test_in_step_over_processes_needs_a_mesh_over_every_device(launcher, train, 
   said = [line for line in (r.stdout + r.stderr).splitlines() if line.startswith("error: ")]
   assert said == [message], r.stdout + r.stderr
   assert "Traceback" not in r.stdout + r.stderr
+
+
+
+def test_the_coordination_service_of_its_own_refuses_bad_options_and_serves_until_stopped(capsys):
+  """``python -m diloco_core.coordination_service``: bad counts are one line; started, it says
+  where it listens, and SIGTERM ends it (exit 0). (Trainers using it: test_elastic.py.)"""
+  from diloco_core import coordination_service
+  assert coordination_service.main(["--address", "127.0.0.1:1", "--processes", "0"]) == 2
+  assert capsys.readouterr().err == "error: --processes must be an integer >= 1, got 0.\n"
+  address = f"127.0.0.1:{launch.free_port()}"
+  p = subprocess.Popen(coordination_service.command(address, 2, 10), env=ENV, stdout=subprocess.PIPE, text=True)
+  try:
+    assert p.stdout.readline().startswith(f"coordination service for 2 processes at {address} (heartbeat 10 s)")
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=30) == 0
+  finally:
+    p.kill()
