@@ -212,10 +212,25 @@ def test_unstable_configurations_are_never_sampled():
           for h, s, v, t in [(1, 0, 1.0, 5.0), (1, 1, 1.01, 5.0), (2, 0, 1.0, 9.0), (2, 1, 1.01, 9.0),
                              (3, 0, 1.0, 1.0), (3, 1, 1.5, 1.0)]]  # h = 3: cheapest, seeds 50x apart
   per_run, sigma = realizations.seed_spread(runs)
-  assert sigma == pytest.approx(0.01 / 2 ** 0.5) and per_run[4] == pytest.approx(0.5 / 2 ** 0.5)
+  c = realizations.median_sd_ratio(2)
+  assert sigma == pytest.approx(0.01 / 2 ** 0.5 / c) and per_run[4] == pytest.approx(0.5 / 2 ** 0.5 / c)
   costs = [r["row"]["wall_time_s"] for r in runs]
   assert recheck.sample_indices(costs, 1) == [4]
   assert recheck.sample_indices(costs, 1, eligible=realizations.stable_runs(runs)) == [0]
+
+
+def test_the_seed_spread_estimates_sigma_alike_for_two_seeds_and_for_eight():
+  """Groups of k seeds drawn from one normal law (sigma = 0.01): the experiment's spread is about
+  sigma whether each configuration has 2 seeds or 8 (the plain median of two-seed standard
+  deviations would be 0.674 sigma, judging two-seed experiments 1.48 times as strictly)."""
+  import numpy as np
+  rng = np.random.default_rng(0)
+  for k in (2, 3, 8):
+    runs = [{"config": {"h": h, "seed": s}, "row": {"final_eval_loss": 1.0 + 0.01 * rng.standard_normal()}}
+            for h in range(4001) for s in range(k)]
+    _, sigma_e = realizations.seed_spread(runs)
+    assert sigma_e == pytest.approx(0.01, rel=0.03), k
+  assert realizations.median_sd_ratio(2) == pytest.approx(0.6744897501960817)  # Phi^-1(3/4)
 
 
 def test_a_noisier_configuration_is_judged_by_its_own_seed_spread():
@@ -225,9 +240,10 @@ def test_a_noisier_configuration_is_judged_by_its_own_seed_spread():
           for h, s, v in [(1, 0, 1.0), (1, 1, 1.01), (2, 0, 1.0), (2, 1, 1.02), (3, 0, 1.0), (3, 1, 1.0),
                           (4, 0, 1.0), (4, 1, 1.04)]]
   _, sigma_e = realizations.seed_spread(runs)
-  assert sigma_e == pytest.approx(0.015 / 2 ** 0.5)  # the median of 0.01, 0.02, 0, 0.04 over sqrt(2)
+  c = realizations.median_sd_ratio(2)  # two seeds: the standard deviations over sqrt(2), over c
+  assert sigma_e == pytest.approx(0.015 / 2 ** 0.5 / c)  # the median of 0.01, 0.02, 0, 0.04
   scales = realizations.run_scales(runs)
-  assert scales[6] == pytest.approx(0.04 / 2 ** 0.5) and scales[4] == pytest.approx(sigma_e)
+  assert scales[6] == pytest.approx(0.04 / 2 ** 0.5 / c) and scales[4] == pytest.approx(sigma_e)
   assert scales[0] == pytest.approx(sigma_e)
 
 

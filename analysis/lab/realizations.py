@@ -44,11 +44,30 @@ def config_of(run: dict) -> str:
   return json.dumps(config, sort_keys=True, default=str)
 
 
+def median_sd_ratio(k: int) -> float:
+  r"""The median of the sample standard deviation (``ddof = 1``) of :math:`k` draws of a normal
+  law, in units of its :math:`\sigma`: :math:`\sqrt{\operatorname{median}(\chi^2_{k-1}) / (k - 1)}`
+  (:math:`(k-1)\,s^2/\sigma^2` follows :math:`\chi^2_{k-1}`). For two draws
+  :math:`s = |x_1 - x_2| / \sqrt 2 = \sigma |Z|`, whose median is :math:`\Phi^{-1}(3/4)`.
+
+  Examples:
+    >>> round(median_sd_ratio(2), 4), round(median_sd_ratio(8), 4)
+    (0.6745, 0.9521)
+  """
+  from scipy.special import gammaincinv  # the chi-square median: 2 * gammaincinv(nu / 2, 1/2)
+  nu = k - 1
+  return math.sqrt(2.0 * float(gammaincinv(nu / 2.0, 0.5)) / nu)
+
+
 def seed_spread(runs: Sequence[dict]) -> tuple[list[float | None], float | None]:
   r"""The seed spread of each run's configuration and of the experiment.
 
   Runs are grouped by their config without the seed; a group's spread is the standard
-  deviation (``ddof = 1``) of its final eval losses. The experiment's spread
+  deviation (``ddof = 1``) of its final eval losses over its :math:`k` seeds, divided by
+  :func:`median_sd_ratio` of :math:`k`: a median-unbiased estimate of the seed noise
+  :math:`\sigma`, so that experiments of two seeds per configuration and of eight are judged on
+  one scale (the plain standard deviation of two seeds is below :math:`\sigma` in more than
+  half the draws: its median is :math:`0.674\,\sigma`). The experiment's spread
   :math:`\sigma_E` is the median over the groups with two seeds or more (the median keeps a few
   unstable configurations from deciding it).
 
@@ -64,7 +83,7 @@ def seed_spread(runs: Sequence[dict]) -> tuple[list[float | None], float | None]
     ...         for h, s, v in [(1, 0, 1.0), (1, 1, 1.2), (2, 0, 2.0), (2, 1, 2.0), (3, 0, 5.0)]]
     >>> per_run, sigma = seed_spread(runs)
     >>> [None if x is None else round(x, 4) for x in per_run], round(sigma, 4)
-    ([0.1414, 0.1414, 0.0, 0.0, None], 0.0707)
+    ([0.2097, 0.2097, 0.0, 0.0, None], 0.1048)
   """
   groups: dict[str, list[int]] = {}
   for i, run in enumerate(runs):
@@ -75,7 +94,7 @@ def seed_spread(runs: Sequence[dict]) -> tuple[list[float | None], float | None]
     values = [runs[i]["row"].get("final_eval_loss") for i in members]
     values = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     if len(values) >= 2:
-      sd = float(np.std(values, ddof=1))
+      sd = float(np.std(values, ddof=1)) / median_sd_ratio(len(values))
       spreads.append(sd)
       for i in members:
         per_run[i] = sd
@@ -92,7 +111,7 @@ def run_scales(runs: Sequence[dict]) -> list[float | None]:
     >>> runs = [{"config": {"h": h, "seed": s}, "row": {"final_eval_loss": v}}
     ...         for h, s, v in [(1, 0, 1.0), (1, 1, 1.2), (2, 0, 2.0), (2, 1, 2.0), (3, 0, 5.0)]]
     >>> [None if x is None else round(x, 4) for x in run_scales(runs)]
-    [0.1414, 0.1414, 0.0707, 0.0707, 0.0707]
+    [0.2097, 0.2097, 0.1048, 0.1048, 0.1048]
   """
   per_run, sigma = seed_spread(runs)
   return [None if sigma is None else max(sigma, sd or 0.0) for sd in per_run]

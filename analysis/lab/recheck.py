@@ -20,7 +20,7 @@ and compares it with the stored numbers. What can be promised depends on the CPU
      :data:`SPREAD_Z` standard deviations of the difference of two realizations,
      :math:`|\Delta| \le z\,\sqrt{2}\,\max(\sigma_E, \sigma_c)` (:func:`~analysis.lab.realizations.run_scales`), where
      :math:`\sigma_c` is the seed spread of the run's configuration (the standard deviation of the
-     final loss over its seeds) and :math:`\sigma_E` the experiment's (:func:`~analysis.lab.realizations.seed_spread`: the
+     final loss over its seeds, made median-unbiased: two seeds and eight give one scale) and :math:`\sigma_E` the experiment's (:func:`~analysis.lab.realizations.seed_spread`: the
      median of :math:`\sigma_c` over its configurations). A configuration noisier than typical
      is judged by its own spread; the experiment's is the floor, since a spread of two seeds
      can be small by luck. An experiment with one seed per configuration has no spread to judge
