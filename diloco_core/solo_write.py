@@ -27,8 +27,8 @@ import subprocess
 import sys
 
 import jax
-import numpy as np
 
+from diloco_core.mesh import host_copy
 from diloco_core.processes import ELSEWHERE_ENV
 
 #: The environment variables of a multi-process run that the single-process writer must not see.
@@ -56,10 +56,6 @@ def run(kind: str, payload) -> str:
   return lines[-1]
 
 
-def _host(tree):
-  return jax.tree.map(lambda x: np.asarray(x.addressable_shards[0].data) if isinstance(x, jax.Array) else x, tree)
-
-
 class CheckpointWriter:
   """:class:`diloco_core.checkpoint.CheckpointWriter`'s ``save`` / ``close``, each save in a
   single-process Python (for a writer other than process 0, see the module docstring)."""
@@ -69,7 +65,7 @@ class CheckpointWriter:
 
   def save(self, step: int, state, meta: dict) -> str:
     """Writes checkpoint ``step`` (host arrays); returns its path."""
-    return run("checkpoint", (self.out, self.keep, int(step), _host(state), meta))
+    return run("checkpoint", (self.out, self.keep, int(step), jax.tree.map(host_copy, state), meta))
 
   def close(self) -> None:
     """Nothing stays open between saves."""
@@ -77,7 +73,7 @@ class CheckpointWriter:
 
 def export_params(params, path: str) -> str:
   """:func:`diloco_core.params_io.export_params` of the host ``params``, in a single-process Python."""
-  return run("params", (_host(params), path))
+  return run("params", (jax.tree.map(host_copy, params), path))
 
 
 def _write(kind: str, payload) -> str:
