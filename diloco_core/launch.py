@@ -318,10 +318,12 @@ def _supervise(children: list[_Child], kill_at: tuple[int, int, str] | None = No
               " without it (--elastic).", file=sys.stderr)
     return 0
   # A process killed by a signal the launcher did not send is the cause, even when a peer that
-  # lost it exited first (the kernel may still have been tearing the killed one down).
+  # lost it exited first (the kernel may still have been tearing the killed one down); one
+  # killed from outside (SIGKILL: kill -9, the OOM killer, --kill-at) before one that aborted
+  # itself (SIGABRT: JAX's reaction to a lost peer), whichever the launcher saw end first.
   lost = [c for c in children if c.proc.returncode < 0 and -c.proc.returncode not in c.signalled]
   if lost:
-    first_failure = min(lost, key=lambda c: (ended[c.index], c.index))
+    first_failure = min(lost, key=lambda c: (c.proc.returncode != -signal.SIGKILL, ended[c.index], c.index))
   if first_failure is None:
     first_failure = next((c for c in children if c.proc.returncode != 0), None)
   if interrupts.requested() and (first_failure is None or first_failure.proc.returncode in (130, -2, -15)):
