@@ -32,7 +32,7 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
                                                          ".cache", "jax-tests")
   os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 
-_DOCTESTS_NEEDING_DEVICES = {"diloco_core.mesh.make_mesh": 8}
+_DOCTESTS_NEEDING_DEVICES = {"diloco_core.devices.mesh.make_mesh": 8}
 
 #: Test files whose tests share an expensive module fixture (launched multi-process runs, the
 #: background pairs, the stored toy experiment): under ``pytest -n`` each file runs in one

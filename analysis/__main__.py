@@ -31,12 +31,12 @@ from analysis.planning.models import model_stats
 from analysis.planning.models import model_table
 from analysis import simulate_cli
 from analysis.flag_names import as_flags, option_strings
-from diloco_core.wire_formats import DEFAULT_CHUNK
-from diloco_core.wire_formats import topk_bits_per_element
-from diloco_core.validity import check_choice
-from diloco_core.validity import check_int
-from diloco_core.validity import check_real
-from diloco_core.validity import check_schedule
+from diloco_core.spec.wire_formats import DEFAULT_CHUNK
+from diloco_core.spec.wire_formats import topk_bits_per_element
+from diloco_core.spec.validity import check_choice
+from diloco_core.spec.validity import check_int
+from diloco_core.spec.validity import check_real
+from diloco_core.spec.validity import check_schedule
 
 _GBIT = 1e9 / 8  # bytes/s in one Gbit/s
 

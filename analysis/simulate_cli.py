@@ -12,8 +12,8 @@ import time
 import pandas as pd
 
 from analysis.planning import simulate as sim
-from diloco_core.validity import FRAGMENT_PATTERNS
-from diloco_core.validity import check_real
+from diloco_core.spec.validity import FRAGMENT_PATTERNS
+from diloco_core.spec.validity import check_real
 
 
 def simulate(a) -> None:

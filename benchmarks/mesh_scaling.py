@@ -24,7 +24,7 @@ import optax  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from diloco_core import DiLoCo, DiLoCoConfig, get_preset, init_model, lm_loss  # noqa: E402
-from diloco_core.mesh import make_mesh  # noqa: E402
+from diloco_core.devices.mesh import make_mesh  # noqa: E402
 
 
 def step_time(mesh_shape, steps, replicas=8, batch=8, seq=64, model="small"):

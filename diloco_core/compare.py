@@ -1,7 +1,7 @@
 """The command line of the main job: ``python -m diloco_core.compare`` (``make demo``).
 
-The library part (the three runs, the table's rows) is :mod:`diloco_core.main_job`; this module
-parses the options (the train command line's field metadata, :mod:`diloco_core.cli`), trains,
+The library part (the three runs, the table's rows) is :mod:`diloco_core.run.main_job`; this module
+parses the options (the train command line's field metadata, :mod:`diloco_core.run.cli`), trains,
 prints the table and writes ``comparison.csv`` and ``loss.png`` (:func:`loss_figure`: matplotlib
 is imported here only, at the edge).
 """
@@ -12,15 +12,15 @@ import argparse
 import os
 import sys
 
-from diloco_core import main_job
+from diloco_core.run import main_job
 from diloco_core import interrupts
-from diloco_core.backend import configure_determinism, default_demo_steps
-from diloco_core.cli import add_options, field_defaults, command_error, one_line_errors
-from diloco_core.run_config import TrainConfig
+from diloco_core.devices.backend import configure_determinism, default_demo_steps
+from diloco_core.run.cli import add_options, field_defaults, command_error, one_line_errors
+from diloco_core.run.config import TrainConfig
 
 
 def build_compare_parser() -> argparse.ArgumentParser:
-  """The parser of ``python -m diloco_core.compare`` (defaults: :data:`diloco_core.main_job.DEFAULTS`)."""
+  """The parser of ``python -m diloco_core.compare`` (defaults: :data:`diloco_core.run.main_job.DEFAULTS`)."""
   p = argparse.ArgumentParser(prog="python -m diloco_core.compare",
                               description=main_job.__doc__.splitlines()[0],
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter,

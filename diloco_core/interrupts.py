@@ -7,13 +7,13 @@ threads running into the interpreter's shutdown (a segfault on exit). Under the 
 line (``python -m diloco_core.train`` / ``compare``) the handler of :func:`deferred` only
 records the signal; the training loop calls :func:`check` between steps and between the
 phases of its set-up, which raises ``KeyboardInterrupt`` there (the loop turns it into
-:class:`~diloco_core.loop.Interrupted`, one line saying how to go on). A second signal
+:class:`~diloco_core.run.loop.Interrupted`, one line saying how to go on). A second signal
 raises at once. A save that is running when the signal comes is finished first, so an
 interrupted run reports the step of its newest checkpoint.
 
 In a run over several processes, a stop must be agreed: the processes stop at the same step,
 or one would wait for another in a collective. There JAX's preemption service takes SIGTERM
-(see :func:`diloco_core.processes.stop_agreed`), and :func:`forward` makes a first SIGINT a
+(see :func:`diloco_core.devices.processes.stop_agreed`), and :func:`forward` makes a first SIGINT a
 SIGTERM to this process, so that Ctrl-C takes the same path.
 
 The Python API keeps Python's default behaviour (Ctrl-C raises where it lands); :func:`check`

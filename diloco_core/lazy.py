@@ -2,7 +2,7 @@
 
 ``diloco_core`` and ``analysis`` re-export names from modules that pull in JAX. With
 :func:`lazy_exports` (PEP 562's module ``__getattr__``) a name's module is imported when the
-name is first used, so ``import diloco_core.validity`` or ``import analysis`` stays light.
+name is first used, so ``import diloco_core.spec.validity`` or ``import analysis`` stays light.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def lazy_exports(package: str, table: dict[str, str], namespace: dict,
     ...
     AttributeError: module 'pkg' has no attribute 'cbrt'
     >>> import diloco_core
-    >>> diloco_core.wire_formats.SCALE_BITS  # a submodule loads on first use too
+    >>> diloco_core.spec.wire_formats.SCALE_BITS  # a submodule loads on first use too
     32
   """
   def __getattr__(name: str):
@@ -44,7 +44,7 @@ def lazy_exports(package: str, table: dict[str, str], namespace: dict,
       value = getattr(importlib.import_module(module), name)
     elif modules and name in modules:
       value = importlib.import_module(modules[name])
-    else:  # a submodule, as after an eager import of the package (``diloco_core.fragments``)
+    else:  # a submodule, as after an eager import of the package (``diloco_core.algorithm.fragments``)
       try:
         value = importlib.import_module(f"{package}.{name}")
       except ModuleNotFoundError as e:

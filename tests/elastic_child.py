@@ -1,5 +1,5 @@
 """One process of an elastic exchange (tests/test_membership.py): a toy run over
-:class:`diloco_core.membership.Membership`, printed as one JSON line per sync.
+:class:`diloco_core.runtime.membership.Membership`, printed as one JSON line per sync.
 
 Usage: ``python elastic_child.py COORDINATOR PROCESSES RANK HEARTBEAT [DIE_AT]``.
 
@@ -27,7 +27,8 @@ HEAL_DELAY = 2
 def main():
   coordinator, processes, rank, heartbeat = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
   die_at = int(sys.argv[5]) if len(sys.argv) > 5 else None
-  from diloco_core import membership, processes as procs
+  from diloco_core.runtime import membership
+  from diloco_core.devices import processes as procs
   procs.initialize_distributed(coordinator, processes, rank, join_timeout=120, elastic_heartbeat=heartbeat)
 
   class Dying(membership.Membership):

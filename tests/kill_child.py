@@ -14,8 +14,8 @@ import time
 
 
 def main():
-  from diloco_core import link
-  from diloco_core.cli import main as train_main
+  from diloco_core.runtime import link
+  from diloco_core.run.cli import main as train_main
   kills = dict(zip(os.environ.get("KILL_RANK", "1").split(","), os.environ.get("KILL_AT_STEP", "10").split(",")))
   if os.environ["JAX_PROCESS_ID"] in kills:
     at = f"@ step {kills[os.environ['JAX_PROCESS_ID']]}"

@@ -12,8 +12,8 @@ import time
 
 
 def main():
-  from diloco_core import background
-  from diloco_core.cli import main as train_main
+  from diloco_core.runtime import background
+  from diloco_core.run.cli import main as train_main
   if os.environ["JAX_PROCESS_ID"] == os.environ.get("LATE_RANK", "1"):
     step, late = background.Background.step, [float(os.environ.get("LATE_S", "8"))]
 

@@ -13,8 +13,8 @@ KILL_SAVE_STEP, KILL_DELAY_S = 40, 0.05
 
 
 def main():
-  from diloco_core import checkpoint
-  from diloco_core.cli import main as train_main
+  from diloco_core.store import checkpoint
+  from diloco_core.run.cli import main as train_main
   if os.environ["JAX_PROCESS_ID"] == "1":
     save = checkpoint.CheckpointWriter.save
 

@@ -7,7 +7,7 @@ import pytest
 from analysis import __main__ as cli
 from analysis import plan as pl
 from analysis.planning.hardware import HardwareSpec
-from diloco_core.model_config import ModelConfig
+from diloco_core.spec.model_config import ModelConfig
 
 # N = 2 * 10 * 8 (embeddings, head) + 2 * 656 (layers) + 8 (final norm) = 1480; fragment 0
 # (everything outside the layers) = 168. FLOPs per token at T = 4: 6 * (2 * 640 + 80) matmul
@@ -130,9 +130,9 @@ def test_every_candidate_is_a_valid_trainer_config(model):
 
 
 def test_candidates_follow_the_trainers_schedule_rules():
-  # Every candidate passes diloco_core.validity.check_schedule with the model's L, as the
+  # Every candidate passes diloco_core.spec.validity.check_schedule with the model's L, as the
   # trainer's configs do; the table is candidate_table's, which the roofline command uses.
-  from diloco_core.validity import check_schedule
+  from diloco_core.spec.validity import check_schedule
   cands = pl.candidates(TINY.n_layers)
   for method, h, p, tau in cands:
     assert check_schedule(h, p, tau, num_layers=TINY.n_layers) == (h, p, tau)
@@ -249,7 +249,7 @@ def test_moe_plan_computes_with_active_params_and_sends_total_params():
   """Qwen3-30B-A3B: the step time follows the 3.4B routed params, the bytes the 30.5B stored."""
   from analysis.planning.hardware import get_hardware
   from analysis.planning.models import get_model
-  from diloco_core.model_config import flops_per_token, param_count
+  from diloco_core.spec.model_config import flops_per_token, param_count
   cfg, hw = get_model("qwen3-30b-a3b"), get_hardware("v5p")
   p = pl.plan_run("qwen3-30b-a3b", "v5p", slices=2, chips_per_slice=64, seq_len=4096,
                   global_batch_tokens=2**21, link_gbps=100, mfu=0.5)
@@ -272,7 +272,7 @@ def test_moe_plan_computes_with_active_params_and_sends_total_params():
     (100.0, "--algorithm streaming --replicas 2 --sync-every 1000 --fragments 2 --overlap 0 --compression bf16"),
 ])
 def test_train_args_are_the_trainers_options_for_the_choice(link, expected):
-  from diloco_core.cli import build_parser, config_from_args
+  from diloco_core.run.cli import build_parser, config_from_args
   p = toy_plan(link * (1 + 1e-12))
   argv = p.train_args()
   assert " ".join(argv) == expected

@@ -11,8 +11,8 @@ from analysis import hardware
 from analysis import memory
 from analysis import models
 from analysis import roofline as rl
-from diloco_core.model_config import ModelConfig
-from diloco_core.model_config import param_count
+from diloco_core.spec.model_config import ModelConfig
+from diloco_core.spec.model_config import param_count
 
 TINY = ModelConfig(vocab_size=10, d_model=8, n_layers=2, n_heads=2, d_ff=16)  # N = 1480
 HW = {name: hardware.get_hardware(name) for name in ("v5e", "v5p", "h100")}
@@ -178,7 +178,7 @@ def test_diloco_and_streaming_critical_batches():
 
 
 def test_schedule_rules_are_the_trainers():
-  # H = 10, P = 3 is refused as the trainer refuses it (diloco_core.validity), not rounded.
+  # H = 10, P = 3 is refused as the trainer refuses it (diloco_core.spec.validity), not rounded.
   msg = (r"sync_every \(H=10\) must be a multiple of fragments \(P=3\): choose H in \{9, 12, "
          r"\.\.\.\} or P among the divisors of 10 \[1, 2, 5, 10\]\.")
   with pytest.raises(ValueError, match=msg):

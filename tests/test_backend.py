@@ -1,4 +1,4 @@
-"""diloco_core.backend: per-backend defaults, attention kernel choice, determinism flag; device peaks."""
+"""diloco_core.devices.backend: per-backend defaults, attention kernel choice, determinism flag; device peaks."""
 
 import dataclasses
 import os
@@ -10,7 +10,7 @@ import pytest
 
 from analysis.planning.hardware import HARDWARE, hardware_for_device_kind
 from diloco_core import ModelConfig, get_preset
-from diloco_core import backend
+from diloco_core.devices import backend
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FLAG = "--xla_gpu_deterministic_ops=true"

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from diloco_core import DiLoCoConfig, TrainConfig
-from diloco_core.background import TOLERANCE, TRACE_FILE, Background
-from diloco_core.loop import train
+from diloco_core.runtime.background import TOLERANCE, TRACE_FILE, Background
+from diloco_core.run.loop import train
 from tiny_run import metrics_rows, tiny
 
 CASES = {  # DiLoCo (4-bit payloads, error feedback), Streaming, eager: M = 2, and M = 4 (M > 2)
@@ -105,7 +105,7 @@ def test_the_trace_says_who_took_part_in_each_sync(pairs):
 def test_random_drops_recorded_in_the_trace_replay_as_a_schedule_in_step(tmp_path):
   """drop_prob in the background runtime; its trace, as a drop_schedule, replayed in-step: the
   same metrics and final state, bit for bit (what an elastic run's record must allow)."""
-  from diloco_core.drops import schedule_from_trace
+  from diloco_core.run.drops import schedule_from_trace
   kw = dict(algo="streaming", fragments=2, sync_every=4, overlap=1, steps=16, log_every=2, eval_every=8)
   algo = kw.pop("algo")
   live = train(tiny(algo, communication="background", drop_prob=0.4, seed=3, out=str(tmp_path / "bg"), **kw))
@@ -155,10 +155,10 @@ def test_the_phases_hold_no_collective():
   """Two replicas on a mesh of two devices: the inner step, the payload, settle and merge
   programs are compiled over the run's mesh, as the in-step program is, but hold no collective,
   so a process runs its part of each without waiting for the others (only the link moves data)."""
-  from diloco_core.communication import make_communication
-  from diloco_core.model import init_model, train_loss
-  from diloco_core.programs import make_algorithm
-  from diloco_core.backend import resolve_model_config
+  from diloco_core.runtime.communication import make_communication
+  from diloco_core.model.transformer import init_model, train_loss
+  from diloco_core.run.programs import make_algorithm
+  from diloco_core.devices.backend import resolve_model_config
   cfg = tiny(communication="background", mesh="diloco=2,data=1", sync_every=1)
   model_cfg = resolve_model_config(cfg.model_config(vocab_size=16))
   apply_fn, params = init_model(model_cfg, 0)
@@ -195,7 +195,7 @@ WIRES = {  # the wire formats, packed on the link: dense, in blocks, top-k (floa
     "bf16": dict(compression="bf16"), "fp8-blocks": dict(compression="fp8", compression_block=16),
     "fp4": dict(compression="fp4", error_feedback=True), "e3m0-topk": dict(compression="e3m0", topk=3, topk_chunk=8),
     "bf16-topk": dict(compression="bf16", topk=5, topk_chunk=16),
-    # the reduction that scales: the link averages and re-quantizes (diloco_core.reduce_scatter)
+    # the reduction that scales: the link averages and re-quantizes (diloco_core.wire.reduce_scatter)
     "fp4-reduce-scatter": dict(compression="fp4", error_feedback=True, reduction="reduce-scatter"),
     "none-reduce-scatter": dict(reduction="reduce-scatter"),
 }

@@ -18,9 +18,9 @@ import optax
 import pytest
 
 from diloco_core import DiLoCo, DiLoCoConfig, export_params, init_model, load_params
-from diloco_core import checkpoint as ckpt
-from diloco_core.divergence import Watch
-from diloco_core.model_config import get_preset
+from diloco_core.store import checkpoint as ckpt
+from diloco_core.run.divergence import Watch
+from diloco_core.spec.model_config import get_preset
 from diloco_core.train import main
 
 BASE = ["--model", "tiny", "--batch-size", "2", "--seq-len", "8", "--data-vocab", "16", "--data-order", "1",
@@ -416,7 +416,7 @@ def test_damaged_evidence_is_kept_and_the_warning_is_clean(tmp_path, finished, c
 
 @pytest.mark.parametrize("how", ["sigint", "sigterm", "sigterm-during-save"])
 def test_interrupt_one_line_and_resume_works(how, tmp_path, monkeypatch, capsys):
-  import diloco_core.loop as loop
+  import diloco_core.run.loop as loop
   real, real_save = loop.participation, ckpt.CheckpointWriter.save
 
   def interrupt_at_3(cfg, t):
@@ -450,7 +450,7 @@ def test_interrupt_one_line_and_resume_works(how, tmp_path, monkeypatch, capsys)
 
 @pytest.mark.parametrize("how", ["file-in-place", "removed"])
 def test_checkpoints_removed_during_a_run_one_line(how, tmp_path, monkeypatch, capsys):
-  import diloco_core.loop as loop
+  import diloco_core.run.loop as loop
   real = loop._checkpoint_meta
 
   def remove_then_meta(cfg, t, log, *args):  # `rm -rf OUT/checkpoints` (and a file in its place) mid-run
@@ -514,7 +514,7 @@ def test_api_step_inputs_are_checked_at_the_boundary():
 
 def test_out_dir_removed_by_another_processs_probe_during_the_check_is_not_an_error(tmp_path, monkeypatch):
   # Multi-process runs: process 0 may create and remove `out` (its probe) while process 1 checks it.
-  from diloco_core import out_dir as rc
+  from diloco_core.store import out_dir as rc
   out, real = tmp_path / "run", rc._can_write_in
   out.mkdir()
 
@@ -533,7 +533,7 @@ def test_processes_checking_one_new_out_at_once_all_pass(tmp_path):
   # 0) creates and removes it to probe it; the others must never see it half made (a CI build once
   # failed with "is a file" from process 1 while process 0's probe removed the directory).
   import threading
-  from diloco_core import out_dir as rc
+  from diloco_core.store import out_dir as rc
   errors = []
   for r in range(100):
     out = str(tmp_path / f"r{r}" / "run")
@@ -556,7 +556,7 @@ def test_processes_checking_one_new_out_at_once_all_pass(tmp_path):
 
 
 def test_a_process_that_does_not_write_never_creates_out(tmp_path):
-  from diloco_core import out_dir as rc
+  from diloco_core.store import out_dir as rc
   rc.check_out_dir(str(tmp_path / "a" / "run"), overwrite=False, probe=False)
   assert os.listdir(tmp_path) == []
   with pytest.raises(ValueError, match="is a file; give a directory path"):
@@ -565,7 +565,7 @@ def test_a_process_that_does_not_write_never_creates_out(tmp_path):
 
 # ---- data files that change, under a run and between a run and its resume --------------------
 def test_data_changed_during_the_run_and_before_resume(tmp_path, monkeypatch, capsys):
-  import diloco_core.loop as loop
+  import diloco_core.run.loop as loop
   ids = np.random.default_rng(0).integers(0, 16, 4000)
   data = npy(tmp_path / "ids.npy", ids)
   run = tmp_path / "run"
@@ -613,7 +613,7 @@ COMPARE = ["--model", "tiny", "--batch-size", "2", "--seq-len", "8", "--steps", 
 
 
 def test_compare_errors_and_interrupt_are_one_line(tmp_path, monkeypatch, capsys):
-  import diloco_core.loop as loop
+  import diloco_core.run.loop as loop
   from diloco_core.compare import compare_main
   assert compare_main(["--algorithm", "dp"]) == 2
   err = capsys.readouterr().err

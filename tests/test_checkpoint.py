@@ -16,9 +16,9 @@ import optax
 import pytest
 
 from diloco_core import DataConfig, DataParallel, DiLoCo, DiLoCoConfig, load_params
-from diloco_core import checkpoint as ckpt
-from diloco_core import tree_io
-from diloco_core.fields import must_match_fields
+from diloco_core.store import checkpoint as ckpt
+from diloco_core.store import tree_io
+from diloco_core.spec.fields import must_match_fields
 from diloco_core.train import TrainConfig, build_parser, config_from_args, main, participation, train
 from tiny_run import tiny
 
@@ -114,7 +114,7 @@ def test_resume_after_sigkill_is_bit_exact(algo, tmp_path, compilation_cache):
 def test_restore_gives_the_same_pytree_bit_for_bit(tmp_path):
   cfg = config("streaming", checkpoint_every=STEPS, out=str(tmp_path))
   result = train(cfg)
-  from diloco_core.model import init_model, lm_loss
+  from diloco_core.model.transformer import init_model, lm_loss
   from diloco_core.train import make_algorithm
   apply_fn, params = init_model(cfg.model_config(vocab_size=16), cfg.seed)
   algo = make_algorithm(cfg, lambda p, t: lm_loss(apply_fn, p, t), params)
@@ -217,8 +217,8 @@ def test_non_finite_loss_stops_naming_step_and_replica_and_keeps_the_last_checkp
 
 
 def test_non_finite_params_name_the_step_and_replica():
-  from diloco_core.cli import to_flags
-  from diloco_core.loop import check_finite
+  from diloco_core.run.cli import to_flags
+  from diloco_core.run.loop import check_finite
   algo = DiLoCo(quad, optax.sgd(0.5), DiLoCoConfig(replicas=3, sync_every=2))
   state = algo.init(jnp.zeros(2))
   ok = np.zeros((2, 3))
@@ -345,7 +345,7 @@ def test_trainer_drop_schedule_records_participants_and_changes_only_later_rows(
 def test_asyncio_logs_of_failed_orbax_reads_are_dropped_and_others_kept():
   import logging
   import sys as _sys
-  from diloco_core import checkpoint as ck
+  from diloco_core.store import checkpoint as ck
 
   def record_of(filename):
     try:

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from analysis import claims, experiments
-from diloco_core.config import DiLoCoConfig
-from diloco_core.data import DataConfig
+from diloco_core.algorithm.config import DiLoCoConfig
+from diloco_core.data.sources import DataConfig
 from diloco_core.train import TrainConfig, train
 
 

@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from analysis import experiments
-from diloco_core import main_job
+from diloco_core.run import main_job
 from diloco_core.compare import compare_main
 
 

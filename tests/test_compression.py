@@ -1,4 +1,4 @@
-"""Tests for diloco_core.compression: value sets, rounding, scaling, error feedback, bits."""
+"""Tests for diloco_core.wire.compression: value sets, rounding, scaling, error feedback, bits."""
 
 import math
 
@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from diloco_core import compression as C
+from diloco_core.wire import compression as C
 
 SCALED = ("fp8", "fp4", "e3m0")
 

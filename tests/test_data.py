@@ -1,4 +1,4 @@
-"""Tests for diloco_core.data: exact entropies, determinism, sharding (file data: test_grain_data.py)."""
+"""Tests for diloco_core.data.sources: exact entropies, determinism, sharding (file data: test_grain_data.py)."""
 
 import json
 import math
@@ -6,10 +6,10 @@ import math
 import numpy as np
 import pytest
 
-from diloco_core import data as data_module
-from diloco_core.data import DataConfig
-from diloco_core.data import MarkovSource
-from diloco_core.data import make_dataset
+from diloco_core.data import sources as data_module
+from diloco_core.data.sources import DataConfig
+from diloco_core.data.sources import MarkovSource
+from diloco_core.data.sources import make_dataset
 
 
 def _dense(src: MarkovSource) -> np.ndarray:

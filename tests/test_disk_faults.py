@@ -10,9 +10,9 @@ import sys
 import orbax.checkpoint as ocp
 import pytest
 
-from diloco_core import checkpoint as ckpt
-from diloco_core import disk_space
-from diloco_core import metrics_log
+from diloco_core.store import checkpoint as ckpt
+from diloco_core.store import disk_space
+from diloco_core.run import metrics_log
 from diloco_core.train import main
 
 BASE = ["--model", "tiny", "--batch-size", "2", "--seq-len", "8", "--data-vocab", "16", "--data-order", "1",

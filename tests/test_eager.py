@@ -11,8 +11,8 @@ import optax
 import pytest
 
 from diloco_core import DiLoCo, DiLoCoConfig
-from diloco_core import checkpoint as ckpt
-from diloco_core.fields import must_match_fields
+from diloco_core.store import checkpoint as ckpt
+from diloco_core.spec.fields import must_match_fields
 
 L = 2  # stacked layers: with P = 3 (strided) fragment 1 is layer 0, fragment 2 is layer 1
 MASK = {"emb": False, "layers": True}

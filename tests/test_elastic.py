@@ -13,8 +13,8 @@ import jax
 import numpy as np
 import pytest
 
-from diloco_core.drops import rejoins_from_trace, schedule_from_trace
-from diloco_core.elastic import HEARTBEAT_S
+from diloco_core.run.drops import rejoins_from_trace, schedule_from_trace
+from diloco_core.runtime.elastic import HEARTBEAT_S
 from tiny_run import metrics_rows, xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -83,7 +83,7 @@ def _replay(out, replay, rank=0) -> list[dict]:
                       "--out", str(replay)], env=dict(ENV, XLA_FLAGS=xla_flags(3)), capture_output=True, text=True,
                      timeout=300)
   assert r.returncode == 0, r.stderr[-3000:]
-  from diloco_core.params_io import load_params
+  from diloco_core.store.params_io import load_params
   a, b = (jax.tree.leaves(load_params(os.path.join(d, "final_params"))) for d in (out, replay))
   assert all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(a, b, strict=True))
   return metrics_rows(os.path.join(replay, "metrics.jsonl"))
@@ -233,7 +233,7 @@ def test_losing_its_own_coordinator_stops_the_run_in_one_line_and_it_resumes(tmp
   flags = [*FLAGS, "--elastic", "--checkpoint-every", "4", "--out", out]
   r = _launch(*THREE, "--own-coordinator", "--kill-at", "coordinator:10", "--", *flags)
   assert r.returncode == 128 + signal.SIGKILL, r.stderr[-3000:]
-  from diloco_core.checkpoint import finalized_steps
+  from diloco_core.store.checkpoint import finalized_steps
   last = max(finalized_steps(out))
   assert last in (8, 12)  # the kill lands as step 10 is computed (maybe a step or two later)
   assert r.stderr.strip().splitlines()[-1] == (

@@ -4,12 +4,14 @@ import dataclasses
 
 import pytest
 
-from diloco_core import CONFIG_HYPERPARAMS, DiLoCoConfig, fields
-from diloco_core.checkpoint import check_compatible
-from diloco_core.cli import build_parser, config_from_args, to_flags
-from diloco_core.model import init_model, lm_loss
-from diloco_core.programs import inner_hyperparams, make_algorithm, program_key
-from diloco_core.run_config import TrainConfig
+from diloco_core import CONFIG_HYPERPARAMS, DiLoCoConfig
+
+from diloco_core.spec import fields
+from diloco_core.store.checkpoint import check_compatible
+from diloco_core.run.cli import build_parser, config_from_args, to_flags
+from diloco_core.model.transformer import init_model, lm_loss
+from diloco_core.run.programs import inner_hyperparams, make_algorithm, program_key
+from diloco_core.run.config import TrainConfig
 from tiny_run import tiny
 
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from array_record.python.array_record_module import ArrayRecordWriter
 
-from diloco_core.data import DataConfig, make_dataset
-from diloco_core.files import open_tokens
-from diloco_core.grain_data import FileDataset
+from diloco_core.data.sources import DataConfig, make_dataset
+from diloco_core.data.files import open_tokens
+from diloco_core.data.grain_data import FileDataset
 from diloco_core.train import main
 
 
@@ -61,7 +61,7 @@ def test_windows_are_the_hand_computed_token_ranges(tmp_path):
 
 
 def test_files_are_read_on_demand_not_loaded_or_mapped(tmp_path):
-  from diloco_core.files import FileSegment
+  from diloco_core.data.files import FileSegment
   ids = npy(tmp_path / "ids.npy", np.arange(1000, dtype=np.int32))
   text = tmp_path / "t.txt"
   text.write_bytes(b"hello world " * 50)
@@ -74,7 +74,7 @@ def test_files_are_read_on_demand_not_loaded_or_mapped(tmp_path):
 
 @pytest.mark.parametrize("how", ["shrink", "vanish"])
 def test_a_file_that_shrinks_or_vanishes_while_read_is_one_error_not_sigbus(tmp_path, how):
-  from diloco_core.files import DataChangedError
+  from diloco_core.data.files import DataChangedError
   path = npy(tmp_path / "ids.npy", np.arange(4000, dtype=np.int32))
   ds = dataset(path, workers=2)
   ds.train_batch(0)

@@ -9,7 +9,7 @@ import optax
 import pytest
 
 from diloco_core import DataParallel, DiLoCo, DiLoCoConfig
-from diloco_core.programs import PROGRAMS
+from diloco_core.run.programs import PROGRAMS
 from diloco_core.train import clear_program_cache, program_key, train
 from tiny_run import tiny
 

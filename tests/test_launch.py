@@ -12,7 +12,9 @@ import jax
 import numpy as np
 import pytest
 
-from diloco_core import launch, shaped_link
+from diloco_core.launch import supervisor as launch
+
+from diloco_core.launch import shaped_link
 from tiny_run import metrics_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -110,7 +112,7 @@ def launched(tmp_path_factory):
 
 def _outputs(run):
   """(metrics rows, final params' leaves, summary) of a run directory."""
-  from diloco_core.params_io import load_params
+  from diloco_core.store.params_io import load_params
   params = [np.asarray(x) for x in jax.tree.leaves(load_params(str(run / "final_params")))]
   return metrics_rows(run / "metrics.jsonl"), params, json.load(open(run / "summary.json"))
 
@@ -168,7 +170,7 @@ def test_another_mesh_agrees_within_tolerance(launched):
   """Both replicas on one device (the in-step program batches them) against one replica per
   device: XLA compiles other kernels, so the numbers agree within TOLERANCE only; steps,
   tokens and bytes exactly."""
-  from diloco_core.background import TOLERANCE
+  from diloco_core.runtime.background import TOLERANCE
 
   def close(a, b):
     np.testing.assert_allclose(np.array(a, float), np.array(b, float), rtol=TOLERANCE, atol=TOLERANCE)
@@ -191,7 +193,7 @@ def test_a_killed_process_stops_the_other_and_the_job_resumes(launched, tmp_path
   entering, that all-reduce): every process is gone within 60 s, the message names the lost
   process and the newest finalized checkpoint, and ``--resume`` of the whole job ends where the
   uninterrupted job did."""
-  from diloco_core.checkpoint import finalized_steps
+  from diloco_core.store.checkpoint import finalized_steps
   out = str(tmp_path / "job")
   flags = ["--processes", "2", "--devices-per-process", "1"]
   train_flags = [*BACKGROUND, "--communication", "background", "--out", out]
@@ -233,7 +235,7 @@ def test_four_processes_equal_in_step_on_the_same_mesh(tmp_path, case):
   packed payload to the link and receives the three others'. Reduce-scatter: each hands one
   payload's worth (its rows of the others' chunks, its reduced chunk) and receives 2 (N - 1) / N
   = 1.5 of one, exactly so added over the four processes (the chunks' sizes add up to one row)."""
-  from diloco_core.background import TOLERANCE
+  from diloco_core.runtime.background import TOLERANCE
   runs = {"in-step": (["--processes", "1", "--devices-per-process", "4"], ["--mesh", "diloco=4,data=1"]),
           "background": (["--processes", "4", "--devices-per-process", "1"], ["--communication", "background"])}
   for name, (launcher, extra) in runs.items():
@@ -350,7 +352,7 @@ RUNTIMES = {"background": ["--communication", "background", "--algorithm", "stre
 
 def _start(out, runtime, module="diloco_core.train"):
   """A long two-process run; returns once its first checkpoint is complete."""
-  from diloco_core.checkpoint import finalized_steps
+  from diloco_core.store.checkpoint import finalized_steps
   p = subprocess.Popen([sys.executable, "-m", "diloco_core.launch", "--processes", "2", "--devices-per-process", "1",
                         "--module", module, "--", *LONG, *RUNTIMES[runtime], "--out", str(out)],
                        env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -464,7 +466,7 @@ def test_a_gloo_failure_reported_as_value_error_is_a_lost_process(monkeypatch):
   # jaxlib raises a gloo collective that lost its peer as a ValueError with an XLA status (seen on
   # a loaded 2-core CI machine, in-step): it is a lost process, not a bad option.
   import jax
-  from diloco_core import processes
+  from diloco_core.devices import processes
   monkeypatch.setattr(jax, "process_count", lambda: 2)
   gloo = ValueError("UNKNOWN: Gloo AllGather failed: [external/gloo/gloo/transport/tcp/pair.cc:538] Read error"
                     " [127.0.0.1]:44239: Connection reset by peer")
@@ -512,7 +514,7 @@ def test_in_step_over_processes_needs_a_mesh_over_every_device(launcher, train, 
 def test_the_coordination_service_of_its_own_refuses_bad_options_and_serves_until_stopped(capsys):
   """``python -m diloco_core.coordination_service``: bad counts are one line; started, it says
   where it listens, and SIGTERM ends it (exit 0). (Trainers using it: test_elastic.py.)"""
-  from diloco_core import coordination_service
+  from diloco_core.launch import coordination_service
   assert coordination_service.main(["--address", "127.0.0.1:1", "--processes", "0"]) == 2
   assert capsys.readouterr().err == "error: --processes must be an integer >= 1, got 0.\n"
   address = f"127.0.0.1:{launch.free_port()}"

@@ -93,12 +93,12 @@ def test_no_private_name_is_imported_across_modules():
 
 def test_only_diloco_py_touches_the_private_parts_of_diloco():
   """The runtimes use DiLoCo's public phase contract, never its private names."""
-  import diloco_core.diloco as diloco_module
+  import diloco_core.algorithm.diloco as diloco_module
   private = {n for n in vars(diloco_module.DiLoCo) if n.startswith("_") and not n.startswith("__")}
   private |= {"_kinds", "_outer_kinds", "_treedef"}  # instance attributes set in DiLoCo
   users = {}
   for name, path in modules().items():
-    if name == "diloco_core.diloco":
+    if name == "diloco_core.algorithm.diloco":
       continue
     for node in ast.walk(ast.parse(path.read_text())):
       if isinstance(node, ast.Attribute) and node.attr in private and not (

@@ -14,8 +14,8 @@ import time
 import numpy as np
 import pytest
 
-from diloco_core import launch
-from diloco_core.membership import Agreement
+from diloco_core.launch import supervisor as launch
+from diloco_core.runtime.membership import Agreement
 from elastic_child import HEAL_DELAY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -156,7 +156,7 @@ def test_a_replacement_takes_part_on_a_thread_until_its_heal():
   """The leader names two agreements, then the heal: the replacement's thread takes part in both
   with an empty payload (no contribution) and heal() gives the leader's data and the key of its
   first agreement as a member; its readiness is a key of its own incarnation."""
-  from diloco_core.membership import Membership, PREFIX, _frame
+  from diloco_core.runtime.membership import Membership, PREFIX, _frame
   store = _Store({0: 41})
   store.kv[f"{PREFIX}/started"] = b"1"
   m = Membership(client=store)
@@ -180,7 +180,7 @@ def test_a_replacement_takes_part_on_a_thread_until_its_heal():
 
 
 def test_a_replacement_whose_run_ended_says_so():
-  from diloco_core.membership import Membership, MembershipError, PREFIX
+  from diloco_core.runtime.membership import Membership, MembershipError, PREFIX
   store = _Store({0: 7})
   store.kv[f"{PREFIX}/started"] = b"1"
   m = Membership(client=store)

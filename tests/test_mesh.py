@@ -13,7 +13,7 @@ import optax
 import pytest
 
 from diloco_core import DataConfig, DiLoCo, DiLoCoConfig
-from diloco_core.mesh import check_mesh, make_mesh, parse_mesh
+from diloco_core.devices.mesh import check_mesh, make_mesh, parse_mesh
 from diloco_core.train import TrainConfig, train
 from tiny_run import xla_flags
 

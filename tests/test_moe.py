@@ -10,11 +10,11 @@ import pytest
 
 from diloco_core import (DataParallel, DiLoCoConfig, Fragments, ModelConfig, flops_per_token, get_preset,
                          init_model, layer_mask, lm_loss, param_count, resolve_model_config)
-from diloco_core import model as M
-from diloco_core.cli import main as cli_main
-from diloco_core import moe
-from diloco_core.model import train_loss
-from diloco_core.run_config import TrainConfig
+from diloco_core.model import transformer as M
+from diloco_core.run.cli import main as cli_main
+from diloco_core.model import moe
+from diloco_core.model.transformer import train_loss
+from diloco_core.run.config import TrainConfig
 from diloco_core.train import train
 from tiny_run import tiny
 

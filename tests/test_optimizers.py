@@ -8,12 +8,14 @@ import numpy as np
 import optax
 import pytest
 
-from diloco_core import DiLoCo, DiLoCoConfig, schedule_table, tree_io
-from diloco_core.model import init_model, muon_dimensions
-from diloco_core.model_config import get_preset
-from diloco_core.optimizers import (ADAM_BETAS, MUON_CONSISTENT_RMS, MUON_NS_STEPS,
+from diloco_core import DiLoCo, DiLoCoConfig, schedule_table
+
+from diloco_core.store import tree_io
+from diloco_core.model.transformer import init_model, muon_dimensions
+from diloco_core.spec.model_config import get_preset
+from diloco_core.algorithm.optimizers import (ADAM_BETAS, MUON_CONSISTENT_RMS, MUON_NS_STEPS,
                                     inner_optimizer_factory, outer_optimizer_factory)
-from diloco_core.programs import program_key
+from diloco_core.run.programs import program_key
 from diloco_core.train import train
 from tiny_run import tiny
 

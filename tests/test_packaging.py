@@ -102,8 +102,8 @@ def test_the_scan_sees_the_known_imports():
   found = third_party_imports()
   # scipy (the Markov source's stationary distribution) and orbax (checkpoints) are the two
   # that a hand-kept list most easily forgets; the scan must see them where they are.
-  assert "diloco_core/markov.py" in found["scipy"]
-  assert "diloco_core/checkpoint.py" in found["orbax"]
+  assert "diloco_core/data/markov.py" in found["scipy"]
+  assert "diloco_core/store/checkpoint.py" in found["orbax"]
   assert {"jax", "numpy", "optax", "drjax", "pandas", "matplotlib"} <= set(found)
 
 
@@ -158,5 +158,5 @@ def test_the_trainer_imports_nothing_from_analysis_and_its_command_lines_stay_ap
     bad = [n for n in _imports(path) if n == "analysis" or n.startswith("analysis.")]
     assert not bad, f"{os.path.basename(path)} imports {bad}"
   cli, job = _imports(os.path.join(root, "cli.py")), _imports(os.path.join(root, "main_job.py"))
-  assert not {n for n in cli if n.startswith(("diloco_core.compare", "diloco_core.main_job"))}, cli
-  assert not {n for n in job if n.startswith(("diloco_core.cli", "diloco_core.compare"))}, job
+  assert not {n for n in cli if n.startswith(("diloco_core.compare", "diloco_core.run.main_job"))}, cli
+  assert not {n for n in job if n.startswith(("diloco_core.run.cli", "diloco_core.compare"))}, job

@@ -20,8 +20,8 @@ import pytest
 from flax import nnx
 
 from diloco_core import DiLoCo, DiLoCoConfig, ModelConfig, get_preset, init_model, layer_mask, lm_loss
-from diloco_core import compression as C
-from diloco_core.model import Transformer, split_params
+from diloco_core.wire import compression as C
+from diloco_core.model.transformer import Transformer, split_params
 from tiny_run import xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -112,7 +112,7 @@ def test_diloco_state_with_bf16_compute_is_float32_everywhere():
 
 def _explicit_attention_block_output(cfg, params, tokens):
   """The model before fused attention: explicit float32 T x T scores, a tril mask, softmax."""
-  from diloco_core import model as M
+  from diloco_core.model import transformer as M
 
   def old_block(cfg_, x, w):
     t = x.shape[-2]
@@ -218,7 +218,7 @@ def test_bf16_quantize_is_reduce_precision_not_a_cast():
 
 _EXCESS_PRECISION_SCRIPT = textwrap.dedent("""
     import json, jax, jax.numpy as jnp, numpy as np
-    from diloco_core import compression as C
+    from diloco_core.wire import compression as C
     cases = {
         "bf16": [1 + 2.0**-8, 1 + 3 * 2.0**-8, 1 + 2.0**-8 + 2.0**-20, -(1 + 2.0**-8), 2.0**-130,
                  3.4e38, 1.0 / 3.0],

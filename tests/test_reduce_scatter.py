@@ -1,4 +1,4 @@
-"""The reduction that scales (diloco_core.reduce_scatter), its N processes played in one: the
+"""The reduction that scales (diloco_core.wire.reduce_scatter), its N processes played in one: the
 chunks cut on scaling units, the mean equal to the in-step rule's, the bytes of a ring all-reduce."""
 
 import dataclasses
@@ -8,9 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from diloco_core import DiLoCoConfig, compression
-from diloco_core.reduce_scatter import ChunkPlan, assemble, reduce_owned, requantize_mean, scatter, traffic
-from diloco_core.wire_packing import WireLayout
+from diloco_core import DiLoCoConfig
+
+from diloco_core.wire import compression
+from diloco_core.wire.reduce_scatter import ChunkPlan, assemble, reduce_owned, requantize_mean, scatter, traffic
+from diloco_core.wire.packing import WireLayout
 
 SIZES = (37, 5, 64, 1, 23)  # a fragment's leaves, of uneven sizes
 LAYOUTS = {"none": WireLayout(SIZES, "none"), "bf16": WireLayout(SIZES, "bf16"),

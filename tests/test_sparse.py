@@ -6,7 +6,13 @@ import numpy as np
 import optax
 import pytest
 
-from diloco_core import DiLoCo, DiLoCoConfig, compression, sparse, wire_formats
+from diloco_core import DiLoCo, DiLoCoConfig
+
+from diloco_core.wire import compression
+
+from diloco_core.wire import sparse
+
+from diloco_core.spec import wire_formats
 from diloco_core.train import train
 from tiny_run import tiny
 

@@ -12,7 +12,7 @@ from analysis import cpu_kind, experiments, realizations, recheck, stored, stori
 from analysis.lab.sweep_cache import cache_dir
 from analysis.lab.sweeps import run_one
 from analysis.lab.sweeps import grid
-from diloco_core.data import DataConfig
+from diloco_core.data.sources import DataConfig
 from diloco_core.train import TrainConfig
 
 _TINY = TrainConfig(model="tiny", steps=8, batch_size=2, seq_len=8, eval_every=4, log_every=4,

@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 from analysis import experiments, plots, sweep_cache, sweeps
-from diloco_core.config import DiLoCoConfig
-from diloco_core.data import DataConfig
-from diloco_core.schedule import schedule_table
+from diloco_core.algorithm.config import DiLoCoConfig
+from diloco_core.data.sources import DataConfig
+from diloco_core.spec.schedule import schedule_table
 from diloco_core.train import TrainConfig
 
 # A run that compiles and trains in a few seconds.

@@ -1,4 +1,4 @@
-"""Packed wire formats (diloco_core.wire_packing): every format's own bits, back bit for bit."""
+"""Packed wire formats (diloco_core.wire.packing): every format's own bits, back bit for bit."""
 
 import math
 
@@ -7,8 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from diloco_core import compression, wire_packing as wp
-from diloco_core.wire_formats import FORMATS
+from diloco_core.wire import compression
+
+from diloco_core.wire import packing as wp
+from diloco_core.spec.wire_formats import FORMATS
 
 SIZES = (1, 7, 64, 130, 0, 33)  # leaves of one fragment, a leaf of one element and an empty one
 

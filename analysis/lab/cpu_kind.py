@@ -15,7 +15,7 @@ import pathlib
 import platform
 import re
 
-from diloco_core.validity import check_choice
+from diloco_core.spec.validity import check_choice
 
 #: The CPU flags that change what XLA's CPU backend compiles (its instruction sets), each with
 #: the lowest ``--xla_cpu_max_isa`` level that lets XLA use it (the ladder of XLA's

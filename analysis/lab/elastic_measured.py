@@ -2,7 +2,7 @@
 synced, when it was lost, when it was healed, and what the failure cost.
 
 :func:`elastic_demo` launches Streaming DiLoCo over three processes with ``--elastic``
-(:mod:`diloco_core.elastic`) and has the launcher kill one of them (``--kill-at``, SIGKILL)
+(:mod:`diloco_core.runtime.elastic`) and has the launcher kill one of them (``--kill-at``, SIGKILL)
 during the run and start it again (``--restart``): the replacement rejoins.
 :func:`process_timeline` reads what each process did from the run's traces (steps computed,
 waits, syncs and who took part in each), and the background-communication page draws it

@@ -12,8 +12,8 @@ from typing import Any
 
 from analysis.lab.sweeps import grid
 from analysis.lab.sweeps import with_values
-from diloco_core.config import DiLoCoConfig
-from diloco_core.validity import check_choice
+from diloco_core.algorithm.config import DiLoCoConfig
+from diloco_core.spec.validity import check_choice
 
 #: The two sizes of the docs sweeps, ``"cpu"`` (what the docs build runs on 2 CPU cores)
 #: and ``"accelerator"`` (a larger setting the notebooks pick on a TPU or GPU).
@@ -44,7 +44,7 @@ def base_config(scale: str = "cpu", **changes):
     A TrainConfig.
   """
   # Imported here: diloco_core.train pulls in JAX, which the docs configure first.
-  from diloco_core.data import DataConfig
+  from diloco_core.data.sources import DataConfig
   from diloco_core.train import TrainConfig
   check_choice("scale", scale, SCALES)
   if scale == "cpu":
@@ -92,12 +92,12 @@ def methods_configs(scale: str = "cpu") -> list:
   """DP vs DiLoCo vs Streaming DiLoCo, one seed: the main job's runs (``make demo``).
 
   CPU: exactly what ``python -m diloco_core.compare`` trains on CPU
-  (:func:`diloco_core.main_job.default_configs`): the ``small`` preset on the V = 16 language,
+  (:func:`diloco_core.run.main_job.default_configs`): the ``small`` preset on the V = 16 language,
   M = 4 × 8 sequences × 32 tokens, 1,500 steps, H = 30 (50 outer steps), Streaming P = 5, τ = 1.
   Accelerator: the ``base`` preset (L = 8), 3,000 steps, H = 30, P = 5, τ = 1.
   """
-  from diloco_core import main_job
-  from diloco_core.backend import default_demo_steps
+  from diloco_core.run import main_job
+  from diloco_core.devices.backend import default_demo_steps
   if scale == "cpu":
     runs = main_job.default_configs(steps=default_demo_steps("cpu"))
   else:

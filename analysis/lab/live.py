@@ -8,7 +8,7 @@ trained for three sync periods of :math:`p = \\max(H, 10)` steps, logging after 
 reads off its compile time :math:`c`, the time of one step :math:`s` (the second period: one
 sync included, warm) and of one evaluation :math:`e` (the third period's excess). With
 :math:`G` distinct compiled programs among the runs to train, run :math:`i` taking
-:math:`S_i` steps of :math:`f_i` FLOPs each (:func:`diloco_core.model_config.flops_per_token`,
+:math:`S_i` steps of :math:`f_i` FLOPs each (:func:`diloco_core.spec.model_config.flops_per_token`,
 the probe's :math:`f_0`) and evaluating every :math:`E_i` steps,
 
 .. math:: \\hat T = G\\,c + \\sum_i \\Big( S_i\\, s\\, \\frac{f_i}{f_0}
@@ -33,8 +33,8 @@ from analysis.lab.sweeps import program_groups
 from analysis.lab.sweeps import run_sweep
 from analysis.lab.sweeps import training_order
 from analysis.lab.sweeps import with_values
-from diloco_core.model_config import flops_per_token
-from diloco_core.validity import check_int
+from diloco_core.spec.model_config import flops_per_token
+from diloco_core.spec.validity import check_int
 
 #: Steps of the probe run (fewer when a run is shorter; at least H and the warmup plus one).
 PROBE_STEPS = 20
@@ -136,7 +136,7 @@ def run_flops(cfg) -> float:
 
   Examples:
     >>> from diloco_core.train import TrainConfig
-    >>> from diloco_core.model_config import get_preset
+    >>> from diloco_core.spec.model_config import get_preset
     >>> cfg = TrainConfig(model="tiny", steps=10, batch_size=2, seq_len=8)
     >>> run_flops(cfg) == 10 * cfg.algo.replicas * 2 * 8 * flops_per_token(cfg.model_config(), 8)
     True

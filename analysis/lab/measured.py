@@ -1,7 +1,7 @@
 """Measured overlap: the per-step records of a background run, summarized, beside the simulator.
 
 A run with ``communication="background"`` writes ``<out>/trace/process-<rank>.jsonl``
-(:mod:`diloco_core.background`): ``compute`` rows (a step's local programs, start and end),
+(:mod:`diloco_core.runtime.background`): ``compute`` rows (a step's local programs, start and end),
 ``wait`` rows (the main thread blocked on a fragment that had not arrived), ``transfer``
 rows (a collective on the link thread: launched, finished) and ``settle`` rows.
 :func:`summarize` turns them into the numbers the overlap benchmark (``benchmarks/overlap.py``)
@@ -137,9 +137,9 @@ def simulated(step_s: float, payload_bytes: float, rate_mbit: float, *, processe
 
 
 def can_shape() -> str | None:
-  """None when this machine can shape a link (:meth:`diloco_core.shaped_link.ShapedLink.unavailable`:
+  """None when this machine can shape a link (:meth:`diloco_core.launch.shaped_link.ShapedLink.unavailable`:
   Linux, root, iproute2, network namespaces), else why not."""
-  from diloco_core.shaped_link import ShapedLink
+  from diloco_core.launch.shaped_link import ShapedLink
   return ShapedLink.unavailable()
 
 

@@ -56,7 +56,7 @@ from analysis.lab.realizations import run_scales
 from analysis.lab.realizations import seed_spread  # noqa: F401
 from analysis.lab.realizations import stable_runs
 from analysis.lab.sweeps import run_one
-from diloco_core.validity import check_int
+from diloco_core.spec.validity import check_int
 
 #: Largest relative difference between a stored number and the same run trained again on the
 #: kind of CPU that stored it (CPU runs are deterministic there: any drift is a change of the

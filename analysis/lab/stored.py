@@ -43,7 +43,7 @@ from analysis.lab.sweep_cache import config_dict
 from analysis.lab.sweeps import SUMMARY_COLUMNS
 from analysis.lab.live import live_sweep
 from analysis.lab.sweeps import sweep_curves
-from diloco_core.validity import check_choice
+from diloco_core.spec.validity import check_choice
 
 #: Where stored experiments live (package data, so an installed copy has them too).
 RESULTS_DIR = pathlib.Path(__file__).resolve().parents[1] / "results"

@@ -36,7 +36,7 @@ from analysis.lab.sweep_cache import code_version
 from analysis.lab.sweep_cache import config_key
 from analysis.lab.sweeps import run_sweep
 from analysis.lab.sweeps import sweep_curves
-from diloco_core.validity import check_int
+from diloco_core.spec.validity import check_int
 
 
 def provenance(wall_time_s: float, runs: int, scale: str, elapsed_s: float | None = None,

@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 
 from analysis.lab.cpu_kind import max_isa
-from diloco_core.fields import non_result_fields
+from diloco_core.spec.fields import non_result_fields
 
 #: The environment variable that names the cache folder (the docs build sets it).
 CACHE_ENV = "DILOCO_SWEEPS_CACHE"
@@ -51,11 +51,12 @@ def cache_dir(path: str | os.PathLike | None = None) -> pathlib.Path:
 
 @functools.lru_cache(maxsize=1)
 def code_version() -> str:
-  """A hash of the trainer's source (``diloco_core/*.py``): part of every cache key."""
+  """A hash of the trainer's source (``diloco_core/**/*.py``): part of every cache key."""
   import diloco_core
   h = hashlib.sha256()
-  for f in sorted(pathlib.Path(diloco_core.__file__).parent.glob("*.py")):
-    h.update(f.name.encode())
+  root = pathlib.Path(diloco_core.__file__).parent
+  for f in sorted(root.rglob("*.py")):
+    h.update(f.relative_to(root).as_posix().encode())
     h.update(f.read_bytes())
   return h.hexdigest()[:16]
 

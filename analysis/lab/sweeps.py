@@ -41,7 +41,7 @@ from analysis.lab.sweep_cache import config_key
 from analysis.lab.sweep_cache import enable_compilation_cache
 from analysis.lab.sweep_cache import load_run
 from analysis.lab.sweep_cache import save_run
-from diloco_core.config import DiLoCoConfig
+from diloco_core.algorithm.config import DiLoCoConfig
 
 #: The numbers of a run's summary that :func:`run_sweep` puts in each row.
 SUMMARY_COLUMNS = (
@@ -188,7 +188,7 @@ def run_sweep(configs: Iterable, *, cache: str | os.PathLike | None | bool = Non
 
   Examples:
     >>> from diloco_core.train import TrainConfig
-    >>> from diloco_core.data import DataConfig
+    >>> from diloco_core.data.sources import DataConfig
     >>> base = TrainConfig(model="tiny", steps=4, batch_size=2, seq_len=8, eval_every=4,
     ...                    log_every=2, warmup_steps=1, data=DataConfig(vocab_size=16))
     >>> df = run_sweep(grid(base, sync_every=[2, 4]), cache=False, progress=False)

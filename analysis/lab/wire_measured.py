@@ -3,9 +3,9 @@
 :func:`wire_benchmark` runs background DiLoCo (τ = 0: each sync's gather is waited for) with
 float32, bf16 and fp4 payloads over one link, shaped so that a float32 payload's gather takes
 about k steps, and reads from the runs' own traces what each transfer took and the bytes each
-process handed to the link and received (:mod:`diloco_core.wire_packing`). It then runs fp4
+process handed to the link and received (:mod:`diloco_core.wire.packing`). It then runs fp4
 payloads over 4 processes on the plain loopback to measure what one process receives from
-more than one peer, with each ``--reduction`` (:mod:`diloco_core.reduce_scatter`). ``benchmarks/overlap.py --wire`` prints it; the
+more than one peer, with each ``--reduction`` (:mod:`diloco_core.wire.reduce_scatter`). ``benchmarks/overlap.py --wire`` prints it; the
 background-communication page shows it.
 """
 

@@ -1,7 +1,7 @@
 """Checks of array-like numeric arguments (numpy broadcasting), one-line ValueErrors naming them.
 
 Scalars and options (integers, reals, choices, the schedule H, P, τ) are checked by
-``diloco_core.validity``, shared with the trainer; only what is specific to arrays is here.
+``diloco_core.spec.validity``, shared with the trainer; only what is specific to arrays is here.
 """
 
 from __future__ import annotations

@@ -20,11 +20,11 @@ import math
 import numpy as np
 
 from analysis.planning import _checks
-from diloco_core.validity import FRAGMENT_PATTERNS
-from diloco_core.validity import check_choice
-from diloco_core.validity import check_int
-from diloco_core.validity import check_overlap
-from diloco_core.validity import check_real
+from diloco_core.spec.validity import FRAGMENT_PATTERNS
+from diloco_core.spec.validity import check_choice
+from diloco_core.spec.validity import check_int
+from diloco_core.spec.validity import check_overlap
+from diloco_core.spec.validity import check_real
 
 
 def t_comm(num_bytes, bytes_per_s):

@@ -1,7 +1,7 @@
 """The planner's candidates: valid (H, P, τ) for a model, and the bandwidth and memory each needs.
 
 :func:`candidates` lists DP, DiLoCo and Streaming DiLoCo configurations valid under the
-schedule rules of ``diloco_core.validity``; :func:`candidate_bandwidth` prices one with the
+schedule rules of ``diloco_core.spec.validity``; :func:`candidate_bandwidth` prices one with the
 closed forms of :mod:`analysis.planning.bandwidth` (the simulator's accounting: every payload is
 reduced layer by layer during the backward pass of the step that sends it); and
 :func:`candidate_table` tabulates bandwidth and memory per slice. :func:`analysis.planning.plan.plan_run`
@@ -23,11 +23,11 @@ from analysis.planning.memory import memory_per_replica
 from analysis.planning.models import check_model
 from analysis.planning.models import fragment_sizes
 from analysis.planning.roofline import METHODS
-from diloco_core.model_config import ModelConfig
-from diloco_core.model_config import param_count
-from diloco_core.validity import allowed_fragments
-from diloco_core.validity import check_choice
-from diloco_core.validity import check_outer_overlap
+from diloco_core.spec.model_config import ModelConfig
+from diloco_core.spec.model_config import param_count
+from diloco_core.spec.validity import allowed_fragments
+from diloco_core.spec.validity import check_choice
+from diloco_core.spec.validity import check_outer_overlap
 
 GBIT = 1e9 / 8  # bytes/s in one Gbit/s
 SYNC_EVERY_LADDER = (10, 20, 50, 100, 200, 500, 1000)  # H candidates, besides L + 1
@@ -42,7 +42,7 @@ def largest_fragments(sync_every: int, layers: int) -> int:
     layers: L.
 
   Returns:
-    P (1 when no P > 1 is valid), among ``diloco_core.validity.allowed_fragments``.
+    P (1 when no P > 1 is valid), among ``diloco_core.spec.validity.allowed_fragments``.
 
   Examples:
     >>> largest_fragments(37, 36), largest_fragments(100, 36), largest_fragments(10, 48)
@@ -74,7 +74,7 @@ def candidates(layers: int, sync_every=None, overlaps=OVERLAPS, eager: bool = Fa
 
   Returns:
     A list of ``(method, H, P, tau)`` (and the eager 5-tuples), every one valid under
-    ``diloco_core.validity.check_schedule`` with ``num_layers=layers``.
+    ``diloco_core.spec.validity.check_schedule`` with ``num_layers=layers``.
 
   Examples:
     >>> candidates(2, sync_every=(6,), overlaps=(0, 6))
@@ -189,7 +189,7 @@ def candidate_table(model: ModelConfig, hardware: HardwareSpec, cands, *, slices
     step_time: T, seconds per inner step.
     target: u, the utilization planned for by the τ = 0 candidates.
     bits: bits per value on the wire (for a sparse wire, the average bits per parameter,
-      e.g. :func:`diloco_core.wire_formats.topk_bits_per_element`).
+      e.g. :func:`diloco_core.spec.wire_formats.topk_bits_per_element`).
     latency: ε, seconds per transfer (τ = 0).
     dp_bits: bits per gradient value of the DP row, when it differs from ``bits`` (a
       sparse DiLoCo wire; DP's gradients stay dense); None: ``bits``.

@@ -60,7 +60,7 @@ import math
 import numpy as np
 
 from analysis.planning import _checks
-from diloco_core.validity import check_choice, check_int, check_real
+from diloco_core.spec.validity import check_choice, check_int, check_real
 
 #: The methods whose goodput is modelled (those of :mod:`analysis.planning.simulate`).
 METHODS = ("dp", "diloco", "streaming")

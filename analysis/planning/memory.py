@@ -13,12 +13,12 @@ import math
 from analysis.planning import _checks
 from analysis.planning.models import fragment_sizes
 from analysis.planning.roofline import METHODS
-from diloco_core.footprint import replica_state_bytes
-from diloco_core.model_config import ModelConfig
-from diloco_core.model_config import param_count
-from diloco_core.validity import check_choice
-from diloco_core.validity import check_schedule
-from diloco_core.validity import is_int
+from diloco_core.spec.footprint import replica_state_bytes
+from diloco_core.spec.model_config import ModelConfig
+from diloco_core.spec.model_config import param_count
+from diloco_core.spec.validity import check_choice
+from diloco_core.spec.validity import check_schedule
+from diloco_core.spec.validity import is_int
 
 
 @dataclasses.dataclass(frozen=True)

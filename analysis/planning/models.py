@@ -1,6 +1,6 @@
 """Model catalog: the papers' dense sizes and well-known open models, sized exactly.
 
-Every count comes from :mod:`diloco_core.model_config` (the same formulas the trainer
+Every count comes from :mod:`diloco_core.spec.model_config` (the same formulas the trainer
 reports), applied to the architecture below; nothing here is a typed-in parameter
 count. For a mixture of experts, compute follows the *active* parameters and
 communication and memory follow the *total* (see :func:`model_stats`).
@@ -17,12 +17,12 @@ import dataclasses
 
 import pandas as pd
 
-from diloco_core.model_config import ModelConfig
-from diloco_core.model_config import flops_per_token
-from diloco_core.model_config import layer_param_count
-from diloco_core.model_config import param_count
-from diloco_core.validity import check_fragments_divide_layers
-from diloco_core.validity import check_int
+from diloco_core.spec.model_config import ModelConfig
+from diloco_core.spec.model_config import flops_per_token
+from diloco_core.spec.model_config import layer_param_count
+from diloco_core.spec.model_config import param_count
+from diloco_core.spec.validity import check_fragments_divide_layers
+from diloco_core.spec.validity import check_int
 
 
 def _chinchilla(d_model: int, n_layers: int, n_heads: int) -> ModelConfig:
@@ -72,10 +72,10 @@ def get_model(model: str | ModelConfig) -> ModelConfig:
   Args:
     model: a key of ``MODELS``, an alias of ``MODEL_ALIASES`` ("8B" is
       Llama-3-8B, "70B" Llama-3-70B, "405B" Llama-3.1-405B, "30B-A3B" Qwen3-30B-A3B),
-      or a :class:`~diloco_core.model_config.ModelConfig`, returned unchanged.
+      or a :class:`~diloco_core.spec.model_config.ModelConfig`, returned unchanged.
 
   Returns:
-    The :class:`~diloco_core.model_config.ModelConfig`.
+    The :class:`~diloco_core.spec.model_config.ModelConfig`.
 
   Examples:
     >>> get_model("8B").d_ff
@@ -126,7 +126,7 @@ def model_stats(model: str | ModelConfig, seq_len: int | None = None) -> ModelSt
   .. math::
      C_\\text{token} = 6\\,N_\\text{matmul,active} + 12\\,L\\,h\\,d_h\\,T
 
-  (see :func:`diloco_core.model_config.flops_per_token`); an MoE communicates and
+  (see :func:`diloco_core.spec.model_config.flops_per_token`); an MoE communicates and
   stores :math:`N_\\text{total}` but computes with :math:`N_\\text{active}`.
 
   Args:

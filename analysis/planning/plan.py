@@ -1,7 +1,7 @@
 """Pick H (``sync_every``), P (``fragments``) and τ (``overlap``) for a run across slices.
 
 :func:`plan_run` lists trainer configurations that are valid under the schedule rules of
-``diloco_core.validity`` (the semantics page, docs/semantics.md): DP, DiLoCo
+``diloco_core.spec.validity`` (the semantics page, docs/semantics.md): DP, DiLoCo
 and Streaming DiLoCo for a ladder of :math:`H`. It computes for each the cross-slice
 bandwidth it needs and its memory with the closed forms of :mod:`analysis.planning.bandwidth` and
 :mod:`analysis.planning.memory` (:func:`~analysis.planning.candidates.candidate_table`, which ``python -m analysis roofline`` uses too),
@@ -58,15 +58,15 @@ from analysis.planning.models import get_model
 from analysis.planning.models import model_stats
 from analysis.planning.roofline import dp_critical_batch_per_slice
 from analysis.planning.roofline import t_math
-from diloco_core.wire_formats import DEFAULT_CHUNK
-from diloco_core.wire_formats import FORMATS
-from diloco_core.wire_formats import bits_per_element
-from diloco_core.wire_formats import check_topk
-from diloco_core.wire_formats import topk_bits_per_element
-from diloco_core.model_config import ModelConfig
-from diloco_core.validity import check_bool
-from diloco_core.validity import check_int
-from diloco_core.validity import check_real
+from diloco_core.spec.wire_formats import DEFAULT_CHUNK
+from diloco_core.spec.wire_formats import FORMATS
+from diloco_core.spec.wire_formats import bits_per_element
+from diloco_core.spec.wire_formats import check_topk
+from diloco_core.spec.wire_formats import topk_bits_per_element
+from diloco_core.spec.model_config import ModelConfig
+from diloco_core.spec.validity import check_bool
+from diloco_core.spec.validity import check_int
+from diloco_core.spec.validity import check_real
 
 
 
@@ -252,7 +252,7 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
   3. if none fits, no choice; the reason names the least bandwidth any candidate needs.
 
   Memory and HBM are reported, not used by the rule. Catalog names are resolved once, here,
-  and the options are checked where they enter, here (``diloco_core.validity``).
+  and the options are checked where they enter, here (``diloco_core.spec.validity``).
 
   Args:
     model: a catalog name (:mod:`analysis.planning.models`) or a ModelConfig.
@@ -270,9 +270,9 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
     eager: also consider DiLoCo with eager updates at each H ("DiLoCo H=… eager"; the
       semantics page, docs/semantics.md), after the other candidates of the same H.
     topk: None (dense), or DiLoCo/Streaming send the ``topk`` largest entries of each chunk
-      of ``topk_chunk`` (SparseLoCo, :mod:`diloco_core.sparse`), each value in ``bits`` (a
+      of ``topk_chunk`` (SparseLoCo, :mod:`diloco_core.wire.sparse`), each value in ``bits`` (a
       trainer wire format's width): their payload is then
-      :func:`diloco_core.wire_formats.topk_bits_per_element` per parameter, indices included, while
+      :func:`diloco_core.spec.wire_formats.topk_bits_per_element` per parameter, indices included, while
       DP's gradients stay dense at ``bits``. The payload is treated like a dense one of that
       size (an all-reduce); a sparse all-gather, as SparseLoCo runs, moves more as M grows.
     topk_chunk: elements per top-k chunk.

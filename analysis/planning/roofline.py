@@ -16,7 +16,7 @@ bytes/s. Conventions follow "How to Scale Your Model" (jax-ml/scaling-book,
   step is compute-bound.
 
 Hardware and models are resolved objects here (:class:`~analysis.planning.hardware.HardwareSpec`,
-:class:`~diloco_core.model_config.ModelConfig`): the entry points (:func:`analysis.planning.plan.plan_run`,
+:class:`~diloco_core.spec.model_config.ModelConfig`): the entry points (:func:`analysis.planning.plan.plan_run`,
 ``python -m analysis``, or your own code with :func:`~analysis.planning.hardware.get_hardware` and
 :func:`~analysis.planning.models.get_model`) resolve catalog names once. Transfer times and payloads are
 in :mod:`analysis.planning.bandwidth`, memory in :mod:`analysis.planning.memory`. The simulator
@@ -32,10 +32,10 @@ from analysis.planning.bandwidth import payload_bytes
 from analysis.planning.hardware import check_hardware
 from analysis.planning.models import check_model
 from analysis.planning.models import model_stats
-from diloco_core.validity import check_choice
-from diloco_core.validity import check_int
-from diloco_core.validity import check_real
-from diloco_core.validity import check_schedule
+from diloco_core.spec.validity import check_choice
+from diloco_core.spec.validity import check_int
+from diloco_core.spec.validity import check_real
+from diloco_core.spec.validity import check_schedule
 
 #: The methods of the planning library: data parallelism, DiLoCo, Streaming DiLoCo.
 METHODS = ("dp", "diloco", "streaming")
@@ -292,7 +292,7 @@ def streaming_window_steps(sync_every, fragments, overlap=0, *, compute_fraction
 
   Args:
     sync_every: H.
-    fragments: P, a divisor of H (``diloco_core.validity.check_schedule``).
+    fragments: P, a divisor of H (``diloco_core.spec.validity.check_schedule``).
     overlap: τ (0 <= τ < H).
     compute_fraction: c, the share of a step the backward pass takes (2/3).
 

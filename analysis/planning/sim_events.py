@@ -14,10 +14,10 @@ import dataclasses
 
 import numpy as np
 
-from diloco_core.fragment_layers import deal_layers
-from diloco_core.validity import check_int
-from diloco_core.validity import check_outer_overlap
-from diloco_core.validity import check_overlap
+from diloco_core.spec.fragment_layers import deal_layers
+from diloco_core.spec.validity import check_int
+from diloco_core.spec.validity import check_outer_overlap
+from diloco_core.spec.validity import check_overlap
 
 
 def fragment_layers_of(layers: int, fragment_layers: int, pattern: str = "strided"
@@ -26,7 +26,7 @@ def fragment_layers_of(layers: int, fragment_layers: int, pattern: str = "stride
 
   There is no embeddings fragment (the paper's setting): the P = L / ``fragment_layers``
   fragments are the trainer's layer fragments 1..P
-  (:func:`diloco_core.fragment_layers.deal_layers`).
+  (:func:`diloco_core.spec.fragment_layers.deal_layers`).
 
   Examples:
     >>> fragment_layers_of(6, 2)

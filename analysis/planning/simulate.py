@@ -30,10 +30,10 @@ so one replica and the link are simulated:
   ⌈H/P⌉ apart otherwise, as in the paper's setting H = 100, P = 8, 16, 36).
 * **fragments**: P = L / ``fragment_layers`` fragments of layers only (the paper's
   setting: every parameter is in a layer, no embeddings fragment); layers are dealt as
-  the trainer deals them (:class:`diloco_core.fragments.Fragments`): ``"strided"``
+  the trainer deals them (:class:`diloco_core.algorithm.fragments.Fragments`): ``"strided"``
   (default, layer i in fragment i mod P) or ``"sequential"`` (contiguous blocks). Spacing the syncs
   unevenly and having no embeddings fragment are documented exceptions to the schedule
-  rules of ``diloco_core.validity`` (H mod P = 0, (P − 1) | L), which the simulator does
+  rules of ``diloco_core.spec.validity`` (H mod P = 0, (P − 1) | L), which the simulator does
   not apply.
 
 So a Streaming fragment hides behind the rest of its own step's backward pass plus τ
@@ -65,10 +65,10 @@ from analysis.planning.roofline import METHODS
 from analysis.planning.sim_events import fragment_layers_of  # noqa: F401 (public)
 from analysis.planning.sim_events import run_events
 from analysis.planning.sim_events import schedule
-from diloco_core.model_config import ModelConfig
-from diloco_core.model_config import param_count
-from diloco_core.validity import check_choice
-from diloco_core.validity import check_int
+from diloco_core.spec.model_config import ModelConfig
+from diloco_core.spec.model_config import param_count
+from diloco_core.spec.validity import check_choice
+from diloco_core.spec.validity import check_int
 
 #: The Streaming DiLoCo paper's simulation grid: 50 log-spaced points, 0.1 .. 1000 Gbit/s.
 PAPER_GRID_GBPS = np.logspace(-1, 3, 50)
@@ -257,7 +257,7 @@ def run_simulation(model: str | SimModel, method: str, bandwidth_gbps: float, *,
     replicas: M, datacenters.
     sync_every: H, inner steps between two syncs of the same parameters.
     fragment_layers: layers per Streaming fragment (must divide L); P = L / this.
-    fragment_pattern: "strided" or "sequential" (``diloco_core.validity.FRAGMENT_PATTERNS``).
+    fragment_pattern: "strided" or "sequential" (``diloco_core.spec.validity.FRAGMENT_PATTERNS``).
     overlap: τ, steps a (fragment) sync may take before it is merged (0 <= τ < H).
     bits: bits per value on the wire (16 bf16, 4 for fp4/e3m0).
     latency: ε, seconds each chunk adds after leaving the link.

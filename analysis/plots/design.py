@@ -1,6 +1,6 @@
 """The design of the in-step runtime, drawn: the device mesh and what crosses which axis.
 
-:func:`plot_mesh` draws the ``(diloco, data)`` mesh of :mod:`diloco_core.mesh`: one row per
+:func:`plot_mesh` draws the ``(diloco, data)`` mesh of :mod:`diloco_core.devices.mesh`: one row per
 replica group (the ``diloco`` axis, over which drjax places the replicas), one column per
 data-parallel shard inside a replica (the ``data`` axis), and the two collectives of one step:
 the gradient all-reduce inside each replica (along a row, every inner step) and the

@@ -1,6 +1,6 @@
 """Timelines: the communication schedules of DP, DiLoCo and Streaming DiLoCo, and simulated runs.
 
-:func:`schedule_text` and :func:`plot_schedule` draw :func:`diloco_core.schedule.schedule_table`;
+:func:`schedule_text` and :func:`plot_schedule` draw :func:`diloco_core.spec.schedule.schedule_table`;
 :func:`plot_timeline` draws a run of :mod:`analysis.planning.simulate`, :func:`plot_hiding` one sync
 of several runs, where each transfer hides behind compute; :func:`plot_elastic` an elastic run
 that lost a process (:mod:`analysis.lab.elastic_measured`).
@@ -16,7 +16,7 @@ import pandas as pd
 
 from analysis.plots._style import done
 from analysis.plots._style import new_figure
-from diloco_core.schedule import schedule_table
+from diloco_core.spec.schedule import schedule_table
 
 
 def _schedule_rows(sync_every: int, fragments: int, overlap: int, steps: int):
@@ -37,7 +37,7 @@ def _schedule_rows(sync_every: int, fragments: int, overlap: int, steps: int):
 def schedule_frame(sync_every: int, fragments: int, overlap: int, steps: int) -> pd.DataFrame:
   """Streaming DiLoCo's schedule as a table to show: one column per inner step, the fragment
   sent and the fragment merged after it (an integer id; ``–``: none), from
-  :func:`diloco_core.schedule.schedule_table`.
+  :func:`diloco_core.spec.schedule.schedule_table`.
 
   Examples:
     >>> schedule_frame(sync_every=6, fragments=3, overlap=1, steps=6)
@@ -58,7 +58,7 @@ def schedule_text(sync_every: int, fragments: int, overlap: int, steps: int) -> 
   all-reduces the whole gradient; ``S``: DiLoCo sends the whole model and every replica
   takes the result (τ = 0); on the two Streaming lines, a digit p: fragment p is sent
   (``send``) or merged (``merge``, τ steps after its send); ``.``: compute only. The
-  schedule comes from :func:`diloco_core.schedule.schedule_table`.
+  schedule comes from :func:`diloco_core.spec.schedule.schedule_table`.
 
   Examples:
     >>> print(schedule_text(sync_every=6, fragments=3, overlap=1, steps=12))
@@ -101,7 +101,7 @@ def plot_schedule(sync_every: int, fragments: int, overlap: int, steps: int, *,
   (a full-height bar); DiLoCo sends the whole model every H steps; Streaming sends one
   fragment every H/P steps (bar height = the fragment's share of the model, colour = p)
   and merges it τ steps later (the arrow: the steps of compute the transfer can hide
-  behind). Schedules come from :func:`diloco_core.schedule.schedule_table`.
+  behind). Schedules come from :func:`diloco_core.spec.schedule.schedule_table`.
 
   Args:
     sync_every: H.

@@ -1,0 +1,42 @@
+"""The algorithms: DiLoCo / Streaming DiLoCo and data-parallel, as pure JAX programs.
+
+Layer 3. :class:`~diloco_core.algorithm.phases.Phases` is the contract with the runtimes: the
+steps of a sync (send, settle, merge) that both the in-step and the background runtime compose.
+
+May import: spec, devices, wire, model, data, store.
+
+Modules: :mod:`~diloco_core.algorithm.config` (``DiLoCoConfig`` and its checks),
+:mod:`~diloco_core.algorithm.base` (the ``Algorithm`` protocol), :mod:`~diloco_core.algorithm.state`,
+:mod:`~diloco_core.algorithm.hyperparams`, :mod:`~diloco_core.algorithm.optimizers`,
+:mod:`~diloco_core.algorithm.fragments`, :mod:`~diloco_core.algorithm.eager`,
+:mod:`~diloco_core.algorithm.phases`, :mod:`~diloco_core.algorithm.diloco`,
+:mod:`~diloco_core.algorithm.dp`.
+"""
+
+from diloco_core.lazy import lazy_exports
+
+#: Public names, with the module that defines them (loaded on first use).
+_PUBLIC = {
+    "DiLoCoConfig": "diloco_core.algorithm.config",
+    "ALGORITHMS": "diloco_core.algorithm.config",
+    "COMPRESSIONS": "diloco_core.algorithm.config",
+    "OUTER_OPTIMIZERS": "diloco_core.algorithm.config",
+    "Algorithm": "diloco_core.algorithm.base",
+    "AlgorithmBase": "diloco_core.algorithm.base",
+    "loss_and_grad": "diloco_core.algorithm.base",
+    "DiLoCoState": "diloco_core.algorithm.state",
+    "INNER_OPTIMIZERS": "diloco_core.algorithm.optimizers",
+    "inner_optimizer_factory": "diloco_core.algorithm.optimizers",
+    "outer_optimizer_factory": "diloco_core.algorithm.optimizers",
+    "resolve_optimizer": "diloco_core.algorithm.hyperparams",
+    "Fragments": "diloco_core.algorithm.fragments",
+    "per_fragment_state": "diloco_core.algorithm.fragments",
+    "Phases": "diloco_core.algorithm.phases",
+    "DiLoCo": "diloco_core.algorithm.diloco",
+    "default_outer_optimizer": "diloco_core.algorithm.diloco",
+    "DataParallel": "diloco_core.algorithm.dp",
+    "DPState": "diloco_core.algorithm.dp",
+}
+__all__ = list(_PUBLIC)
+
+__getattr__, __dir__ = lazy_exports(__name__, _PUBLIC, globals())

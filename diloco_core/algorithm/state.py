@@ -1,0 +1,76 @@
+"""The DiLoCo training state as one pytree, and the named operands of its jitted step.
+
+:class:`DiLoCoState` is what :class:`~diloco_core.algorithm.diloco.DiLoCo` initialises, steps,
+checkpoints and evaluates; the named tuples carry one fragment's leaves into the send
+(:class:`SendOperands`) and the merge (:class:`MergeOperands`) and back out
+(:class:`OuterUpdate`), in place of positional one-letter arguments.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+from flax import struct
+
+
+class OuterUpdate(NamedTuple):
+  """Leaf lists a fragment's send updates: the global params, the outer optimizer state,
+  the error-feedback residuals (None without error feedback) and what is in flight under
+  ``outer_overlap`` (None for ``"none"``, see ``DiLoCoState.in_flight``)."""
+
+  global_params: list
+  outer_state: list
+  ef_residual: list | None
+  in_flight: Any = None
+
+
+class SendOperands(NamedTuple):
+  """Inputs of a fragment's send: the :class:`OuterUpdate` leaves, every replica's params
+  (leading axis M) and the participation mask ([M] float32, or None for everyone)."""
+
+  global_params: list
+  outer_state: list
+  replica_params: list
+  ef_residual: list | None
+  participation: jax.Array | None
+  in_flight: Any = None
+
+
+class MergeOperands(NamedTuple):
+  """Inputs of a fragment's merge: the global params, every replica's params and how each
+  replica took part in that fragment's latest sync ([M], see ``DiLoCoState.participants``)."""
+
+  global_params: list
+  replica_params: list
+  participation: jax.Array
+
+
+class DiLoCoState(struct.PyTreeNode):
+  """The whole training state of DiLoCo / Streaming DiLoCo as one pytree.
+
+  Attributes:
+    params: every replica's params, leading axis M (the ``diloco`` placement).
+    opt_state: every replica's inner optimizer state, leading axis M.
+    global_params: the global copy θ_g (what is evaluated and exported).
+    outer_state: the outer optimizer state (the Nesterov momentum v), shaped like θ_g;
+      with P > 1 each non-parameter leaf (a count) has a leading axis P, one per fragment.
+    ef_residual: every replica's error-feedback residual (leading axis M), or None.
+    step: inner steps done (int32 scalar).
+    participants: float32 [M, P]: entry (m, p) says how replica m took part in fragment
+      p's latest sync: 1 present, 0 dropped (its merge heals m), -1 nobody was present
+      (its merge leaves m alone). All ones unless :meth:`~diloco_core.algorithm.diloco.DiLoCo.step` gets a mask.
+    in_flight: what ``outer_overlap`` keeps between two syncs of a fragment: None for
+      ``"none"``; for ``"delayed"`` the average in flight (float32, shaped like θ_g); for
+      ``"eager"`` an :class:`~diloco_core.algorithm.eager.EagerInFlight` per replica (leading axis
+      M; θ_g is then the mean of the replicas' outer params, and ``outer_state`` is unused).
+  """
+
+  params: Any
+  opt_state: Any
+  global_params: Any
+  outer_state: Any
+  ef_residual: Any
+  step: jax.Array
+  participants: jax.Array
+  in_flight: Any = None

@@ -1,0 +1,263 @@
+"""Multi-process runs: joining the processes, with a bounded wait, and stopping them together.
+
+A run over several processes (one per host, or several on one machine under
+:mod:`diloco_core.launch.supervisor`) starts with :func:`initialize_distributed` (``jax.distributed``; on
+CPU the cross-process collectives go through gloo). Two things a single process never needs:
+
+* **A bounded wait for the others.** JAX waits for every process to register with the
+  coordinator, then aborts the process with a C++ stack (five minutes by default). Here a
+  process that is still alone after ``join_timeout`` seconds (:data:`JOIN_TIMEOUT_S`,
+  ``--join-timeout``) prints one ``error:`` line naming the coordinator and the process
+  count, and exits with 2.
+* **One step at which every process stops.** A stop request reaches each process at its own
+  moment; a process that stopped alone would leave the others waiting in a collective.
+  Once ``jax.distributed`` is up, JAX's preemption service takes SIGTERM: it tells every
+  process, and :func:`stop_agreed` answers True for the same step on all of them (the
+  largest step any of them had reached, plus one). The command line forwards SIGINT to the
+  same path (:func:`diloco_core.interrupts.forward`).
+
+Examples:
+  >>> initialize_distributed()  # no coordinator, no JAX_* variables: a single process
+  False
+  >>> stop_agreed(1)  # a single process never waits for an agreement
+  False
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+
+import jax
+
+#: Seconds a process waits for every process to join before it gives up (``--join-timeout``).
+JOIN_TIMEOUT_S = 120.0
+#: Seconds after which the coordinator declares a silent process lost (JAX's heartbeat; it then
+#: aborts every process). Longer than the link's own wait (``link.PEER_TIMEOUT_S``), so that a
+#: lost peer of a background run is reported by the link, in one line, first.
+HEARTBEAT_S = 100
+#: The XLA status codes of a failure at run time (the text before the first colon of the error).
+RUNTIME_STATUSES = frozenset({"UNKNOWN", "INTERNAL", "UNAVAILABLE", "ABORTED", "DEADLINE_EXCEEDED",
+                              "CANCELLED", "DATA_LOSS", "FAILED_PRECONDITION"})
+#: Set to ``1`` in the trainers' environment when the coordination service runs in a process of
+#: its own (:mod:`diloco_core.launch.coordination_service`, ``launch --own-coordinator``): process 0
+#: then hosts none (:func:`spare_bind_address`), and any process may be lost.
+ELSEWHERE_ENV = "DILOCO_OWN_COORDINATOR"
+#: Seconds a process waits at exit for the others to exit too (JAX's shutdown barrier).
+SHUTDOWN_S = 10
+#: Seconds a process that ended its run (or stopped at the agreed step) waits at the end for
+#: the others to end theirs: a peer may still evaluate and write its final checkpoint and
+#: params long after the last collective (process 0 hosts the coordination service and must
+#: outlive it). As long as the heartbeat, past which JAX would call the peer lost anyway.
+END_WAIT_S = HEARTBEAT_S
+
+
+def initialize_distributed(coordinator: str | None = None, num_processes: int | None = None,
+                           process_id: int | None = None, join_timeout: float = JOIN_TIMEOUT_S,
+                           describe=None, elastic_heartbeat: int | None = None) -> bool:
+  """Starts multi-process JAX when asked (the arguments, or the ``JAX_*`` environment variables below).
+
+  Args:
+    coordinator: ``host:port`` of process 0 (env ``JAX_COORDINATOR_ADDRESS``).
+    num_processes: total processes (env ``JAX_NUM_PROCESSES``).
+    process_id: this process (env ``JAX_PROCESS_ID``).
+    join_timeout: seconds to wait for every process to join; past it the process prints one
+      ``error:`` line and exits with 2 (JAX itself would abort it later, with a C++ stack).
+    describe: rewrites that line's option names (the command line passes its ``to_flags``).
+    elastic_heartbeat: an elastic run (:mod:`diloco_core.runtime.membership`): the coordination service
+      keeps going when a process dies (``jax_enable_recoverability``: it leaves the process out
+      after this many seconds without its heartbeat, instead of ending every process) and lets
+      a replacement with the same ``process_id`` in. None: a process lost ends the run
+      (heartbeat :data:`HEARTBEAT_S`).
+
+  Returns:
+    True if :func:`jax.distributed.initialize` was called. On CPU it selects the gloo
+    collectives so the replicas' all-reduce crosses processes.
+  """
+  coordinator = coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")
+  if num_processes is None and os.environ.get("JAX_NUM_PROCESSES"):
+    num_processes = int(os.environ["JAX_NUM_PROCESSES"])
+  if process_id is None and os.environ.get("JAX_PROCESS_ID"):
+    process_id = int(os.environ["JAX_PROCESS_ID"])
+  if isinstance(join_timeout, bool) or not 0 < join_timeout < float("inf"):
+    raise ValueError(f"`join_timeout` must be a finite number of seconds > 0, got {join_timeout:g}.")
+  if elastic_heartbeat is not None and (isinstance(elastic_heartbeat, bool) or int(elastic_heartbeat) != elastic_heartbeat
+                                        or elastic_heartbeat < 1):
+    raise ValueError(f"`elastic_heartbeat` must be a whole number of seconds >= 1, got {elastic_heartbeat!r}.")
+  if coordinator is None and num_processes is None:
+    return False
+  if coordinator is None or num_processes is None or process_id is None:
+    raise ValueError("multi-process runs need all of `coordinator`, `num_processes` and `process_id`"
+                     " (or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID).")
+  if isinstance(num_processes, bool) or num_processes < 1:
+    raise ValueError(f"num_processes must be an integer >= 1, got {num_processes}.")
+  if not 0 <= process_id < num_processes:
+    raise ValueError(f"process_id must be in [0, num_processes={num_processes}), got {process_id}.")
+  if jax.config.jax_platforms in (None, "", "cpu") or os.environ.get("JAX_PLATFORMS") == "cpu":
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.config.update("jax_enable_recoverability", elastic_heartbeat is not None)
+  joined = threading.Event()
+  message = join_timeout_message(join_timeout, coordinator, num_processes, process_id)
+  threading.Thread(target=_give_up_unless, args=(joined, (describe or str)(message), join_timeout),
+                   daemon=True, name="join-timeout").start()
+  elsewhere = own_coordinator() and process_id == 0  # its own service goes unused
+  jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
+                             process_id=process_id, initialization_timeout=int(join_timeout) + 60,
+                             coordinator_bind_address=spare_bind_address() if elsewhere else None,
+                             heartbeat_timeout_seconds=int(elastic_heartbeat or HEARTBEAT_S),
+                             shutdown_timeout_seconds=SHUTDOWN_S)
+  joined.set()
+  return True
+
+
+def own_coordinator() -> bool:
+  """Whether the coordination service runs in a process of its own (:data:`ELSEWHERE_ENV`)."""
+  return os.environ.get(ELSEWHERE_ENV) == "1"
+
+
+def spare_bind_address() -> str:
+  """Where process 0 starts the coordination service that ``jax.distributed.initialize`` always
+  starts there, when the run's service runs elsewhere (:func:`own_coordinator`): a free local
+  port that no process connects to.
+
+  Examples:
+    >>> spare_bind_address().startswith("127.0.0.1:")
+    True
+  """
+  return f"127.0.0.1:{free_port()}"
+
+
+def free_port() -> int:
+  """A TCP port on 127.0.0.1 that nothing listens on now."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def join_timeout_message(timeout: float, coordinator: str, num_processes: int, process_id: int) -> str:
+  """The one line of a process the others did not join (fields in backticks, as library errors).
+
+  Examples:
+    >>> join_timeout_message(5, "127.0.0.1:4000", 2, 0)
+    'process 0 of 2 (`num_processes`) waited 5 s (`join_timeout`) at 127.0.0.1:4000 for the others to join and gave up: start every process with the same `coordinator` and `num_processes`, each with its own `process_id`, or wait longer with `join_timeout`.'
+  """
+  return (f"process {process_id} of {num_processes} (`num_processes`) waited {timeout:g} s (`join_timeout`)"
+          f" at {coordinator} for the others to join and gave up: start every process with the same"
+          " `coordinator` and `num_processes`, each with its own `process_id`, or wait longer with"
+          " `join_timeout`.")
+
+
+def _give_up_unless(joined: threading.Event, message: str, timeout: float) -> None:
+  if joined.wait(timeout):
+    return
+  print(f"error: {message}", file=sys.stderr, flush=True)
+  os._exit(2)  # the main thread is inside JAX's blocking connect; nothing was written yet
+
+
+def stop_agreed(step: int) -> bool:
+  """Whether every process stops before ``step`` (multi-process runs; call it at every step).
+
+  True on every process at the same step once any of them got SIGTERM (JAX's preemption
+  service: the largest step the processes had reached when told, plus one); always False
+  in a single process.
+  """
+  if jax.process_count() == 1:
+    return False
+  from jax.experimental import multihost_utils
+  return bool(multihost_utils.reached_preemption_sync_point(step))
+
+
+def collective_failure(error: Exception) -> bool:
+  """Whether ``error`` is what JAX raises when a computation or transfer fails at run time (a
+  collective whose peer is gone, among others): a ``JaxRuntimeError``, or a ``ValueError``
+  carrying an XLA status of :data:`RUNTIME_STATUSES` (jaxlib reports a gloo collective that lost
+  its peer that way: the class alone does not tell it from a bad option).
+
+  Examples:
+    >>> collective_failure(ValueError("UNKNOWN: Gloo all-reduce failed: [pair.cc:538] Read error"
+    ...                               " [127.0.0.1]:41141: Connection reset by peer"))
+    True
+    >>> collective_failure(ValueError("--steps must be an integer >= 1, got 0."))
+    False
+  """
+  if isinstance(error, jax.errors.JaxRuntimeError):
+    return True
+  return isinstance(error, ValueError) and str(error).split(":", 1)[0] in RUNTIME_STATUSES
+
+
+def lost_process(error: Exception) -> str | None:
+  """What a failed collective says of the processes: a line naming the lost peer, or None when
+  ``error`` is not about another process (a single process, or not a runtime error).
+
+  Examples:
+    >>> lost_process(ConnectionError("fragment 0 @ step 10 failed: another process was lost"))
+    'fragment 0 @ step 10 failed: another process was lost'
+    >>> lost_process(ValueError("x")) is None
+    True
+  """
+  if isinstance(error, ConnectionError):
+    return str(error)
+  if not collective_failure(error) or jax.process_count() == 1:
+    return None
+  first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+  return f"a collective across the {jax.process_count()} processes failed: another process was lost or cut off ({first})"
+
+
+def leave_together(code: int, timeout: float = END_WAIT_S) -> int:
+  """The end of a multi-process run: waits up to ``timeout`` seconds for every process to
+  reach its end too, and returns ``code`` when they did (JAX's shutdown barrier at exit then
+  passes at once). When one does not come (it was lost, or is stuck in a collective with a
+  lost one), this process exits with ``code`` now, without that barrier
+  (:func:`exit_without_peers`).
+
+  Args:
+    code: the exit code of this process.
+    timeout: :data:`END_WAIT_S` after a run that ended or stopped at the agreed step (the
+      others end too, maybe after long final writes); :data:`SHUTDOWN_S` after an error of
+      this process alone (the others are not ending: they wait for it in a collective).
+  """
+  from jax._src import distributed  # the coordination service's client (no public accessor)
+  client, rank, deadline = distributed.global_state.client, jax.process_index(), time.monotonic() + timeout
+  try:
+    client.key_value_set(f"diloco/end/{rank}", str(code))
+    for other in range(jax.process_count()):
+      if other != rank:
+        left_ms = max(int((deadline - time.monotonic()) * 1000), 1)
+        client.blocking_key_value_get(f"diloco/end/{other}", left_ms)
+  except Exception:  # noqa: BLE001 - a timeout, or the coordinator itself gone
+    exit_without_peers(code)
+  return code
+
+
+def leave_elastic(code: int) -> None:
+  """The end of an elastic run's process (:mod:`diloco_core.runtime.elastic`): it says it leaves and
+  exits; process 0, when it hosts the coordination service, once the live others said they
+  leave (at most :data:`SHUTDOWN_S` each). A service of its own (:func:`own_coordinator`)
+  outlives every trainer: nobody waits."""
+  from jax._src import distributed  # the coordination service's client (no public accessor)
+  client, rank = distributed.global_state.client, jax.process_index()
+  try:
+    live = client.get_live_nodes(list(range(jax.process_count())))
+    if rank != 0 or own_coordinator():
+      client.key_value_set(f"diloco/left/{rank}", str(code))
+    else:
+      for other in sorted(set(live) - {0}):
+        client.blocking_key_value_get(f"diloco/left/{other}", SHUTDOWN_S * 1000)
+  except Exception:  # noqa: BLE001 - a peer lost on the way out, or the service gone: leave anyway
+    pass
+  exit_without_peers(code)
+
+
+def exit_without_peers(code: int) -> None:
+  """Ends this process now, skipping JAX's shutdown barrier (after another process was lost).
+
+  At exit, ``jax.distributed`` waits for every process at a barrier; a lost one never comes,
+  and JAX then aborts with a C++ stack. Call it after the run's files are closed and its
+  one-line error is printed.
+  """
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code)

@@ -1,0 +1,21 @@
+"""Several processes on one machine: the supervisor, a shaped link, faults, the coordination service.
+
+Layer 6. ``python -m diloco_core.launch`` runs :func:`~diloco_core.launch.supervisor.main`.
+
+May import: spec, devices, wire, model, data, store, algorithm, runtime, run.
+
+Modules: :mod:`~diloco_core.launch.supervisor` (start, watch and stop the processes),
+:mod:`~diloco_core.launch.shaped_link` (a link of given bandwidth and latency),
+:mod:`~diloco_core.launch.faults` (``--kill-at``), :mod:`~diloco_core.launch.coordination_service`
+(the service in a process of its own).
+"""
+
+from diloco_core.lazy import lazy_exports
+
+#: Public names, with the module that defines them (loaded on first use).
+_PUBLIC = {
+    "main": "diloco_core.launch.supervisor",
+}
+__all__ = list(_PUBLIC)
+
+__getattr__, __dir__ = lazy_exports(__name__, _PUBLIC, globals())

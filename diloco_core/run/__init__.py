@@ -1,0 +1,26 @@
+"""One training run: its config, the loop, the command line, metrics and the main job.
+
+Layer 5.
+
+May import: spec, devices, wire, model, data, store, algorithm, runtime.
+
+Modules: :mod:`~diloco_core.run.config` (``TrainConfig``), :mod:`~diloco_core.run.loop`
+(``train``), :mod:`~diloco_core.run.programs` (the program cache), :mod:`~diloco_core.run.drops`,
+:mod:`~diloco_core.run.divergence`, :mod:`~diloco_core.run.metrics_log`,
+:mod:`~diloco_core.run.main_job` (DP vs DiLoCo vs Streaming), :mod:`~diloco_core.run.cli`.
+"""
+
+from diloco_core.lazy import lazy_exports
+
+#: Public names, with the module that defines them (loaded on first use).
+_PUBLIC = {
+    "TrainConfig": "diloco_core.run.config",
+    "TrainResult": "diloco_core.run.loop",
+    "train": "diloco_core.run.loop",
+    "clear_program_cache": "diloco_core.run.programs",
+    "program_key": "diloco_core.run.programs",
+    "compare": "diloco_core.run.main_job",
+}
+__all__ = list(_PUBLIC)
+
+__getattr__, __dir__ = lazy_exports(__name__, _PUBLIC, globals())

@@ -1,0 +1,227 @@
+"""The command line of ``python -m diloco_core.train``, and the pieces every command line shares.
+
+The parser is built from the config fields' metadata (:mod:`diloco_core.spec.fields`: flag,
+help, symbol, group, default), so every option of :class:`~diloco_core.TrainConfig`,
+:class:`~diloco_core.DiLoCoConfig` and :class:`~diloco_core.DataConfig` that has a flag is
+offered, with its default, and parsed back into the same field.
+
+This module and :mod:`diloco_core.compare` are the only ones that speak in flags. Library
+errors name options by their field in backticks (`` `out` ``, `` `inner_lr` ``, `` `data.seed` ``);
+:func:`to_flags` rewrites those to the flags (``--out``, ``--inner-lr``, ``--data-seed``) before an error is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import signal
+import sys
+import warnings
+
+from diloco_core import interrupts
+from diloco_core.spec.fields import spec, walk
+from diloco_core.devices.backend import configure_determinism
+from diloco_core.runtime.elastic import HEARTBEAT_S as ELASTIC_HEARTBEAT_S
+from diloco_core.runtime.membership import process_membership
+from diloco_core.devices.processes import (JOIN_TIMEOUT_S, SHUTDOWN_S, exit_without_peers, initialize_distributed,
+                                   leave_elastic, leave_together, lost_process)
+from diloco_core.run.config import TrainConfig
+
+#: The ``--help`` groups, in order (a field's metadata names its group).
+GROUPS = {
+    "algorithm": "algorithm (symbols as on the semantics page, docs/semantics.md)",
+    "model": "model and inner optimizer",
+    "data": "data",
+    "run": "run",
+    "checkpoints": "checkpoints and failures",
+    "devices": "devices and processes",
+}
+
+
+def _option_name(path: str) -> str:
+  """How errors name a field: its own name for top-level and outer-loop fields, else the path."""
+  return path[len("algo."):] if path.startswith("algo.") else path
+
+
+def flags(cls=TrainConfig) -> dict[str, str]:
+  """Field path (as errors name it) -> command-line flag, for every field of ``cls`` that has one."""
+  return {_option_name(path): "--" + spec(f).flag for path, f in walk(cls) if spec(f).flag}
+
+
+#: The process options of multi-process runs: arguments of initialize_distributed, not config fields.
+PROCESS_FLAGS = {"coordinator": "--coordinator", "num_processes": "--num-processes",
+                 "process_id": "--process-id"}
+FLAGS = {**flags(TrainConfig), **PROCESS_FLAGS, "join_timeout": "--join-timeout"}
+
+
+def to_flags(message: str, cls=TrainConfig) -> str:
+  """Rewrites the backticked field names of a library message to the flags of ``cls``'s fields.
+
+  Examples:
+    >>> to_flags("resume needs `out`: the directory of the run to continue.")
+    '--resume needs --out: the directory of the run to continue.'
+    >>> to_flags("written with n_layers=None but this run has n_layers=4 (`n_layers`); lower `inner_lr`")
+    'written with n_layers=None but this run has n_layers=4 (--layers); lower --inner-lr'
+    >>> to_flags("`data.seed` and `progress` and `unknown`")
+    '--data-seed and --no-progress and unknown'
+    >>> to_flags("DataConfig.workers must be an integer >= 0; DataConfig.order too")
+    '--data-workers must be an integer >= 0; --data-order too'
+    >>> to_flags("outer_momentum (μ) must be a finite number in [0, 1), got 2.0.")  # a check's leading name
+    '--outer-momentum (μ) must be a finite number in [0, 1), got 2.0.'
+  """
+  table = FLAGS if cls is TrainConfig else flags(cls)
+  message = re.sub(r"`([A-Za-z_][\w.]*)`", lambda m: table.get(m.group(1), m.group(1)), message)
+  # The checks of diloco_core.spec.validity start with the bare name: "replicas (M) must be ...".
+  message = re.sub(r"^([A-Za-z_][\w.]*)(?=[\s:=])", lambda m: table.get(m.group(1), m.group(1)), message)
+  # DataConfig's own checks name its fields as DataConfig.<name> (it is also used on its own).
+  return re.sub(r"\bDataConfig\.(\w+)", lambda m: table.get("data." + m.group(1), m.group(0)), message)
+
+
+def _get(config, path: str):
+  for name in path.split("."):
+    config = getattr(config, name)
+  return config
+
+
+def _add_option(group, path: str, f: dataclasses.Field, default) -> None:
+  s = spec(f)
+  text = (f"{s.symbol}: {s.help}" if s.symbol else s.help).replace("%", "%%")
+  if isinstance(default, bool):  # a switch: --resume sets True, --no-progress sets False
+    if default:
+      text += f" (without it: {_option_name(path)}=%(default)s)"  # not "--no-progress (default: True)"
+    group.add_argument("--" + s.flag, dest=path, action="store_false" if default else "store_true",
+                       default=default, help=text)
+    return
+  typed = default if default is not None else f.default  # a None default keeps the field's type
+  kind = s.parse or (type(typed) if typed not in (None, dataclasses.MISSING) else str)
+  if kind not in (int, float, str):  # parsed after argparse, so its error is a one-line ValueError
+    kind, default = str, None
+  group.add_argument("--" + s.flag, dest=path, type=kind, default=default, help=text,
+                     metavar=s.flag.upper().replace("-", "_"))
+
+
+def add_options(parser: argparse.ArgumentParser, cls, defaults: dict, only=None) -> None:
+  """Adds the flag of every field of ``cls`` (or of the paths in ``only``) to its ``--help`` group."""
+  groups = {name: parser.add_argument_group(title) for name, title in GROUPS.items()}
+  for path, f in walk(cls):
+    if spec(f).flag and (only is None or path in only):
+      _add_option(groups[spec(f).group or "run"], path, f, defaults[path])
+
+
+def field_defaults(config) -> dict:
+  """Every field path of ``config`` with its value (a parser's defaults)."""
+  return {path: _get(config, path) for path, _ in walk(type(config))}
+
+
+def build_parser(defaults: TrainConfig | None = None) -> argparse.ArgumentParser:
+  """The parser of ``python -m diloco_core.train``.
+
+  Args:
+    defaults: the config whose values are the defaults, and whose class's fields are the
+      options (default: ``TrainConfig()``).
+  """
+  defaults = TrainConfig() if defaults is None else defaults
+  p = argparse.ArgumentParser(
+      prog="python -m diloco_core.train",
+      description="Train the built-in transformer with DP, DiLoCo or Streaming DiLoCo.",
+      formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+      allow_abbrev=False)  # an abbreviated flag (--num-proc) must not reach around a check
+  add_options(p, type(defaults), field_defaults(defaults))
+  g = [a for a in p._action_groups if a.title == GROUPS["devices"]][0]
+  g.add_argument("--coordinator", default=None, help="multi-process: host:port of process 0 (or JAX_COORDINATOR_ADDRESS)")
+  g.add_argument("--num-processes", type=int, default=None, help="multi-process: number of processes (or JAX_NUM_PROCESSES)")
+  g.add_argument("--process-id", type=int, default=None, help="multi-process: this process's id (or JAX_PROCESS_ID)")
+  g.add_argument("--join-timeout", type=float, default=JOIN_TIMEOUT_S, metavar="SECONDS",
+                 help="multi-process: seconds to wait for every process to join, then one error line and exit 2")
+  return p
+
+
+def config_from_args(args: argparse.Namespace, base: TrainConfig | None = None) -> TrainConfig:
+  """The :class:`~diloco_core.run.config.TrainConfig` of parsed arguments: ``base`` (default: the defaults) with every
+  option that the parser offers set from ``args``."""
+  base = TrainConfig() if base is None else base
+  values: dict[str, dict] = {"": {}, "algo": {}, "data": {}}
+  for path, f in walk(type(base)):
+    if not hasattr(args, path):
+      continue
+    value = getattr(args, path)
+    parse = spec(f).parse
+    if parse not in (None, int, float, str):
+      value = _get(base, path) if value is None else parse(value)
+    group, _, name = path.rpartition(".")
+    values[group][name] = value
+  return dataclasses.replace(base, algo=dataclasses.replace(base.algo, **values["algo"]),
+                             data=dataclasses.replace(base.data, **values["data"]), **values[""])
+
+
+def command_error(e: Exception) -> int:
+  """Prints a library error as the command line's one ``error:`` line (field names as flags); 2."""
+  print(f"error: {to_flags(' '.join(str(e).split()))}", file=sys.stderr)
+  return 2
+
+
+def _show_warning(message, category, *args, **kwargs) -> None:
+  print(f"warning: {to_flags(' '.join(str(message).split()))}", file=sys.stderr)
+
+
+def one_line_errors(parser: argparse.ArgumentParser, note: str = "") -> argparse.ArgumentParser:
+  """Makes ``parser`` report a malformed command line in one ``error:`` line, exit 2."""
+  parser.error = lambda message: parser.exit(2, f"error: {message}{note} (see --help).\n")
+  return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+  """``python -m diloco_core.train``: one-line errors on stderr and exit code 2 for bad input;
+  SIGINT / SIGTERM stop at the next safe point (:mod:`diloco_core.interrupts`), exit 130."""
+  with interrupts.deferred():
+    try:
+      return _main(argv)
+    except KeyboardInterrupt:  # before the loop started (imports, set-up), or a second signal
+      print("interrupted before the first step; nothing to resume.", file=sys.stderr)
+      return 130
+
+
+def _main(argv: list[str] | None) -> int:
+  from diloco_core.run.loop import Interrupted, RunWarning, train
+  parser = one_line_errors(build_parser())
+  try:
+    args = parser.parse_args(argv)
+  except SystemExit as e:  # --help (0) or a malformed flag (2, one line above)
+    return int(e.code or 0)
+  interrupts.check()
+  configure_determinism(False if args.nondeterministic else None)  # before JAX starts
+  several = elastic = False
+  try:
+    elastic = bool(getattr(args, "elastic", False))
+    several = initialize_distributed(args.coordinator, args.num_processes, args.process_id, args.join_timeout,
+                                     describe=to_flags, elastic_heartbeat=ELASTIC_HEARTBEAT_S if elastic else None)
+    if several:
+      interrupts.forward(signal.SIGTERM)  # Ctrl-C too stops every process at one step (processes.stop_agreed)
+    if several and elastic:  # the first agreement at once: a replacement then never holds the others up
+      process_membership()
+    with warnings.catch_warnings():
+      warnings.simplefilter("always", RunWarning)
+      warnings.showwarning = _show_warning
+      result = train(config_from_args(args))  # train validates the config, once
+  except ConnectionError as e:  # another process was lost: its shutdown barrier would never pass
+    code = command_error(e)
+    if several:
+      exit_without_peers(code)
+    return code
+  except (ValueError, OSError, FloatingPointError) as e:
+    lost = lost_process(e) if several else None  # a collective outside the loop (gloo: a ValueError)
+    if lost is not None:
+      exit_without_peers(command_error(ConnectionError(lost)))
+    return leave_together(command_error(e), SHUTDOWN_S) if several else command_error(e)
+  except Interrupted as e:
+    print(to_flags(str(e)), file=sys.stderr)
+    return leave_together(130) if several else 130
+  s = result.summary
+  floor = "n/a" if s["loss_floor"] is None else f"{s['loss_floor']:.4f}"
+  aux = "" if s["final_aux_loss"] is None else f" (+ aux {s['final_aux_loss']:.4f} in training)"
+  print(f"{s['algorithm']} ({s['compute_dtype']}): final eval loss {s['final_eval_loss']:.4f}{aux} (floor {floor}), "
+        f"{s['total_bytes_per_replica'] / 1e6:.2f} MB sent per replica, {s['wall_time_s']:.1f} s")
+  if several and elastic:
+    leave_elastic(0)
+  return leave_together(0) if several else 0

@@ -1,0 +1,30 @@
+"""How syncs run: in the step, or in the background over a link, elastic or not.
+
+Layer 4. :class:`~diloco_core.runtime.communication.Runtime` is the protocol the training loop
+calls (its every method); the runtimes compose the algorithm's phases.
+
+May import: spec, devices, wire, model, data, store, algorithm.
+
+Modules: :mod:`~diloco_core.runtime.communication` (``Runtime``, ``InStep``),
+:mod:`~diloco_core.runtime.background` with :mod:`~diloco_core.runtime.background_programs` and
+:mod:`~diloco_core.runtime.background_mesh`, :mod:`~diloco_core.runtime.link` (payloads between
+processes), :mod:`~diloco_core.runtime.membership` (agreements over the coordination service),
+:mod:`~diloco_core.runtime.elastic` and :mod:`~diloco_core.runtime.elastic_runtime`.
+"""
+
+from diloco_core.lazy import lazy_exports
+
+#: Public names, with the module that defines them (loaded on first use).
+_PUBLIC = {
+    "Runtime": "diloco_core.runtime.communication",
+    "InStep": "diloco_core.runtime.communication",
+    "make_communication": "diloco_core.runtime.communication",
+    "Background": "diloco_core.runtime.background",
+    "ElasticRuntime": "diloco_core.runtime.elastic_runtime",
+    "Membership": "diloco_core.runtime.membership",
+    "Link": "diloco_core.runtime.link",
+    "LostProcessError": "diloco_core.runtime.link",
+}
+__all__ = list(_PUBLIC)
+
+__getattr__, __dir__ = lazy_exports(__name__, _PUBLIC, globals())

@@ -1,0 +1,62 @@
+"""Where a background run can go: its one-line refusals and its mesh (before anything compiles).
+
+:func:`check_background` is called by :meth:`TrainConfig.validate
+<diloco_core.TrainConfig.validate>` for ``communication="background"``;
+:func:`background_mesh` lays the replicas out over the processes
+(:mod:`diloco_core.runtime.background`).
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh
+
+from diloco_core.devices.mesh import AXES, parse_mesh
+
+
+def check_background(cfg) -> None:
+  """One-line errors for a run that cannot use ``communication="background"`` (before anything
+  compiles): DP, drops with reduce-scatter, M % N != 0, a mesh not split over the processes.
+
+  Examples:
+    >>> from diloco_core import TrainConfig, DiLoCoConfig
+    >>> check_background(TrainConfig(communication="background", algo=DiLoCoConfig(algorithm="dp")))
+    Traceback (most recent call last):
+    ...
+    ValueError: `communication` background needs algorithm diloco or streaming; dp all-reduces every step (use `communication` in-step).
+  """
+  if cfg.algo.algorithm == "dp":
+    raise ValueError("`communication` background needs algorithm diloco or streaming; dp all-reduces"
+                     " every step (use `communication` in-step).")
+  if (cfg.drop_schedule or cfg.drop_prob) and cfg.algo.reduction == "reduce-scatter":
+    raise ValueError("`communication` background simulates replica drops with `reduction` all-gather"
+                     " only (the reduce-scatter's owners average every replica); use `reduction`"
+                     " all-gather or `communication` in-step.")
+  n, M = jax.process_count(), cfg.algo.replicas
+  if M % n:
+    raise ValueError(f"`communication` background splits the replicas over the processes: replicas"
+                     f" (M={M}) must be divisible by the process count ({n}); choose M among"
+                     f" {[n * i for i in range(1, 5)]}.")
+  background_mesh(cfg.mesh, M)
+
+
+def background_mesh(spec: str | None, replicas: int) -> Mesh:
+  """The run's mesh: every process's devices, each process's block of rows contiguous along
+  ``diloco`` (process r holds replicas ``[r M / N, (r + 1) M / N)``); ``mesh`` describes it
+  (None: one device per process)."""
+  n = jax.process_count()
+  shape = parse_mesh(spec) or {"diloco": n, "data": 1}
+  d, b = shape["diloco"], shape["data"]
+  if d % n or replicas % d:
+    raise ValueError(f"`mesh` {spec!r}: with `communication` background the diloco axis ({d}) must be"
+                     f" divisible by the process count ({n}) and divide replicas (M={replicas});"
+                     f" e.g. `mesh`='diloco={n},data=1'.")
+  per_process = (d // n) * b
+  by_process = [sorted((x for x in jax.devices() if x.process_index == r), key=lambda x: x.id)
+                for r in range(n)]
+  if any(len(devs) < per_process for devs in by_process):
+    raise ValueError(f"`mesh` {spec!r} needs {per_process} devices per process, but a process has"
+                     f" {min(len(devs) for devs in by_process)}.")
+  rows = [np.array(devs[:per_process]).reshape(d // n, b) for devs in by_process]
+  return Mesh(np.concatenate(rows), AXES, axis_types=(AxisType.Auto, AxisType.Auto))

@@ -1,0 +1,104 @@
+"""Elastic runs (``elastic``): a lost process does not stop the others.
+
+A background run over several processes normally ends when one process dies (a collective
+waits for it; the job resumes from its last checkpoint). With ``elastic``, each sync is an
+agreement over the live processes (:mod:`diloco_core.runtime.membership`, through JAX's coordination
+service, started with ``jax_enable_recoverability``): a process that dies or is cut off is
+left out from the first sync that cannot include it, after at most the service's heartbeat
+(:data:`HEARTBEAT_S`), and its replicas stop counting in the outer average: the average is
+over the replicas present, the semantics of ``drop_schedule`` (docs/semantics.md). Every
+``settle`` row of the trace says who took part, so
+:func:`~diloco_core.run.drops.schedule_from_trace` replays the run as a drop schedule. Below
+``min_replicas`` present, the run stops with one line naming the lost processes.
+
+A lost replica produces no losses: its entries in ``metrics.jsonl`` are null from its loss on,
+``train_loss`` is the mean over the replicas present, and the byte counters leave out what it
+did not send (counted when its sync settles).
+
+**A replacement** (the same command and ``process_id`` started again, e.g. by ``launch
+--restart``) rejoins: it takes part in the agreements with nothing until the leader sends it
+the state after a log row, and counts from the next sync on
+(:mod:`diloco_core.runtime.elastic_runtime`, which states the inner-state policy). The leader's trace
+records the heal, :func:`~diloco_core.run.drops.rejoins_from_trace` turns it into the
+``rejoin_schedule`` that replays it in-step.
+
+**Checkpoints** (``checkpoint_every``) are written by one process alone (process 0 while it is
+there), from every replica's rows gathered through one agreement; the replicas missing from it
+are written as their heal would set them, so ``resume`` starts every replica again and equals
+the run replayed with them rejoining at the checkpoint
+(:meth:`~diloco_core.runtime.elastic_runtime.ElasticRuntime.checkpoint_state`).
+
+**Process 0** hosts JAX's coordination service: losing it ends the run (the others are stopped;
+``resume`` goes on from the last checkpoint). With the service in a process of its own
+(``launch --own-coordinator``, :mod:`diloco_core.launch.coordination_service`) any process may be
+lost, process 0 included: the lowest process left writes the run's files from then on; losing
+the service's process ends the run, to go on with ``resume``.
+
+Not yet (one-line refusals, :func:`check_elastic`): ``eval_replicas``,
+``reduction="reduce-scatter"``, ``outer_overlap`` other than ``"none"`` (as for simulated
+drops). A replacement for process 0 (``launch --restart`` starts the others again only).
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from diloco_core.spec import validity as v
+
+#: Seconds without a heartbeat after which the coordination service declares a process of an
+#: elastic run lost: the longest the others wait for a dead one at a sync.
+HEARTBEAT_S = 10
+
+
+def check_elastic(cfg) -> None:
+  """One-line errors for ``elastic``, ``min_replicas`` and ``heal_wait`` (before anything compiles).
+
+  Examples:
+    >>> from diloco_core import TrainConfig
+    >>> check_elastic(TrainConfig(elastic=True))
+    Traceback (most recent call last):
+    ...
+    ValueError: `elastic` needs `communication` background (in-step runs every replica in one program: no process to lose); pass `communication` background.
+  """
+  v.check_bool("elastic", cfg.elastic)
+  M, k = cfg.algo.replicas, cfg.min_replicas
+  if not v.is_int(k) or not 1 <= k <= M:
+    raise ValueError(f"`min_replicas` must be an integer in [1, replicas={M}], got {k!r}.")
+  v.check_real("heal_wait", cfg.heal_wait, low=0.0)
+  if not cfg.elastic:
+    for name, value, default in (("min_replicas", k, 1), ("heal_wait", cfg.heal_wait, 0.0)):
+      if value != default:
+        raise ValueError(f"`{name}` applies to `elastic` runs only: add `elastic`, or drop `{name}`.")
+    return
+  if cfg.communication != "background":
+    raise ValueError("`elastic` needs `communication` background (in-step runs every replica in one"
+                     " program: no process to lose); pass `communication` background.")
+  a = cfg.algo
+  refused = [("eval_replicas", cfg.eval_replicas, cfg.eval_replicas, "a lost replica has no params to evaluate"),
+             ("reduction", a.reduction, a.reduction == "reduce-scatter", "its owners average every replica"),
+             ("outer_overlap", a.outer_overlap, a.outer_overlap != "none", "as for simulated drops: only 'none'")]
+  for name, value, bad, why in refused:
+    if bad:
+      shown = "" if isinstance(value, bool) else f" {value!r}"
+      raise ValueError(f"`elastic` does not support `{name}`{shown} ({why}); drop `elastic` or `{name}`.")
+  if jax.process_count() == 1:
+    raise ValueError("`elastic` needs several processes: start them with `python -m diloco_core.launch"
+                     " --processes N -- ... --elastic` (or one per host with --coordinator).")
+
+
+def replica_means(step_losses: np.ndarray) -> np.ndarray:
+  """Each replica's mean loss over the steps of a log row, ``[steps, M]`` -> ``[M]``; a lost
+  replica's steps are NaN and left out (NaN when it has none).
+
+  Examples:
+    >>> replica_means(np.array([[1.0, 2.0], [3.0, np.nan]])).tolist()
+    [2.0, 2.0]
+    >>> replica_means(np.array([[1.0, np.nan]])).tolist()
+    [1.0, nan]
+  """
+  means = step_losses.mean(axis=0)  # the exact means of the replicas with every step
+  for m in np.flatnonzero(np.isnan(means)):
+    column = step_losses[:, m][~np.isnan(step_losses[:, m])]
+    means[m] = column.mean() if column.size else np.nan
+  return means

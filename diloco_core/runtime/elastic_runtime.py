@@ -1,0 +1,284 @@
+"""The elastic parts of the background runtime: lost replicas, and healing a replacement.
+
+:class:`ElasticRuntime` is mixed into :class:`~diloco_core.runtime.background.Background` (``elastic``,
+:mod:`diloco_core.runtime.elastic`). Its link runs every sync and log row as an agreement over the live
+processes (:class:`~diloco_core.runtime.membership.Membership`); this module reads who is lost from
+them, and heals a replacement:
+
+* **the replacement** enters the agreements as soon as it is connected, and takes part in them
+  with nothing on a thread while it builds and compiles its programs
+  (:meth:`ElasticRuntime.warm_up`); then it says it is ready;
+* **the leader** (the lowest process of the agreement the replacement joined at), at the start
+  of the first step after a log row at which the replacement is ready (``heal_wait``: it may
+  wait that long there for it), settles everything in flight (settling early changes no
+  number), and sends the state after that log row (:func:`pack_heal`): the global params and
+  the outer state of every fragment, its own first replica's inner optimizer state, the step;
+  the trace records a ``heal`` row (step, the replacement's replicas, the source replica);
+* **the replacement** (:meth:`ElasticRuntime.rejoin`) then starts from that state: its
+  replicas' params are the global params, their inner optimizer state the source replica's
+  (its moments and step count, as torchft heals from a live peer), their error-feedback residual zero, and each fragment counts as missed
+  (a merge still pending replaces its fragment by the global copy); it counts in the average
+  from the next sync on.
+
+The same event in the in-step runtime is ``rejoin_schedule`` (:func:`rejoin_replicas`): a
+run replayed from its trace (:func:`diloco_core.run.drops.schedule_from_trace`,
+:func:`diloco_core.run.drops.rejoins_from_trace`) follows the elastic run.
+
+**Who writes the run's files** (:meth:`ElasticRuntime.writes_files`): the lowest process of
+the last agreement that has run since the start: process 0, unless it was lost (possible
+when the coordination service runs in a process of its own,
+:mod:`diloco_core.launch.coordination_service`); a replacement never (it lacks the rows before its
+heal). A process that becomes the writer at a log row takes ``metrics.jsonl`` over from its
+own rows (every process holds them all).
+
+**Checkpoints** (:meth:`ElasticRuntime.checkpoint_state`): no Orbax save over every process
+(its barriers would wait for a lost one). At a checkpoint's log row every process sends its
+replicas' rows through one agreement, and the writer writes the checkpoint alone. The replicas of the processes left out
+(lost, or a replacement not healed yet) are written as their heal would make them: the
+global params, the source replica's inner state, a zero residual; the meta item names them
+(``filled``, ``source``). A resume therefore starts every replica, and equals the run
+replayed in-step with those replicas rejoining at the checkpoint's step (the trace's
+``resumed`` row: :func:`~diloco_core.run.drops.rejoins_from_trace`).
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import time
+
+import jax
+import numpy as np
+
+from diloco_core.runtime.background_programs import fragment_branch
+from diloco_core.runtime.link import wait
+from diloco_core.devices.mesh import host_copy
+from diloco_core.algorithm.state import DiLoCoState
+
+
+def pack_heal(global_params, outer_state, opt_state, step: int, keys: int) -> bytes:
+  """The heal a leader sends: host arrays (the source replica's ``opt_state``, no replica axis).
+
+  Examples:
+    >>> data = pack_heal({"w": np.ones(2)}, {"v": np.zeros(2)}, {"m": np.full(2, 3.0)}, 8, 5)
+    >>> g, o, s, step, keys = unpack_heal(data, {"w": 0}, {"v": 0}, {"m": 0})
+    >>> g["w"].tolist(), s["m"].tolist(), step, keys
+    ([1.0, 1.0], [3.0, 3.0], 8, 5)
+  """
+  arrays = {}
+  for prefix, tree in (("g", global_params), ("o", outer_state), ("s", opt_state)):
+    arrays.update({f"{prefix}{i}": np.asarray(x) for i, x in enumerate(jax.tree.leaves(tree))})
+  buf = io.BytesIO()
+  np.savez(buf, step=np.int64(step), keys=np.int64(keys), **arrays)
+  return buf.getvalue()
+
+
+def unpack_heal(data: bytes, like_global, like_outer, like_opt):
+  """``(global_params, outer_state, opt_state, step, keys)`` of :func:`pack_heal`, shaped as the ``like`` trees."""
+  z = np.load(io.BytesIO(data))
+  tree = lambda like, p: jax.tree.unflatten(jax.tree.structure(like),
+                                            [z[f"{p}{i}"] for i in range(len(jax.tree.leaves(like)))])
+  return (tree(like_global, "g"), tree(like_outer, "o"), tree(like_opt, "s"), int(z["step"]), int(z["keys"]))
+
+
+def rejoin_replicas(state: DiLoCoState, replicas, source: int) -> DiLoCoState:
+  """A replacement's state in the in-step runtime (``rejoin_schedule``): replicas ``replicas``
+  take the global params, replica ``source``'s inner optimizer state and a zero residual.
+
+  Examples:
+    >>> s = DiLoCoState(params={"w": np.zeros((2, 1))}, opt_state={"m": np.array([[1.0], [2.0]])},
+    ...                 global_params={"w": np.full(1, 5.0)}, outer_state=None, ef_residual=None,
+    ...                 step=np.int32(3), participants=np.ones((2, 1)), in_flight=None)
+    >>> r = rejoin_replicas(s, [1], source=0)
+    >>> r.params["w"].tolist(), r.opt_state["m"].tolist()
+    ([[0.0], [5.0]], [[1.0], [1.0]])
+  """
+  host = jax.device_get(state)
+  replicas = list(replicas)
+
+  def put(x, value):
+    x = np.array(x)
+    x[replicas] = value
+    return x
+  new = host.replace(params=jax.tree.map(put, host.params, host.global_params),
+                     opt_state=jax.tree.map(lambda x: put(x, np.asarray(x)[source]), host.opt_state),
+                     ef_residual=None if host.ef_residual is None else
+                     jax.tree.map(lambda x: put(x, 0), host.ef_residual))
+  return jax.tree.map(lambda n, o: jax.device_put(n, o.sharding) if isinstance(o, jax.Array) else n, new, state)
+
+
+class ElasticRuntime:
+  """Mixed into :class:`~diloco_core.runtime.background.Background`: who is lost, and healing."""
+
+  def absent_processes(self) -> tuple[int, ...]:
+    """Elastic: the processes the last agreement left out (lost); otherwise none."""
+    return tuple(r for r in range(self.processes) if self.link.last and r not in self.link.last.members)
+
+  def absent_replicas(self) -> np.ndarray | None:
+    """Elastic: the [M] mask of the replicas of lost processes (True: lost); None otherwise."""
+    if self.min_replicas is None:
+      return None
+    lost = np.zeros(self.processes, bool)
+    lost[list(self.absent_processes())] = True
+    return np.repeat(lost, self.local)
+
+  def replica_params(self, state: DiLoCoState):
+    """The replicas' params the divergence watch reads: all; elastic: this process's own (no
+    collective that a lost process would hold)."""
+    if self.min_replicas is None:
+      return state.params
+    return jax.tree.map(lambda x: [s.data for s in x.addressable_shards], state.params)
+
+  def record_membership(self, t: int) -> None:
+    """Trace rows for the losses and joins the link's agreements saw since the last call
+    (``lost``, ``joined``: the processes, the agreement, its time), under step ``t``."""
+    while self.link.events:
+      self._record({**self.link.events.pop(0), "step": t})
+
+  def take_unsent(self) -> list[tuple[int, float]]:
+    """The syncs settled since the last call, as ``(step, share)``: the share of the replicas
+    the byte counters counted that sent nothing (lost, or a replacement not healed yet)."""
+    unsent, self._unsent = [(s, f) for s, f in self._unsent if f > 0], []
+    return unsent
+
+  def _key_count(self) -> int:
+    """The number of the next link exchange (a replacement continues the count)."""
+    n = next(self._keys)
+    self._keys = itertools.count(n)
+    return n
+
+  def writes_files(self) -> bool:
+    """Whether this process writes the run's files now: process 0; elastic, the lowest process
+    of the last agreement that is no replacement (see the module docstring)."""
+    if self.min_replicas is None or self.link.last is None:
+      return self.link.rank == 0
+    if self.link.membership.rejoined:
+      return False
+    first = [r for r in self.link.last.members if r not in self.link.replaced]
+    return bool(first) and first[0] == self.link.rank
+
+  def checkpoint_state(self, state: DiLoCoState, t: int) -> tuple[DiLoCoState | None, dict]:
+    """What the checkpoint of log row ``t`` (nothing in flight) saves on this process, and what
+    its meta item adds: the state itself (every process writes its part); elastic: the whole
+    state on the host of its only writer (:meth:`writes_files` after this agreement), and
+    ``{"filled": [...], "source": s}`` (see the module docstring), None on the others."""
+    if self.min_replicas is None:
+      return state, {}
+    fields = [(name, i, x) for name in self.replica_fields
+              for i, x in enumerate(jax.tree.leaves(getattr(state, name)))]
+    own = [np.ascontiguousarray(self.own_rows(x)) for _, _, x in fields]
+    flat = np.concatenate([x.view(np.uint8).reshape(-1) for x in own])[None]  # bit for bit, any dtype
+    rows, agreement = wait(self.link.gather(flat, f"checkpoint @ step {t}"), f"gathering the checkpoint of step {t}")
+    m = self.local
+    filled = [r * m + i for r in range(self.processes) if r not in agreement.members for i in range(m)]
+    source = agreement.leader * m  # as a heal: the first replica of the lowest process present
+    note = {"filled": filled, "source": source}
+    self._record({"kind": "checkpoint", "step": t, **note})
+    if not self.writes_files():
+      return None, note
+    glob = jax.tree.leaves(state.global_params)
+    full, start = {}, 0
+    for (name, i, x), mine in zip(fields, own, strict=True):
+      size = mine.nbytes
+      parts = [np.frombuffer(rows[r, start:start + size].tobytes(), x.dtype).reshape(mine.shape)
+               for r in range(self.processes)]
+      full[name, i] = np.concatenate(parts)
+      start += size
+    for name, i, _ in fields:  # the rows of those left out: as their heal would set them
+      rows_of = full[name, i]
+      if name == "params":
+        rows_of[filled] = host_copy(glob[i])
+      elif name == "opt_state":
+        rows_of[filled] = rows_of[source]
+      else:  # the error-feedback residual; "participants": every fragment counts as missed
+        rows_of[filled] = 0
+    host = {name: jax.tree.unflatten(jax.tree.structure(getattr(state, name)),
+                                     [full[name, i] for n, i, _ in fields if n == name])
+            for name in self.replica_fields if getattr(state, name) is not None}
+    rest = {name: jax.tree.map(host_copy, getattr(state, name)) for name in state.__dataclass_fields__
+            if name not in self.replica_fields}
+    return state.replace(**host, **rest), note
+
+  def resumed_from(self, step: int, meta: dict) -> None:
+    """Elastic, after a resume: the trace's ``resumed`` row (the checkpoint's step, the replicas it
+    filled and their source), which the replay reads as a rejoin."""
+    if self.min_replicas is not None:
+      self._record({"kind": "resumed", "step": step, "replicas": meta.get("filled", []),
+                    "source": meta.get("source", 0)})
+
+  @property
+  def rejoining(self) -> bool:
+    """Whether this process is a replacement that must :meth:`rejoin` before its first step."""
+    return self.link.membership is not None and self.link.membership.rejoined
+
+  def heal_joiners(self, state: DiLoCoState, t: int) -> DiLoCoState:
+    """The leader, at the start of step ``t`` when step t - 1 was a log row: the replacements
+    waiting that are ready (compiled: :meth:`rejoin`) get the state after step t - 1 (with
+    nothing in flight)."""
+    membership = self.link.membership
+    if membership is None or not membership.pending or (t - 1) % self.heal_every:
+      return state
+    pending = self._ready_joiners(membership, t)
+    if not pending:
+      return state
+    state = self.settle(state, t - 1)
+    first = lambda x: np.asarray(x.addressable_shards[0].data)[0]  # this process's first replica's row
+    data = pack_heal(jax.tree.map(host_copy, state.global_params), jax.tree.map(host_copy, state.outer_state),
+                     jax.tree.map(first, state.opt_state), t - 1, self._key_count())
+    for r in pending:
+      membership.send_heal(r, data)
+    self._record({"kind": "heal", "step": t - 1, "processes": pending, "source": self.offset, "time": time.time(),
+                  "replicas": [r * self.local + i for r in pending for i in range(self.local)]})
+    return state
+
+  def _ready_joiners(self, membership, t: int) -> list[int]:
+    """The replacements waiting that are ready; with ``heal_wait``, waits up to that long for
+    the others to be (the wait is a trace row, ``"for": "heal"``)."""
+    start = time.time()
+    ready = [r for r in sorted(membership.pending) if membership.ready(r)]
+    while len(ready) < len(membership.pending) and time.time() - start < self.heal_wait:
+      time.sleep(0.05)
+      ready = [r for r in sorted(membership.pending) if membership.ready(r)]
+    if time.time() - start > 0.05:
+      self._record({"kind": "wait", "step": t - 1, "for": "heal", "start": start, "end": time.time()})
+    return ready
+
+  def warm_up(self, state: DiLoCoState, batch) -> None:
+    """A replacement, before it says it is ready: runs each phase program it will run (an inner
+    step, and for each fragment branch a send, a settle of zero payloads and a merge) once on a
+    copy of its placeholder state, then drops the copy. It compiles them while the others train
+    (its thread takes part in their agreements meanwhile), instead of after its heal, when every
+    agreement would wait for it; no number of the run depends on it."""
+    M, P, hp = self.config.replicas, self.config.fragments, self._hyperparams(False)
+    copy = self.local_state(state)  # fresh arrays: the programs donate their state
+    copy, loss, _ = self.inner_program(copy, batch, hp)
+    everyone = self.place_replicated(np.ones(M, np.float32))
+    for p in sorted({fragment_branch(p, P)[0]: p for p in range(P)}.values()):  # one fragment per branch
+      copy, flat = self.send_program(copy, p, hp)
+      zeros = np.zeros((M, int(np.shape(flat)[-1])), np.float32)
+      copy = self.settle_program(copy, p, self._leaves_of(copy, p, zeros), hp, everyone)
+      copy = self.merge_program(copy, p, hp)
+    jax.block_until_ready((loss, copy))
+
+  def rejoin(self, state: DiLoCoState, batch=None) -> tuple[DiLoCoState, int]:
+    """A replacement: compiles its programs (:meth:`warm_up`, given a ``batch``) while it takes
+    part in the agreements with nothing, says it is ready, waits for the leader's heal, then
+    returns its state (see the module docstring) and the step it holds."""
+    membership = self.link.membership
+    if batch is not None:
+      started = time.time()
+      self.warm_up(state, batch)
+      self._record({"kind": "warm-up", "start": started, "end": time.time()})
+    membership.mark_ready()
+    key, data = membership.heal()
+    one = jax.tree.map(lambda x: np.asarray(x.addressable_shards[0].data)[0], state.opt_state)
+    glob, outer, opt, step, keys = unpack_heal(data, state.global_params, state.outer_state, one)
+    m, P = self.local, self.config.fragments
+    stack = lambda tree: jax.tree.map(lambda x: np.broadcast_to(x, (m, *np.shape(x))), tree)
+    host = state.replace(params=stack(glob), opt_state=stack(opt), global_params=glob, outer_state=outer,
+                         ef_residual=None if state.ef_residual is None else
+                         jax.tree.map(lambda x: np.zeros(np.shape(x), np.float32), stack(glob)),
+                         step=np.int32(step), participants=np.zeros((m, P), np.float32))
+    self._keys = itertools.count(keys)
+    self._record({"kind": "healed", "step": step, "first": key})
+    return self._place(host), step

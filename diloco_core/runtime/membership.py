@@ -1,0 +1,336 @@
+"""Elastic membership: which processes take part in a sync, agreed through JAX's coordination service.
+
+An elastic run must go on when a process dies, and let a replacement in. On CPU a gloo
+collective whose peer died cannot be cancelled (it waits for gloo's own timeout; JAX cancels
+collectives in flight on GPUs only), and a restarted process cannot set up a gloo context under
+the key its first incarnation left in the coordination service (``ALREADY_EXISTS: key
+cpu:gloo/...``). So an elastic exchange crosses no gloo collective: it goes through the
+coordination service that ``jax.distributed`` already runs (its key-value store and its
+membership barrier), whose waits are bounded by the heartbeat.
+
+One sync (:meth:`Membership.exchange`):
+
+1. the process puts its payload (bytes) under ``<prefix>/<key>/<rank>``;
+2. it calls the service's ``get_live_nodes`` over every process: a barrier over the *live*
+   ones, which returns the same ``{process: incarnation}`` to each of them. A process that
+   died is left out once the service stops hearing its heartbeat (``heartbeat_timeout_seconds``
+   of ``jax.distributed.initialize``: the bounded wait); a process killed after step 1 is left
+   out too (its payload is ignored), so every survivor agrees on the same contributors;
+3. the contributors (*members*) are the live processes with the incarnation they had at the
+   previous agreement and a payload; a live process with a new incarnation (a replacement that
+   called :meth:`Membership.enter`) *joins* at this sync;
+4. it reads every contributor's payload (they were put before the barrier: each is there).
+
+**A replacement** must take part in every barrier from its first on (the barrier waits for
+every live process: from its connection on, so it enters at once, :func:`process_membership`,
+and a thread takes part while it builds and compiles), but has no state yet. The leader (the lowest member of the agreement it
+joined at) writes, before each of its next barriers, a status for it: "take part in agreement
+*key* with nothing" (an empty payload: no contribution), until the trainer hands the leader
+its heal (the trainer waits until the replacement said it is ready, :meth:`Membership.mark_ready`) (:meth:`Membership.send_heal`, at a point where nothing of the leader is in flight);
+the next status then says "heal", and that agreement is the replacement's first as a member
+(:meth:`Membership.wait_for_heal`). Every process reads the same payloads, so every process
+agrees on who counted, at every agreement.
+
+The coordination service must run with ``jax_enable_recoverability`` (see
+:func:`diloco_core.devices.processes.initialize_distributed`): without it, the service ends every
+process when one misses its heartbeat. The process hosting the service (process 0) cannot be
+lost. The payloads cross the service (one host), so this suits small payloads and tests of
+the mechanism; collectives over the live devices, cancelled when a peer dies, are the GPU path.
+
+Examples:
+  >>> agreement = Agreement("sync/4", members=(0, 2), joined=(1,), lost=(), payloads={0: b"a", 2: b"b"},
+  ...                       incarnations={0: 7, 1: 9, 2: 8})
+  >>> agreement.leader, agreement.present(3).tolist()
+  (0, [1.0, 0.0, 1.0])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+import threading
+
+import jax
+import numpy as np
+
+#: Seconds a process waits for a contributor's payload once the barrier has passed (it was put
+#: before the barrier, so only a lost coordination service makes this wait expire).
+PAYLOAD_TIMEOUT_S = 60.0
+#: Seconds a replacement waits for the leader's heal data after it entered.
+HEAL_TIMEOUT_S = 120.0
+#: The key-value prefix of the membership's keys.
+PREFIX = "diloco/elastic"
+
+
+class MembershipError(ConnectionError):
+  """The coordination service could not complete an agreement (it was lost, or a key timed out)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Agreement:
+  """What every live process agreed on at one sync.
+
+  Attributes:
+    key: the sync's name (the same on every process, e.g. ``"fragment 1 @ step 6"``).
+    members: the processes whose payloads count (sorted): live, with the incarnation they had at
+      the previous agreement.
+    joined: live processes with a new incarnation: replacements that get the heal now and
+      count from the next sync.
+    lost: processes of the previous agreement that are gone (dead, or restarted: a restarted
+      process is lost and joined at once).
+    payloads: ``{process: bytes}`` of the members (empty for :meth:`Membership.enter`).
+    incarnations: ``{process: incarnation}`` of every live process.
+  """
+
+  key: str
+  members: tuple[int, ...]
+  joined: tuple[int, ...]
+  lost: tuple[int, ...]
+  payloads: dict
+  incarnations: dict
+
+  @property
+  def leader(self) -> int:
+    """The member that sends the heal to the joiners (the lowest)."""
+    return min(self.members)
+
+  def present(self, processes: int) -> np.ndarray:
+    """The float32 ``[processes]`` mask of the members (1 counts, 0 does not)."""
+    mask = np.zeros(processes, np.float32)
+    mask[list(self.members)] = 1.0
+    return mask
+
+
+def _client():
+  from jax._src import distributed  # the coordination service's client (no public accessor)
+  client = distributed.global_state.client
+  if client is None:
+    raise RuntimeError("elastic membership needs jax.distributed (initialize_distributed) first.")
+  return client
+
+
+class Membership:
+  """The elastic agreements of one process, in the order every process makes them.
+
+  Call :meth:`enter` once at start (every process, or a replacement), then :meth:`exchange` at
+  each sync, from one thread, in the same order on every process.
+
+  Args:
+    prefix: the key-value prefix (two memberships of one run need two prefixes).
+    payload_timeout_s: :data:`PAYLOAD_TIMEOUT_S`.
+    client: the coordination service's client (tests); default: ``jax.distributed``'s.
+  """
+
+  def __init__(self, prefix: str = PREFIX, payload_timeout_s: float = PAYLOAD_TIMEOUT_S, client=None):
+    self.prefix, self.payload_timeout_s = prefix, payload_timeout_s
+    self._client = client or _client()
+    self.rank, self.processes = jax.process_index(), jax.process_count()
+    self._known: dict[int, int] | None = None  # {process: incarnation} of the last agreement
+    self.incarnation: int | None = None  # this process's, from enter()
+    self._last_key: str | None = None
+    #: Whether :meth:`enter` found the run started: this process is a replacement.
+    self.rejoined = False
+    #: The leader's replacements waiting for their heal: ``{process: [incarnation, statuses told]}``.
+    self.pending: dict[int, list[int]] = {}
+    self._heals: dict[int, bytes] = {}
+    self._heal_wait: tuple[threading.Thread, list] | None = None  # start_waiting_for_heal's thread, result
+
+  def _barrier(self) -> dict[int, int]:
+    try:
+      return {int(r): int(i) for r, i in self._client.get_live_nodes(list(range(self.processes))).items()}
+    except Exception as e:  # noqa: BLE001 - the service itself gone
+      raise MembershipError(f"the membership barrier failed: the coordination service was lost ({_first_line(e)})") from None
+
+  @classmethod
+  def entered(cls, **kwargs) -> "Membership":
+    """A membership that has made its first agreement (:meth:`enter`)."""
+    membership = cls(**kwargs)
+    membership.enter()
+    return membership
+
+  def enter(self) -> Agreement:
+    """The first agreement of this process: at start (every process calls it, everyone is a
+    member), or as a replacement (the others are at a sync: they see it join there; then
+    :attr:`rejoined` is True and :meth:`wait_for_heal` gives what the leader sent)."""
+    self.rejoined = _try_get(self._client, f"{self.prefix}/started") is not None
+    live = self._barrier()
+    self._known, self.incarnation = live, live[self.rank]
+    if not self.rejoined and self.rank == min(live):
+      self._client.key_value_set(f"{self.prefix}/started", "1", allow_overwrite=True)
+    return Agreement("enter", tuple(sorted(live)), (), (), {}, dict(live))
+
+  def exchange(self, key: str, payload: bytes) -> Agreement:
+    """One sync: puts ``payload``, agrees on the live processes, reads the members' payloads.
+
+    Args:
+      key: the sync's name, the same on every process (no ``/``).
+      payload: this process's bytes (empty: a replacement waiting for its heal takes part in
+        the barrier without counting).
+
+    Returns:
+      The :class:`Agreement`.
+
+    Raises:
+      MembershipError: the coordination service was lost, or a member's payload did not come.
+    """
+    if self._known is None:
+      raise RuntimeError("call Membership.enter() before the first exchange.")
+    client = self._client
+    self._tell_joiners(key)
+    client.key_value_set_bytes(f"{self.prefix}/{key}/{self.rank}", payload, allow_overwrite=True)
+    live = self._barrier()
+    known = self._known
+    joined = tuple(r for r in sorted(live) if known.get(r) != live[r])
+    lost = tuple(r for r in sorted(known) if live.get(r) != known[r])
+    payloads = {}
+    for r in (r for r in sorted(live) if known.get(r) == live[r]):
+      try:
+        raw = client.blocking_key_value_get_bytes(f"{self.prefix}/{key}/{r}", int(self.payload_timeout_s * 1000))
+      except Exception as e:  # noqa: BLE001
+        raise MembershipError(f"process {r}'s payload of {key!r} did not come within"
+                              f" {self.payload_timeout_s:g} s ({_first_line(e)})") from None
+      if raw:  # an empty payload: a replacement not healed yet
+        payloads[r] = raw
+    if self._last_key is not None:  # everyone has read it: they all passed this barrier
+      _delete(client, f"{self.prefix}/{self._last_key}/{self.rank}")
+    self._known, self._last_key = live, key
+    agreement = Agreement(key, tuple(sorted(payloads)), joined, lost, payloads, dict(live))
+    if joined and payloads and self.rank == agreement.leader:  # the leader heals them (send_heal)
+      self.pending.update({r: [live[r], 0] for r in joined})
+    return agreement
+
+  def _tell_joiners(self, key: str) -> None:
+    """The leader, before each barrier: tells each replacement waiting for its heal what this
+    agreement is (take part with nothing), or that its heal is there (its first agreement as a
+    member is this one)."""
+    for r, (incarnation, n) in list(self.pending.items()):
+      status = f"{self.prefix}/status/{r}/{incarnation}/{n}"
+      if r in self._heals:
+        self._client.key_value_set_bytes(f"{self.prefix}/heal/{r}/{incarnation}", _frame(key, self._heals.pop(r)),
+                                         allow_overwrite=True)
+        self._client.key_value_set(status, "heal", allow_overwrite=True)
+        del self.pending[r]
+      else:
+        self._client.key_value_set(status, "key:" + key, allow_overwrite=True)
+        self.pending[r][1] = n + 1
+
+  def send_heal(self, process: int, data: bytes) -> None:
+    """The leader: ``data`` (what the replacement ``process`` needs to continue) goes with its
+    next agreement, the replacement's first as a member. Call it when nothing of this process
+    is in flight: the next :meth:`exchange` is then the next sync of the schedule."""
+    self._heals[process] = data
+
+  def wait_for_heal(self, timeout_s: float = HEAL_TIMEOUT_S) -> tuple[str, bytes]:
+    """A replacement, after :meth:`enter`: takes part (with nothing) in the agreements the
+    leader names until its heal comes; returns ``(key of its first agreement as a member,
+    data)``: the caller's next :meth:`exchange` must be that one."""
+    incarnation, n = self._known[self.rank], 0
+    while True:
+      status = self._get(f"{self.prefix}/status/{self.rank}/{incarnation}/{n}", timeout_s).decode()
+      if status == "heal":
+        return _unframe(self._get(f"{self.prefix}/heal/{self.rank}/{incarnation}", timeout_s))
+      if status == "ended":
+        raise MembershipError("the run ended before this replacement could join it.")
+      self.exchange(status.removeprefix("key:"), b"")
+      n += 1
+
+  def start_waiting_for_heal(self, timeout_s: float = HEAL_TIMEOUT_S) -> None:
+    """A replacement: :meth:`wait_for_heal` on a thread, so that it takes part in every
+    agreement (with nothing) from now on while the process builds and compiles its programs;
+    the others' barriers then never wait for its start. :meth:`heal` gives the result."""
+    box: list = []
+
+    def run():
+      try:
+        box.append(("ok", self.wait_for_heal(timeout_s)))
+      except BaseException as e:  # noqa: BLE001 - handed to heal()
+        box.append(("error", e))
+    thread = threading.Thread(target=run, daemon=True, name="diloco-heal-wait")
+    thread.start()
+    self._heal_wait = (thread, box)
+
+  def heal(self) -> tuple[str, bytes]:
+    """A replacement: what :meth:`wait_for_heal` returns, from the thread of
+    :meth:`start_waiting_for_heal` (started now if it was not)."""
+    if self._heal_wait is None:
+      self.start_waiting_for_heal()
+    thread, box = self._heal_wait
+    thread.join()
+    kind, value = box[0]
+    if kind == "error":
+      raise value
+    return value
+
+  def mark_ready(self) -> None:
+    """A replacement: it is ready to count (its programs are compiled); the leader heals it at
+    its next heal point (:meth:`ready`)."""
+    self._client.key_value_set(f"{self.prefix}/ready/{self.rank}/{self.incarnation}", "1", allow_overwrite=True)
+
+  def ready(self, process: int) -> bool:
+    """The leader: whether the replacement ``process`` waiting for its heal is ready
+    (:meth:`mark_ready`; no wait)."""
+    return _try_get(self._client, f"{self.prefix}/ready/{process}/{self.pending[process][0]}") is not None
+
+  def release(self) -> None:
+    """The leader, at its end: tells the replacements still waiting that the run ended."""
+    for r, (incarnation, n) in self.pending.items():
+      self._client.key_value_set(f"{self.prefix}/status/{r}/{incarnation}/{n}", "ended", allow_overwrite=True)
+    self.pending.clear()
+
+  def _get(self, key: str, timeout_s: float) -> bytes:
+    try:
+      return self._client.blocking_key_value_get_bytes(key, int(timeout_s * 1000))
+    except Exception as e:  # noqa: BLE001
+      raise MembershipError(f"no live process answered this replacement within {timeout_s:g} s (at {key}:"
+                            f" {_first_line(e)})") from None
+
+
+_PROCESS: Membership | None = None
+
+
+def process_membership() -> Membership:
+  """This process's membership (an elastic run has one): entered at the first call, which the
+  command line makes right after joining the coordination service. A replacement then takes
+  part in the agreements at once (:meth:`Membership.start_waiting_for_heal`): the others wait
+  for it only from its connection to its first barrier, not while it builds and compiles."""
+  global _PROCESS
+  if _PROCESS is None:
+    _PROCESS = Membership.entered()
+    if _PROCESS.rejoined:
+      _PROCESS.start_waiting_for_heal()
+  return _PROCESS
+
+
+def _try_get(client, key: str) -> bytes | None:
+  """The value under ``key``, or None when there is none (the service raises NOT_FOUND)."""
+  try:
+    return client.key_value_try_get_bytes(key)
+  except Exception:  # noqa: BLE001 - NOT_FOUND
+    return None
+
+
+def _delete(client, key: str) -> None:
+  try:
+    client.key_value_delete(key)
+  except Exception:  # noqa: BLE001 - already gone: nothing to free
+    pass
+
+
+def _first_line(e: Exception) -> str:
+  return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+
+
+def _frame(key: str, data: bytes) -> bytes:
+  """``key`` and ``data`` in one value: the key's length (4 bytes), the key, the data.
+
+  Examples:
+    >>> _unframe(_frame("fragment 0 @ step 4", b"xyz"))
+    ('fragment 0 @ step 4', b'xyz')
+  """
+  k = key.encode()
+  return struct.pack("<I", len(k)) + k + data
+
+
+def _unframe(raw: bytes) -> tuple[str, bytes]:
+  (n,) = struct.unpack("<I", raw[:4])
+  return raw[4:4 + n].decode(), raw[4 + n:]
