@@ -1,4 +1,5 @@
-"""The code's layout: no import circle, no private name used across modules, small modules.
+"""The code's layout: layers of sub-packages, no import circle, no private name used across modules,
+small modules.
 
 Read with :mod:`ast` (imports inside functions count: they run when the function does).
 """
@@ -8,6 +9,9 @@ from __future__ import annotations
 import ast
 import pathlib
 
+from diloco_core import layers
+from diloco_core.layers import HELPERS, LAYERS, PLANNING_MAY_IMPORT, allowed, package_of
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = ("diloco_core", "analysis")
 #: The most lines a module may have (docstrings included).
@@ -16,33 +20,12 @@ MAX_LINES = 450
 
 def modules() -> dict[str, pathlib.Path]:
   """Every module of the two packages, by dotted name (a package by its own name)."""
-  out = {}
-  for package in PACKAGES:
-    for path in sorted((ROOT / package).rglob("*.py")):
-      parts = path.relative_to(ROOT).with_suffix("").parts
-      out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-  return out
+  return layers.modules(PACKAGES, ROOT)
 
 
 def import_graph() -> tuple[dict[str, set[str]], list[tuple[str, str, str]]]:
   """Module -> the project modules it imports; and every ``from M import _private``."""
-  mods = modules()
-  edges: dict[str, set[str]] = {m: set() for m in mods}
-  private = []
-  for name, path in mods.items():
-    for node in ast.walk(ast.parse(path.read_text())):
-      if isinstance(node, ast.Import):
-        edges[name] |= {a.name for a in node.names if a.name in mods}
-      elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in mods:
-        for alias in node.names:
-          sub = f"{node.module}.{alias.name}"
-          if sub in mods:
-            edges[name].add(sub)
-          else:
-            edges[name].add(node.module)
-            if alias.name.startswith("_"):
-              private.append((name, node.module, alias.name))
-  return edges, private
+  return layers.import_graph(PACKAGES, ROOT)
 
 
 def circles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -81,6 +64,38 @@ def circles(edges: dict[str, set[str]]) -> list[list[str]]:
     if v not in index:
       visit(v)
   return found
+
+
+def test_every_sub_package_has_a_layer_and_every_module_a_room():
+  packages = {p.name for p in (ROOT / "diloco_core").iterdir() if (p / "__init__.py").exists()}
+  assert packages == {p for names in LAYERS for p in names}
+  top = {name for name in modules() if name.startswith("diloco_core") and package_of(name) is None}
+  assert top == set(HELPERS) | set(layers.ENTRY_POINTS), f"modules outside the sub-packages: {sorted(top)}"
+
+
+def test_imports_follow_the_layers():
+  """Every import of the trainer (function-level ones included) goes down the layers, never up or across."""
+  bad = layers.against_the_layers(import_graph()[0])
+  assert not bad, "imports against the layers (see LAYERS):\n" + "\n".join(sorted(bad))
+
+
+def test_the_planning_library_imports_only_the_spec():
+  edges, _ = import_graph()
+  bad = sorted(f"{m} -> {d}" for m, deps in edges.items() if m.startswith("analysis.planning")
+               for d in deps if d.startswith("diloco_core") and d not in HELPERS and d != "diloco_core"
+               and package_of(d) not in PLANNING_MAY_IMPORT)
+  assert not bad, bad
+
+
+def test_each_package_states_its_layer_rule():
+  """The docstring's "May import:" line is the rule above, in words."""
+  import importlib
+  for names in LAYERS:
+    for package in names:
+      doc = importlib.import_module(f"diloco_core.{package}").__doc__
+      lower = allowed(package)
+      line = f"May import: {', '.join(lower)}." if lower else "May import: nothing of the trainer."
+      assert line in doc, f"diloco_core.{package}'s docstring lacks {line!r}"
 
 
 def test_no_import_circle():
