@@ -30,7 +30,7 @@ from analysis.planning.models import get_model
 from analysis.planning.models import model_stats
 from analysis.planning.models import model_table
 from analysis import simulate_cli
-from analysis.flag_names import as_flags, option_strings
+from analysis.flag_names import as_flags, option_flags
 from diloco_core.spec.wire_formats import DEFAULT_CHUNK
 from diloco_core.spec.wire_formats import topk_bits_per_element
 from diloco_core.spec.validity import check_choice
@@ -358,7 +358,7 @@ def main(argv=None) -> int:
   try:
     args.func(args)
   except (ValueError, OSError) as e:
-    print(f"error: {as_flags(str(e), option_strings(parser))}", file=sys.stderr)
+    print(f"error: {as_flags(str(e), option_flags(parser))}", file=sys.stderr)
     return 2
   return 0
 

@@ -11,6 +11,8 @@ from analysis import hardware
 from analysis import memory
 from analysis import models
 from analysis import roofline as rl
+from diloco_core.spec.footprint import check_fits
+from diloco_core.spec.footprint import replica_state_bytes
 from diloco_core.spec.model_config import ModelConfig
 from diloco_core.spec.model_config import param_count
 
@@ -308,3 +310,28 @@ def test_memory_per_replica_by_hand():
     memory.memory_per_replica(-3)
   with pytest.raises(ValueError, match=r"or a positive parameter count, got '8B'"):
     memory.memory_per_replica("8B")
+
+
+@pytest.mark.parametrize("name, outer_state", [("nesterov", 4_000_000), ("sgd", 4_000_000), ("adam", 8_000_000)])
+def test_outer_optimizer_state_by_hand(name, outer_state):
+  """N = 10^6 fp32 params: Nesterov and SGD keep one momentum (4 MB), Adam m and v (8 MB)."""
+  n = 10**6
+  assert replica_state_bytes(n, outer=True, outer_optimizer=name) == dict(
+      params=4_000_000, grads=4_000_000, optimizer=8_000_000, outer_params=4_000_000, outer_momentum=outer_state)
+  assert replica_state_bytes(n, outer=False, outer_optimizer=name)["outer_momentum"] == 0  # DP: no outer step
+  m = memory.memory_per_replica(n, method="diloco", sync_every=100, outer_optimizer=name)
+  assert (m.outer_params, m.outer_momentum) == (4e6, outer_state)
+  assert m.total == 4e6 + 4e6 + 8e6 + 4e6 + outer_state + 4e6  # + one fp32 full-model buffer in flight
+  assert memory.memory_per_replica(n, method="dp", outer_optimizer=name).total == 16e6
+  # The trainer's up-front check counts the same: 1 replica, no logits, exactly 24 MB available.
+  fits = dict(replicas=1, outer=True, tokens=0, vocab=32, available=24e6, outer_optimizer=name)
+  if name == "adam":  # 4 + 4 + 8 + 4 + 8 = 28 MB
+    with pytest.raises(ValueError, match=r"the run needs at least 0.028 GB \(training state 0.028 GB"):
+      check_fits(n, **fits)
+  else:  # 4 + 4 + 8 + 4 + 4 = 24 MB
+    check_fits(n, **fits)
+
+
+def test_unknown_outer_optimizer_is_one_line():
+  with pytest.raises(ValueError, match=r"^outer_optimizer must be one of \('nesterov', 'sgd', 'adam'\), got 'adamw'\.$"):
+    memory.memory_per_replica(10**6, outer_optimizer="adamw")

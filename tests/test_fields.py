@@ -81,3 +81,22 @@ def test_field_rejects_a_field_both_traced_and_compiled_in():
     fields.field(1.0, traced="float32", program=True)
   with pytest.raises(ValueError, match="traced must be None or one of"):
     fields.field(1, traced="int64")
+
+
+def test_every_flag_name_comes_from_the_field_metadata():
+  """One source of flags: the parser, cli.to_flags, the launcher and the analysis command line
+  all read fields.flag_names (a field's ``flag``), never ``name.replace("_", "-")``."""
+  from analysis.flag_names import as_flags
+  from diloco_core.launch import faults, supervisor
+  from diloco_core.run.cli import FLAGS
+  table = fields.flag_names(TrainConfig)
+  assert {k: FLAGS[k] for k in table} == table
+  assert table["n_layers"] == "--layers" and table["progress"] == "--no-progress"
+  assert table["data.vocab_size"] == "--data-vocab" and table["sync_every"] == "--sync-every"
+  parsed = {a.dest: a.option_strings[0] for a in build_parser()._actions if a.option_strings}
+  assert all(parsed[path] == table[fields.option_name(path)] for path, f in fields.walk(TrainConfig)
+             if fields.spec(f).flag)
+  assert as_flags("lower `n_layers` or `topk`", {"topk": "--topk"}) == "lower --layers or --topk"
+  assert faults.train_flag_value(["--model", "tiny", table["out"], "runs/a"], "out") == "runs/a"
+  with pytest.raises(ValueError, match=f"pass {table['elastic']} to the trainer"):
+    supervisor.parse_args(["--restart", "--", "--model", "tiny"])

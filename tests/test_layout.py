@@ -142,3 +142,24 @@ def test_every_module_keeps_its_short_name():
     parts = name.split(".")
     if parts[0] == "analysis" and len(parts) == 3 and parts[1] in ("planning", "lab") and not parts[2].startswith("_"):
       assert getattr(analysis, parts[2]).__name__ == name
+
+
+def test_public_paths_keep_working():
+  """``from diloco_core import X`` for every public name, each sub-package's re-exports, and the
+  ``python -m`` entry points (the launcher's default ``--module`` among them)."""
+  import importlib
+  import importlib.util
+
+  import diloco_core
+  from diloco_core.launch import supervisor
+  for name in diloco_core.__all__:
+    assert getattr(diloco_core, name) is not None, name
+  for package in sum(LAYERS, ()):
+    module = importlib.import_module(f"diloco_core.{package}")
+    for name in module.__all__:
+      assert getattr(module, name) is getattr(importlib.import_module(module._PUBLIC[name]), name)
+  default_module = supervisor.build_parser().get_default("module")
+  for entry in ("diloco_core.train", "diloco_core.compare", "diloco_core.launch.__main__",
+                "diloco_core.coordination_service", default_module):
+    assert importlib.util.find_spec(entry) is not None, entry
+  assert default_module == "diloco_core.train"

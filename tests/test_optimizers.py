@@ -95,6 +95,17 @@ def test_outer_sgd_and_nesterov_hand_computed(name, expected):
   np.testing.assert_allclose(two_outer_steps(name), expected, rtol=1e-6)
 
 
+@pytest.mark.parametrize("mu", [0.0, 0.9])
+@pytest.mark.parametrize("name", ["nesterov", "sgd", "adam"])
+def test_outer_state_copies_are_what_the_outer_optimizer_keeps(name, mu):
+  """The memory count (spec.footprint.OUTER_STATE_COPIES) against optax's state: model-sized
+  buffers only (Adam's step count is a scalar); SGD keeps its trace even with μ = 0."""
+  from diloco_core.spec.footprint import OUTER_STATE_COPIES
+  opt = outer_optimizer_factory(name)({"outer_lr": 0.5, "outer_momentum": mu, "outer_beta2": 0.99})
+  leaves = jax.tree.leaves(opt.init(jnp.zeros(1000)))
+  assert sum(x.size for x in leaves if x.size > 1) == OUTER_STATE_COPIES[name] * 1000
+
+
 def two_outer_steps(name, **kw):
   cfg = DiLoCoConfig(replicas=2, sync_every=1, outer_lr=0.5, outer_momentum=0.5, outer_optimizer=name, **kw)
   algo = DiLoCo(lambda w, x: jnp.sum((w - x) ** 2), optax.sgd(0.25), cfg)

@@ -113,6 +113,8 @@ def with_values(base, values: Mapping[str, Any]):
   cfg = dataclasses.replace(base, algo=algo, data=data, **changes["train"])
   cfg_no_out = dataclasses.replace(cfg, out=None)
   cfg_no_out.validate()
+  from diloco_core.run.preflight import preflight  # lazily, as diloco_core.train (_train_module)
+  preflight(cfg_no_out)  # the mesh, the memory and init_from against this machine, as before
   return cfg
 
 

@@ -14,6 +14,7 @@ from analysis.plots._style import LABELS
 from analysis.plots._style import SYMBOLS
 from analysis.plots._style import label
 from analysis.plots._style import short
+from analysis.plots.design import plot_layers
 from analysis.plots.design import plot_mesh
 from analysis.plots.notebook import glue
 from analysis.plots.results import plot_bars

@@ -53,3 +53,99 @@ def plot_mesh(diloco: int = 4, data: int = 2, *, title: str | None = None):
   if title:
     ax.set_title(title)
   return done(fig)
+
+
+def plot_layers(layers, arrows, sizes, *, title: str | None = None):
+  """The trainer's sub-packages as floors of a house, with the imports between them.
+
+  Args:
+    layers: the floors, lowest first, each a tuple of package names
+      (:data:`diloco_core.layers.LAYERS`).
+    arrows: ``(importer, imported) -> number of module imports``
+      (:func:`diloco_core.layers.package_graph`).
+    sizes: package -> ``(modules, lines)``, written in each box.
+    title: the axes title.
+
+  Returns:
+    The matplotlib Figure: one box per package, floor 0 at the bottom; an arrow from a package
+    to each package it imports, wider for more imports (every arrow points down). An arrow
+    that a longer way down implies (``run -> devices`` beside ``run -> runtime -> devices``)
+    is not drawn; the figure says how many.
+
+  Examples:
+    >>> fig = plot_layers((("a",), ("b", "c")), {("b", "a"): 3, ("c", "a"): 1},
+    ...                   {"a": (2, 100), "b": (1, 50), "c": (3, 90)})
+    >>> len(fig.axes[0].patches)  # three boxes and two arrows
+    5
+    >>> sorted(_reduced({("c", "b"): 1, ("b", "a"): 1, ("c", "a"): 4}))  # c -> a is implied
+    [('b', 'a'), ('c', 'b')]
+  """
+  import matplotlib.patches as mpatches
+  width, height, gap = 2.0, 0.62, 0.25
+  fig, (ax,) = new_figure(figsize=(7.2, 0.9 * len(layers) + 0.6))
+  ax.grid(False)
+  span = max(len(names) for names in layers) * (width + gap)
+  where = {}
+  for floor, names in enumerate(layers):
+    x0 = (span - len(names) * (width + gap)) / 2
+    for i, name in enumerate(names):
+      x, y = x0 + i * (width + gap), floor
+      where[name] = (x + width / 2, y, y + height)
+      ax.add_patch(mpatches.FancyBboxPatch((x, y), width, height, boxstyle="round,pad=0.02",
+                                           facecolor=f"C{floor % 10}", alpha=0.3, edgecolor="k"))
+      n_modules, n_lines = sizes.get(name, (0, 0))
+      ax.text(x + width / 2, y + height / 2, f"{name}/\n{n_modules} modules, {n_lines:,} lines",
+              ha="center", va="center", fontsize=7.5)
+    ax.text(-0.2, floor + height / 2, f"layer {floor}", ha="right", va="center", fontsize=8, color="0.35")
+  floor_of = {name: f for f, names in enumerate(layers) for name in names}
+  shown = _reduced(arrows)
+  outs, ins = {}, {}
+  for src, dst in shown:
+    outs.setdefault(src, []).append(dst)
+    ins.setdefault(dst, []).append(src)
+
+  def attach(name, others, y):  # spread a box's arrow ends along its edge, ordered by the other end
+    others = sorted(others, key=lambda o: where[o][0])
+    return {o: (where[name][0] + width * 0.8 * ((i + 1) / (len(others) + 1) - 0.5), y) for i, o in enumerate(others)}
+
+  starts = {src: attach(src, dsts, where[src][1]) for src, dsts in outs.items()}
+  ends = {dst: attach(dst, srcs, where[dst][2]) for dst, srcs in ins.items()}
+  for src, dst in shown:
+    (xa, ya), (xb, yb) = starts[src][dst], ends[dst][src]
+    side = (xa + xb) / 2 - span / 2  # bow a long arrow out, away from the middle column
+    skip = floor_of[src] - floor_of[dst] > 1 and abs(side) > 0.05
+    rad = (0.4 if side < 0 else -0.4) if skip else 0.0
+    ax.add_patch(mpatches.FancyArrowPatch((xa, ya), (xb, yb), arrowstyle="-|>", mutation_scale=8,
+                                          lw=0.5 + 0.35 * arrows[(src, dst)] ** 0.5, color="0.3", alpha=0.7,
+                                          connectionstyle=f"arc3,rad={rad}",
+                                          shrinkA=0, shrinkB=0))
+  hidden = len(arrows) - len(shown)
+  if hidden:
+    ax.text(span / 2, -0.15, f"{hidden} arrows that a longer way down implies are not drawn",
+            ha="center", va="top", fontsize=7.5, color="0.35")
+  ax.set_xlim(-1.1, span + 0.1)
+  ax.set_ylim(-0.45, len(layers) - 1 + height + 0.2)
+  ax.set_axis_off()
+  if title:
+    ax.set_title(title)
+  return done(fig)
+
+
+def _reduced(arrows) -> list[tuple[str, str]]:
+  """The arrows no longer way implies (the transitive reduction of an acyclic graph)."""
+  out: dict[str, set[str]] = {}
+  for src, dst in arrows:
+    out.setdefault(src, set()).add(dst)
+
+  def reaches(a, b, first):  # a path a -> ... -> b that does not start with the arrow a -> b
+    todo, seen = [n for n in out.get(a, ()) if n != first], set()
+    while todo:
+      n = todo.pop()
+      if n == b:
+        return True
+      if n not in seen:
+        seen.add(n)
+        todo.extend(out.get(n, ()))
+    return False
+
+  return [(src, dst) for src, dst in arrows if not reaches(src, dst, dst)]

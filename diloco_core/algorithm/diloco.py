@@ -64,9 +64,9 @@ from diloco_core.algorithm.fragments import LAYER, OTHER, SHARED, Fragments, lea
 from diloco_core.algorithm.hyperparams import Optimizer, resolve_optimizer
 from diloco_core.devices.mesh import make_mesh
 from diloco_core.algorithm.optimizers import outer_optimizer_factory
-from diloco_core.algorithm.phases import Phases
+from diloco_core.algorithm.phases import Phases, inner_update  # noqa: F401 (inner_update: re-exported)
 from diloco_core.spec.schedule import merged_fragment, sent_fragment
-from diloco_core.algorithm.state import DiLoCoState, MergeOperands, OuterUpdate, SendOperands
+from diloco_core.algorithm.state import DiLoCoState, MergeOperands, OuterUpdate, SendOperands, participation_code
 
 LossFn = Callable[[Any, Any], jax.Array]
 #: The config fields that are traced inputs of the step rather than compiled-in constants
@@ -76,25 +76,9 @@ LossFn = Callable[[Any, Any], jax.Array]
 CONFIG_HYPERPARAMS = traced_fields(DiLoCoConfig)
 
 
-def inner_update(loss_fn: LossFn, optimizer: optax.GradientTransformation, params, opt_state, batch):
-  """One optimizer step of one model on one batch; returns (params, opt_state, loss, metrics).
-
-  ``loss`` and ``metrics`` (what else the loss function reports, ``{}`` for a scalar loss
-  function) as :func:`~diloco_core.algorithm.base.loss_and_grad` returns them.
-  """
-  loss, metrics, grads = loss_and_grad(loss_fn, params, batch)
-  updates, opt_state = optimizer.update(grads, opt_state, params)
-  return optax.apply_updates(params, updates), opt_state, loss, metrics
-
-
 def default_outer_optimizer(hparams: dict) -> optax.GradientTransformation:
   """The outer optimizer of the semantics page: ``optax.sgd(η, μ, nesterov=True)`` from ``hparams``."""
   return outer_optimizer_factory("nesterov")(hparams)
-
-
-def stack_replicas(tree, replicas: int):
-  """Copies every leaf of ``tree`` M times along a new leading axis (identical replicas)."""
-  return jax.tree.map(lambda x: jnp.broadcast_to(x, (replicas, *x.shape)), tree)
 
 
 class DiLoCo(Phases, AlgorithmBase):
@@ -208,22 +192,8 @@ class DiLoCo(Phases, AlgorithmBase):
     :meth:`~diloco_core.algorithm.base.AlgorithmBase.with_hyperparams`) already holds a
     step for params of this structure.
     """
-    cfg, hp = self.config, self.hyperparams
-    params = jax.tree.map(lambda x: jnp.array(x, copy=True), params)  # state is donated
-    replicas = stack_replicas(params, cfg.replicas)
-    opt_state = stack_replicas(resolve_optimizer(self.inner_optimizer, hp).init(params),
-                               cfg.replicas)
-    residual = eager.zeros_f32(replicas) if cfg.error_feedback else None
-    outer_state = per_fragment_state(resolve_optimizer(self.outer_optimizer, hp), params,
-                                     cfg.fragments)
-    in_flight = {"none": None, "delayed": eager.zeros_f32(params)}.get(cfg.outer_overlap)
-    if cfg.outer_overlap == "eager":
-      in_flight = eager.EagerInFlight(eager.zeros_f32(replicas), stack_replicas(params, cfg.replicas),
-                                      stack_replicas(outer_state, cfg.replicas))
-    state = self._place_state(DiLoCoState(
-        params=replicas, opt_state=opt_state, global_params=params, outer_state=outer_state,
-        ef_residual=residual, step=jnp.zeros((), jnp.int32),
-        participants=jnp.ones((cfg.replicas, cfg.fragments), jnp.float32), in_flight=in_flight))
+    cfg = self.config
+    state = self._place_state(self.initial_state(params, cfg.replicas))
     def make_step():
       self._build(params)
       return self._jit_step(drjax.program(diloco=cfg.replicas)(self._step_impl), state)
@@ -271,8 +241,7 @@ class DiLoCo(Phases, AlgorithmBase):
 
   def _step_impl(self, state: DiLoCoState, batch, hp, participation=None):
     cfg = self.config  # only its structural fields: H, τ, η, μ, α, β2, β come in ``hp`` (traced)
-    update = functools.partial(inner_update, self.loss_fn, resolve_optimizer(self.inner_optimizer, hp))
-    params, opt_state, loss, metrics = drjax.map_fn(update, (state.params, state.opt_state, batch))
+    params, opt_state, loss, metrics = self.inner_steps(hp, state.params, state.opt_state, batch)
     t = state.step + 1
 
     g = jax.tree.leaves(state.global_params)
@@ -293,8 +262,7 @@ class DiLoCo(Phases, AlgorithmBase):
                      participation=participation, in_flight=fl))
     # How each replica took part in each fragment's latest sync (its merge heals the dropped
     # ones). Per replica, so the merge reads it without communication.
-    present = jnp.ones((cfg.replicas,), jnp.float32) if participation is None else participation
-    code = jnp.where(jnp.sum(present) > 0, present, -1.0)  # -1: the sync was skipped
+    code = participation_code(participation, cfg.replicas)
     participants = drjax.map_fn(
         lambda row, c: jnp.where(is_send, row.at[p_send].set(c), row), (state.participants, code))
 

@@ -52,11 +52,6 @@ class EagerInFlight(NamedTuple):
   outer_state: Any
 
 
-def zeros_f32(tree):
-  """A float32 zero tree shaped like ``tree`` (the average in flight before the first sync)."""
-  return jax.tree.map(lambda x: jnp.zeros(jnp.shape(x), jnp.float32), tree)
-
-
 def eager_gradient(sent: list, mean: list, others: list, replicas: int) -> tuple[list, list]:
   """One replica's eager outer gradient and its new others' part (lists of leaves).
 
@@ -76,11 +71,15 @@ def eager_gradient(sent: list, mean: list, others: list, replicas: int) -> tuple
   return grad, new_others
 
 
-def send(frag, kinds: tuple, branch, k, outer_step, sent: list, mean: list, fl: EagerInFlight):
-  """The eager send of one fragment, inside the drjax program of :class:`~diloco_core.DiLoCo`.
+def before_mean(frag, kinds: tuple, branch, k, outer_step, sent: list, fl: EagerInFlight,
+                replicas: int) -> EagerInFlight:
+  """The eager send of one fragment before this sync's average is known (inside a drjax program).
 
   Every replica takes ``outer_step(gradient, outer state leaves, params leaves)`` on its own
-  outer params with :func:`eager_gradient`.
+  outer params with :func:`eager_gradient`, with the others' part :math:`o_m` of the
+  *previous* average, and keeps ``sent`` in its others' slot until this sync's average
+  arrives (:func:`after_mean`). θ_g is not computed here (it is the mean over every replica,
+  :meth:`~diloco_core.algorithm.phases.Phases.replicas_mean`).
 
   Args:
     frag: the ``Fragments`` of the params.
@@ -88,38 +87,12 @@ def send(frag, kinds: tuple, branch, k, outer_step, sent: list, mean: list, fl: 
     branch, k: the fragment, as given by ``Fragments.switch``.
     outer_step: one outer optimizer step on a fragment's slices -> (params, state leaves).
     sent: per replica, what each replica put on the wire (the fragment's leaves).
-    mean: their average.
     fl: the in-flight state (leaf lists).
+    replicas: M.
 
   Returns:
-    ``(new in-flight state, new global fragment leaves)``: θ_g[p] is the mean of the
-    replicas' new outer params (one more reduction, not counted as communication).
+    The new in-flight state.
   """
-  kinds, okinds = kinds
-  replicas = sent[0].shape[0]
-  others = frag.take(fl.others, kinds, branch, k, axis=1)
-  mine = frag.take(fl.outer_params, kinds, branch, k, axis=1)
-  mine_state = frag.take(fl.outer_state, okinds, branch, k, axis=1)
-
-  def per_replica(s_m, o_m, g_m, st_m, mean):
-    grad, new_o = eager_gradient(s_m, mean, o_m, replicas)
-    return (*outer_step(grad, st_m, g_m), new_o)
-
-  new_mine, new_state, new_others = drjax.map_fn(
-      per_replica, (sent, others, mine, mine_state, drjax.broadcast(mean)))
-  new_g = [x.astype(y.dtype) for x, y in zip(drjax.reduce_mean(new_mine), mine)]
-  return EagerInFlight(frag.put(fl.others, kinds, branch, new_others, k, axis=1),
-                       frag.put(fl.outer_params, kinds, branch, new_mine, k, axis=1),
-                       frag.put(fl.outer_state, okinds, branch, new_state, k, axis=1)), new_g
-
-
-def send_local(frag, kinds: tuple, branch, k, outer_step, sent: list, fl: EagerInFlight,
-               replicas: int) -> EagerInFlight:
-  """The eager send of one fragment when the average is still on the wire
-  (``communication="background"``, :mod:`diloco_core.runtime.background`): what :func:`send` does to
-  each local replica, with the others' part :math:`o_m` of the *previous* average (already
-  settled), and ``sent`` kept in the others' slot until this sync's average arrives
-  (:func:`settle_local`). θ_g is not computed here (it is the mean over every replica)."""
   kinds, okinds = kinds
   others = frag.take(fl.others, kinds, branch, k, axis=1)
   mine = frag.take(fl.outer_params, kinds, branch, k, axis=1)
@@ -135,11 +108,22 @@ def send_local(frag, kinds: tuple, branch, k, outer_step, sent: list, fl: EagerI
                        frag.put(fl.outer_state, okinds, branch, new_state, k, axis=1))
 
 
-def settle_local(frag, kinds: tuple, branch, k, mean: list, fl: EagerInFlight,
-                 replicas: int) -> EagerInFlight:
-  r"""The average of a background eager sync has arrived: each replica's others' slot, which
-  held what it sent (:func:`send_local`), becomes :math:`\Delta - \Delta_m / M`, exactly what
-  :func:`send` keeps."""
+def after_mean(frag, kinds: tuple, branch, k, mean: list, fl: EagerInFlight,
+               replicas: int) -> EagerInFlight:
+  r"""The average of an eager sync is known: each replica's others' slot, which held what it
+  sent (:func:`before_mean`), becomes :math:`\Delta - \Delta_m / M` (:func:`eager_gradient`).
+
+  Args:
+    frag: the ``Fragments`` of the params.
+    kinds: ``(param kinds, outer-state kinds)`` of the leaves.
+    branch, k: the fragment, as given by ``Fragments.switch``.
+    mean: the average (the fragment's leaves, no replica axis).
+    fl: the in-flight state (leaf lists).
+    replicas: M.
+
+  Returns:
+    The new in-flight state.
+  """
   kinds, _ = kinds
   stored = frag.take(fl.others, kinds, branch, k, axis=1)
 

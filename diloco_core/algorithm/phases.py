@@ -1,13 +1,17 @@
 """The phases of a DiLoCo step: the public contract between the algorithm and its runtimes.
 
-A step of :class:`~diloco_core.algorithm.diloco.DiLoCo` is the inner step of every replica, then, for
-the fragment due, :meth:`Phases.pseudo_gradients` (each replica's payload, local),
-:meth:`Phases.average` (the only cross-replica collective) and :meth:`Phases.outer_step`
-(the fragment's outer step, local to the global copy), which :meth:`Phases.send` composes;
-τ steps later, :meth:`Phases.merge` (the blend with α). The in-step runtime composes them
+A step of :class:`~diloco_core.algorithm.diloco.DiLoCo` is :meth:`Phases.inner_steps` (every
+replica's inner step), then, for the fragment due, :meth:`Phases.pseudo_gradients` (each
+replica's payload, local; :meth:`Phases.payloads` also keeps its error-feedback residual),
+:meth:`Phases.average` (the only cross-replica collective: :func:`present_mean`) and the outer
+update in two halves, :meth:`Phases.before_mean` (what the sync does before its average is
+known) and :meth:`Phases.after_mean` (once it is), which :meth:`Phases.outer_step` and
+:meth:`Phases.send` compose; τ steps later, :meth:`Phases.merge` (the blend with α). The
+initial state is :meth:`Phases.initial_state`, and how a replica took part in a sync is
+:func:`~diloco_core.algorithm.state.participation_code`. The in-step runtime composes them
 into one jitted step (:meth:`~diloco_core.algorithm.diloco.DiLoCo.step`); the background runtime
 (:class:`~diloco_core.runtime.background.Background`) runs them as separate programs with its link
-in place of :meth:`Phases.average`. A change to a phase is made here, once, for both.
+in place of the collective. A change to a phase is made here, once, for both.
 """
 
 from __future__ import annotations
@@ -20,9 +24,52 @@ import optax
 from diloco_core.wire import compression
 
 from diloco_core.algorithm import eager
+from diloco_core.algorithm.base import loss_and_grad
+from diloco_core.algorithm.fragments import per_fragment_state
 from diloco_core.algorithm.hyperparams import resolve_optimizer
 from diloco_core.wire.reduce_scatter import requantize_mean
-from diloco_core.algorithm.state import MergeOperands, OuterUpdate, SendOperands
+from diloco_core.algorithm.state import DiLoCoState, MergeOperands, OuterUpdate, SendOperands
+
+
+def inner_update(loss_fn, optimizer: optax.GradientTransformation, params, opt_state, batch):
+  """One optimizer step of one model on one batch; returns (params, opt_state, loss, metrics).
+
+  ``loss`` and ``metrics`` (what else the loss function reports, ``{}`` for a scalar loss
+  function) as :func:`~diloco_core.algorithm.base.loss_and_grad` returns them.
+  """
+  loss, metrics, grads = loss_and_grad(loss_fn, params, batch)
+  updates, opt_state = optimizer.update(grads, opt_state, params)
+  return optax.apply_updates(params, updates), opt_state, loss, metrics
+
+
+def present_mean(sent: list, present, replicas: int, reduce_mean) -> list:
+  """The float32 mean of per-replica leaves over the replicas present (the rule both runtimes use).
+
+  With a participation mask, the absent replicas' leaves are zeroed (``where``, not a product,
+  so a dropped replica's non-finite Δ cannot leak in) and the mean is rescaled by
+  M / count, which is exactly 1 with everyone present (then bit-identical to the unmasked mean).
+
+  Args:
+    sent: leaves with a leading replica axis M.
+    present: the [M] participation mask (1 present, 0 absent), or None for everyone.
+    replicas: M.
+    reduce_mean: the mean over the replica axis of a list of leaves: ``drjax.reduce_mean`` in
+      the SPMD program, the mean of the gathered payloads in the background runtime.
+
+  Returns:
+    The mean leaves, without the replica axis.
+
+  Examples:
+    >>> mean = lambda xs: [x.mean(axis=0) for x in xs]
+    >>> [float(x) for x in present_mean([jnp.array([1.0, 3.0, jnp.nan])], jnp.array([1.0, 1.0, 0.0]), 3, mean)]
+    [2.0]
+  """
+  if present is None:
+    return reduce_mean(sent)
+  on = present > 0
+  kept = [jnp.where(on.reshape(-1, *[1] * (x.ndim - 1)), x, 0.0) for x in sent]
+  scale = replicas / jnp.maximum(jnp.sum(present), 1.0)
+  return [x * scale for x in reduce_mean(kept)]
 
 
 class Phases:
@@ -34,7 +81,22 @@ class Phases:
   :class:`~diloco_core.algorithm.state.MergeOperands`); it selects the fragment's leaves with
   ``leaf_kinds`` and ``outer_leaf_kinds`` (each flat leaf's kind: a stacked layer, another
   leaf, or per-fragment optimizer state) and runs inside ``drjax.program(diloco=M)``. It
-  reads ``config``, ``fragments`` and ``outer_optimizer`` of the algorithm.
+  reads ``config``, ``fragments``, ``leaf_kinds``, ``outer_leaf_kinds``, ``loss_fn``,
+  ``inner_optimizer``, ``outer_optimizer`` and ``hyperparams`` of the algorithm.
+
+  Runtimes read the algorithm through these public names only (``tests/test_layout.py``
+  checks every runtime module against this list):
+
+  * ``config``: the :class:`~diloco_core.DiLoCoConfig` (its structural fields);
+  * ``hyperparams``, ``config_hyperparams``: the traced hyperparameters and their dtypes;
+  * ``replica_fields``: the fields of the state with a leading replica axis M;
+  * ``prepare``: builds the fragment map for params of this structure;
+  * ``initial_state``, ``inner_steps``, ``payloads``, ``before_mean``, ``after_mean``,
+    ``replicas_mean``, ``merge``: the phases (:func:`present_mean` is the average);
+  * ``fragment_of``: one fragment's slices of flat leaves (a payload's shapes);
+  * ``init``, ``step``, ``with_hyperparams``, ``place_batch``, ``place_replicated``,
+    ``eval_params``, ``finite_flags``: the :class:`~diloco_core.algorithm.base.Algorithm`
+    protocol (the in-step runtime).
 
   Examples:
     Two replicas that reached 0.5 and 1.5 from θ_g = 0, one sync (η = 1, μ = 0), then the
@@ -60,14 +122,68 @@ class Phases:
     [0.75, 1.25]
   """
 
+  def initial_state(self, params, replicas: int, xp=jnp) -> DiLoCoState:
+    """The initial state of ``replicas`` replicas: each of them and the global copy are ``params``.
+
+    Args:
+      params: the params pytree.
+      replicas: how many replicas the state holds (M in-step; this process's M / N in the
+        background runtime).
+      xp: the array module of the leaves: ``jax.numpy`` (on device) or ``numpy`` (on the
+        host, for a runtime that places them itself).
+
+    Returns:
+      The unplaced :class:`~diloco_core.algorithm.state.DiLoCoState` (error-feedback residual,
+      in-flight average and eager per-replica state zero; everyone took part in every sync).
+
+    Examples:
+      >>> import optax
+      >>> from diloco_core import DiLoCo, DiLoCoConfig
+      >>> algo = DiLoCo(lambda w, x: jnp.sum((w - x) ** 2), optax.sgd(0.25), DiLoCoConfig(replicas=2))
+      >>> state = algo.initial_state(jnp.ones(3), 2)
+      >>> state.params.shape, state.participants.tolist(), state.ef_residual
+      ((2, 3), [[1.0], [1.0]], None)
+    """
+    cfg, hp = self.config, self.hyperparams
+    stack = lambda tree: jax.tree.map(lambda x: xp.broadcast_to(xp.asarray(x), (replicas, *xp.shape(x))), tree)
+    zeros = lambda tree: jax.tree.map(lambda x: xp.zeros(xp.shape(x), xp.float32), tree)
+    params = jax.tree.map(lambda x: xp.array(x, copy=True), params)  # the state is donated
+    outer_state = jax.tree.map(xp.asarray, per_fragment_state(resolve_optimizer(self.outer_optimizer, hp),
+                                                              params, cfg.fragments))
+    in_flight = {"none": None, "delayed": zeros(params)}.get(cfg.outer_overlap)
+    if cfg.outer_overlap == "eager":
+      in_flight = eager.EagerInFlight(zeros(stack(params)), stack(params), stack(outer_state))
+    return DiLoCoState(
+        params=stack(params), opt_state=stack(resolve_optimizer(self.inner_optimizer, hp).init(params)),
+        global_params=params, outer_state=outer_state,
+        ef_residual=zeros(stack(params)) if cfg.error_feedback else None, step=xp.zeros((), xp.int32),
+        participants=xp.ones((replicas, cfg.fragments), xp.float32), in_flight=in_flight)
+
+  def inner_steps(self, hp, params, opt_state, batch):
+    """Phase: one inner step of every replica on its own batch (nothing crosses replicas).
+
+    Args:
+      hp: the hyperparameters the inner optimizer is built from.
+      params, opt_state, batch: every replica's, leading axis M.
+
+    Returns:
+      ``(params, opt_state, loss, metrics)``, each per replica (:func:`inner_update`).
+    """
+    update = lambda p, o, b: inner_update(self.loss_fn, resolve_optimizer(self.inner_optimizer, hp), p, o, b)
+    return drjax.map_fn(update, (params, opt_state, batch))
+
+  def fragment_of(self, leaves: list, branch, k, axis: int) -> list:
+    """One fragment's slices of flat param-shaped leaves (``axis``: the layer axis, 1 with a
+    replica axis in front)."""
+    return self.fragments.take(leaves, self.leaf_kinds, branch, k, axis=axis)
+
   def send(self, branch, k, hp, ops: SendOperands) -> OuterUpdate:
     """Phase: the whole outer update of one fragment, as the in-step program runs it.
 
-    Three phases, in this order: each replica's wire payload (:meth:`pseudo_gradients`,
-    local), their average (:meth:`average`, the only cross-replica collective) and the
-    fragment's outer step on its own slice of the outer state (:meth:`outer_step`, local to
-    the global copy). ``ops.participation`` ([M] float, or None for everyone) masks out
-    dropped replicas.
+    Three phases, in this order: each replica's wire payload (:meth:`payloads`, local), their
+    average (:meth:`average`, the only cross-replica collective) and the fragment's outer
+    step (:meth:`outer_step`). ``ops.participation`` ([M] float, or None for everyone) masks
+    out dropped replicas.
 
     Args:
       branch: the fragment's branch (:meth:`~diloco_core.algorithm.fragments.Fragments.switch`).
@@ -78,12 +194,21 @@ class Phases:
     Returns:
       The fragment's :class:`~diloco_core.algorithm.state.OuterUpdate` (see the class docstring).
     """
-    frag = self.fragments
-    sent, ef = self.pseudo_gradients(branch, k, hp, ops)
+    ops, sent = self.payloads(branch, k, hp, ops)
     delta = self.average(sent, ops.participation)
+    return self.outer_step(branch, k, hp, ops, sent, delta, ops.ef_residual)
+
+  def payloads(self, branch, k, hp, ops: SendOperands) -> tuple[SendOperands, list]:
+    """Phase: :meth:`pseudo_gradients`, with the new error-feedback residual put in the operands.
+
+    Returns:
+      ``(ops, sent)``: the operands with the fragment's new residual (unchanged without error
+      feedback) and the payload leaves (leading axis M).
+    """
+    sent, ef = self.pseudo_gradients(branch, k, hp, ops)
     if ef is not None:
-      ef = frag.put(ops.ef_residual, self.leaf_kinds, branch, ef, k, axis=1)
-    return self.outer_step(branch, k, hp, ops, sent, delta, ef)
+      ops = ops._replace(ef_residual=self.fragments.put(ops.ef_residual, self.leaf_kinds, branch, ef, k, axis=1))
+    return ops, sent
 
   def pseudo_gradients(self, branch, k, hp, ops: SendOperands) -> tuple[list, list | None]:
     """Phase: what each replica puts on the wire for one fragment, :math:`Q(\\Delta_m + \\beta e_m)`.
@@ -126,13 +251,11 @@ class Phases:
   def average(self, sent: list, present) -> list:
     """Phase: the float32 mean of what the replicas sent, the only cross-replica collective.
 
-    With a participation mask, the mean over the present replicas only: the others are
-    zeroed (``where``, not a product, so a dropped replica's non-finite Δ cannot leak in)
-    and the mean rescaled by M / count, which is exactly 1 with everyone present (then
-    bit-identical to the unmasked mean). With ``reduction="reduce-scatter"`` the mean is then
-    re-quantized to the wire format (:func:`~diloco_core.wire.reduce_scatter.requantize_mean`). The
-    background runtime computes the same mean after its link (the same reduction, in replica
-    order), or its link does (reduce-scatter).
+    The mean over the present replicas (:func:`present_mean`, ``drjax.reduce_mean``); with
+    ``reduction="reduce-scatter"`` it is then re-quantized to the wire format
+    (:func:`~diloco_core.wire.reduce_scatter.requantize_mean`). The background runtime computes
+    the same mean after its link (the same reduction, in replica order), or its link does
+    (reduce-scatter).
 
     Args:
       sent: the payload leaves of :meth:`pseudo_gradients`.
@@ -141,21 +264,13 @@ class Phases:
     Returns:
       The averaged leaves (no replica axis); see the class docstring.
     """
-    if present is None:
-      mean = drjax.reduce_mean(sent)
-    else:
-      on = present > 0
-      kept = drjax.map_fn(lambda s, o: [jnp.where(o, x, 0.0) for x in s], (sent, on))
-      scale = self.config.replicas / jnp.maximum(jnp.sum(present), 1.0)
-      mean = [x * scale for x in drjax.reduce_mean(kept)]
-    return requantize_mean(mean, self.config)
+    return requantize_mean(present_mean(sent, present, self.config.replicas, drjax.reduce_mean), self.config)
 
   def outer_step(self, branch, k, hp, ops: SendOperands, sent: list, delta: list, ef) -> OuterUpdate:
-    """Phase: the fragment's outer step on θ_g[p] and its own slice of the outer state.
+    """Phase: the fragment's whole outer update, :meth:`before_mean` then :meth:`after_mean`.
 
-    The outer state is per fragment (:func:`~diloco_core.algorithm.fragments.per_fragment_state`); the
-    step follows ``outer_overlap``: the average now (``"none"``), the previous sync's
-    (``"delayed"``), or each replica's eager gradient on its own outer params (``"eager"``).
+    Under ``outer_overlap="eager"``, θ_g[p] is then the mean of the replicas' own outer params
+    (:meth:`replicas_mean`).
 
     Args:
       branch: the fragment's branch (:meth:`~diloco_core.algorithm.fragments.Fragments.switch`).
@@ -169,22 +284,90 @@ class Phases:
     Returns:
       The fragment's :class:`~diloco_core.algorithm.state.OuterUpdate`; see the class docstring.
     """
+    ops = self.after_mean(branch, k, hp, self.before_mean(branch, k, hp, ops, sent), delta)
+    if self.config.outer_overlap == "eager":
+      own = self.fragment_of(ops.in_flight.outer_params, branch, k, axis=1)
+      ops = self.replicas_mean(branch, k, ops, own, drjax.reduce_mean)
+    return OuterUpdate(ops.global_params, ops.outer_state, ef, ops.in_flight)
+
+  def before_mean(self, branch, k, hp, ops: SendOperands, sent: list) -> SendOperands:
+    """Phase: what a sync of the fragment does before its average is known (local to each replica).
+
+    ``outer_overlap="none"``: nothing; ``"delayed"``: the outer step with the previous sync's
+    average (in flight since); ``"eager"``: each replica's outer step on its own outer params
+    (:func:`~diloco_core.algorithm.eager.before_mean`).
+
+    Args:
+      branch: the fragment's branch (:meth:`~diloco_core.algorithm.fragments.Fragments.switch`).
+      k: the traced layer-fragment index.
+      hp: the hyperparameters (the outer optimizer's are read).
+      ops: the operands.
+      sent: this sync's payloads (leading axis M; read by eager overlap only).
+
+    Returns:
+      The operands after it.
+    """
     cfg, frag = self.config, self.fragments
-    g, outer, fl = ops.global_params, ops.outer_state, ops.in_flight
-    g_sub = frag.take(g, self.leaf_kinds, branch, k, axis=0)
-    outer_step = self.fragment_outer_step(hp, g_sub)
+    if cfg.outer_overlap == "delayed":
+      return self._outer_apply(branch, k, hp, ops, frag.take(ops.in_flight, self.leaf_kinds, branch, k, axis=0))
     if cfg.outer_overlap == "eager":
-      fl, new_g = eager.send(frag, (self.leaf_kinds, self.outer_leaf_kinds), branch, k, outer_step,
-                             sent, delta, fl)
-      return OuterUpdate(frag.put(g, self.leaf_kinds, branch, new_g, k, axis=0), outer, ef, fl)
-    if cfg.outer_overlap == "delayed":  # apply the previous sync's average, send this one's
-      applied = frag.take(fl, self.leaf_kinds, branch, k, axis=0)
-      fl = frag.put(fl, self.leaf_kinds, branch, delta, k, axis=0)
-      delta = applied
-    new_g, new_outer = outer_step(delta, frag.take(outer, self.outer_leaf_kinds, branch, k, axis=0), g_sub)
-    g = frag.put(g, self.leaf_kinds, branch, new_g, k, axis=0)
-    outer = frag.put(outer, self.outer_leaf_kinds, branch, new_outer, k, axis=0)
-    return OuterUpdate(g, outer, ef, fl)
+      outer_step = self.fragment_outer_step(hp, frag.take(ops.global_params, self.leaf_kinds, branch, k, axis=0))
+      return ops._replace(in_flight=eager.before_mean(frag, (self.leaf_kinds, self.outer_leaf_kinds), branch, k,
+                                                      outer_step, sent, ops.in_flight, cfg.replicas))
+    return ops
+
+  def after_mean(self, branch, k, hp, ops: SendOperands, mean: list) -> SendOperands:
+    """Phase: what a sync of the fragment does with its average (:meth:`average`).
+
+    ``outer_overlap="none"``: the outer step with it; ``"delayed"``: it goes in flight, for
+    the fragment's next sync; ``"eager"``: each replica keeps the others' part of it
+    (:func:`~diloco_core.algorithm.eager.after_mean`).
+
+    Args:
+      branch: the fragment's branch (:meth:`~diloco_core.algorithm.fragments.Fragments.switch`).
+      k: the traced layer-fragment index.
+      hp: the hyperparameters (the outer optimizer's are read).
+      ops: the operands (after :meth:`before_mean`).
+      mean: the average (no replica axis).
+
+    Returns:
+      The operands after it.
+    """
+    cfg, frag = self.config, self.fragments
+    if cfg.outer_overlap == "none":
+      return self._outer_apply(branch, k, hp, ops, mean)
+    if cfg.outer_overlap == "delayed":
+      return ops._replace(in_flight=frag.put(ops.in_flight, self.leaf_kinds, branch, mean, k, axis=0))
+    return ops._replace(in_flight=eager.after_mean(frag, (self.leaf_kinds, self.outer_leaf_kinds), branch, k,
+                                                   mean, ops.in_flight, cfg.replicas))
+
+  def replicas_mean(self, branch, k, ops: SendOperands, own: list, reduce_mean) -> SendOperands:
+    """Phase (eager overlap): θ_g[p], the mean of the replicas' own outer params of the fragment.
+
+    Args:
+      branch: the fragment's branch (:meth:`~diloco_core.algorithm.fragments.Fragments.switch`).
+      k: the traced layer-fragment index.
+      ops: the operands.
+      own: every replica's outer params of the fragment (leading axis M).
+      reduce_mean: the mean over the replica axis (as for :func:`present_mean`).
+
+    Returns:
+      The operands with the fragment's new global params.
+    """
+    frag = self.fragments
+    like = frag.take(ops.global_params, self.leaf_kinds, branch, k, axis=0)
+    new_g = [x.astype(y.dtype) for x, y in zip(reduce_mean([x.astype(y.dtype) for x, y in zip(own, like)]), like)]
+    return ops._replace(global_params=frag.put(ops.global_params, self.leaf_kinds, branch, new_g, k, axis=0))
+
+  def _outer_apply(self, branch, k, hp, ops: SendOperands, delta: list) -> SendOperands:
+    """The outer optimizer step of θ_g[p] and its own slice of the outer state with ``delta``
+    (the outer state is per fragment, :func:`~diloco_core.algorithm.fragments.per_fragment_state`)."""
+    frag = self.fragments
+    g_sub = frag.take(ops.global_params, self.leaf_kinds, branch, k, axis=0)
+    o_sub = frag.take(ops.outer_state, self.outer_leaf_kinds, branch, k, axis=0)
+    new_g, new_outer = self.fragment_outer_step(hp, g_sub)(delta, o_sub, g_sub)
+    return ops._replace(global_params=frag.put(ops.global_params, self.leaf_kinds, branch, new_g, k, axis=0),
+                        outer_state=frag.put(ops.outer_state, self.outer_leaf_kinds, branch, new_outer, k, axis=0))
 
   def fragment_outer_step(self, hp, g_sub: list):
     """The outer optimizer as a function of one fragment's slices.

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 
+from diloco_core.run.cli import FLAGS
+
 
 #: The process ``--kill-at`` names for the coordination service's own (``coordinator:S``).
 COORDINATOR = -1
@@ -43,10 +45,32 @@ def parse_kill_at(text: str, processes: int, train_args: list[str],
     also = " (or coordinator:S, its service's process)" if own_coordinator else ""
     raise ValueError(f"--kill-at {text!r} must be P:S with a process P in [0, {processes}){also} and a step"
                      f" S >= 1, e.g. {min(1, processes - 1)}:6.")
-  out = next((train_args[i + 1] for i, x in enumerate(train_args[:-1]) if x == "--out"), None)
+  out = train_flag_value(train_args, "out")
   if out is None or not any(x.endswith("background") for x in train_args):
-    raise ValueError("--kill-at reads the process's trace: pass --communication background and --out to the trainer.")
+    raise ValueError(f"--kill-at reads the process's trace: pass {FLAGS['communication']} background and"
+                     f" {FLAGS['out']} to the trainer.")
   return process, step, os.path.join(out, TRACE_FILE.format(rank=max(process, 0)))
+
+
+def train_flag_value(train_args: list[str], name: str) -> str | None:
+  """The value after the trainer's flag of option ``name`` in ``train_args`` (None when absent).
+
+  Args:
+    train_args: the trainer's command line (or a whole command holding it).
+    name: the option as errors name it (``"out"``); its flag is the field metadata's
+      (:data:`diloco_core.run.cli.FLAGS`).
+
+  Returns:
+    The text after the flag, or None.
+
+  Examples:
+    >>> train_flag_value(["--model", "tiny", "--out", "runs/a"], "out")
+    'runs/a'
+    >>> train_flag_value(["--model", "tiny"], "out") is None
+    True
+  """
+  flag = FLAGS[name]
+  return next((train_args[i + 1] for i, x in enumerate(train_args[:-1]) if x == flag), None)
 
 
 def reached(trace: str, step: int) -> bool:

@@ -56,7 +56,7 @@ import time
 from diloco_core import interrupts
 
 from diloco_core.launch import faults
-from diloco_core.run.cli import PROCESS_FLAGS
+from diloco_core.run.cli import FLAGS, PROCESS_FLAGS
 from diloco_core.devices.processes import ELSEWHERE_ENV, free_port
 from diloco_core.launch.shaped_link import ShapedLink
 
@@ -85,12 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
                  help="give each process its own share of this machine's CPUs (as separate hosts would have)")
   p.add_argument("--kill-at", default=None, metavar="P:S",
                  help="kill process P (SIGKILL) once its trace records step S (fault injection; needs"
-                      " --communication background and --out)")
+                      f" {FLAGS['communication']} background and {FLAGS['out']})")
   p.add_argument("--restart", action="store_true",
-                 help="with --elastic: start a lost process (but 0) again, once; the replacement"
+                 help=f"with {FLAGS['elastic']}: start a lost process (but 0) again, once; the replacement"
                       " rejoins at a sync and is healed from a live peer")
   p.add_argument("--own-coordinator", action="store_true",
-                 help="with --elastic: run the coordination service in a process that trains no"
+                 help=f"with {FLAGS['elastic']}: run the coordination service in a process that trains no"
                       " replica, so that any process may be lost, process 0 included")
   p.add_argument("--module", default="diloco_core.train",
                  help="the module each process runs (diloco_core.train)")
@@ -121,10 +121,11 @@ def parse_args(argv):
                      f" {a.processes} processes; drop --pin-cpus or start fewer processes.")
   if a.kill_at is not None:
     a.kill_at = faults.parse_kill_at(a.kill_at, a.processes, a.train_args, a.own_coordinator)
-  if a.restart and "--elastic" not in a.train_args:
-    raise ValueError("--restart starts a lost process again for it to rejoin: pass --elastic to the trainer.")
-  if a.own_coordinator and "--elastic" not in a.train_args:
-    raise ValueError("--own-coordinator keeps the run going when process 0 is lost: pass --elastic to"
+  elastic = FLAGS["elastic"]
+  if a.restart and elastic not in a.train_args:
+    raise ValueError(f"--restart starts a lost process again for it to rejoin: pass {elastic} to the trainer.")
+  if a.own_coordinator and elastic not in a.train_args:
+    raise ValueError(f"--own-coordinator keeps the run going when process 0 is lost: pass {elastic} to"
                      " the trainer (without it a lost process ends the run anyway).")
   clash = [f for f in PROCESS_FLAGS.values() if any(x == f or x.startswith(f + "=") for x in a.train_args)]
   if clash:
@@ -263,7 +264,7 @@ def _supervise(children: list[_Child], kill_at: tuple[int, int, str] | None = No
   the coordination service's own process (``--own-coordinator``)."""
   replaced: list[_Child] = []  # --restart: the lost processes whose replacement was started
   first_failure: _Child | None = None
-  elastic = "--elastic" in children[0].cmd
+  elastic = FLAGS["elastic"] in children[0].cmd
   spared = set(range(1 if service is None else 0, len(children))) if elastic else set()  # may be lost
   stopping_since = None
   ended: dict[int, float] = {}  # child index -> when the launcher saw it end
@@ -313,11 +314,11 @@ def _supervise(children: list[_Child], kill_at: tuple[int, int, str] | None = No
       ended = ("rejoined and finished" if new.proc.returncode == 0 else
                f"was started and {_how(new.proc.returncode)}: {new.tail[-1] if new.tail else ''}")
       print(f"launch: process {c.index} of {len(children)} {_how(c.proc.returncode)}; a replacement"
-            f" {ended} (--elastic --restart).", file=sys.stderr)
+            f" {ended} ({FLAGS['elastic']} --restart).", file=sys.stderr)
     for c in children:
       if c.proc.returncode != 0 and c not in replaced:
         print(f"launch: process {c.index} of {len(children)} {_how(c.proc.returncode)}; the others went on"
-              " without it (--elastic).", file=sys.stderr)
+              f" without it ({FLAGS['elastic']}).", file=sys.stderr)
     return 0
   # A process killed by a signal the launcher did not send is the cause, even when a peer that
   # lost it exited first (the kernel may still have been tearing the killed one down); one
@@ -363,14 +364,15 @@ def _checkpoint_advice(cmd: list[str]) -> str:
   """Where a stopped run can go on from: its newest finalized checkpoint (the ``--out`` of the
   train flags), which an interrupted save never is."""
   from diloco_core.store.checkpoint import CHECKPOINTS, finalized_steps
-  out = next((cmd[i + 1] for i, x in enumerate(cmd[:-1]) if x == "--out"), None)
+  out = faults.train_flag_value(cmd, "out")
   if out is None:
-    return "nothing was saved: no --out"
+    return f"nothing was saved: no {FLAGS['out']}"
   steps = finalized_steps(out) if os.path.isdir(out) else []
   if not steps:
-    return "no checkpoint was written: run the same command again, with --checkpoint-every to keep one"
+    return (f"no checkpoint was written: run the same command again, with {FLAGS['checkpoint_every']} to"
+            " keep one")
   return (f"the last intact checkpoint is {os.path.join(out, CHECKPOINTS, str(max(steps)))}: run the"
-          " same command with --resume")
+          f" same command with {FLAGS['resume']}")
 
 
 def main(argv=None) -> int:

@@ -4,7 +4,8 @@ Layer 5.
 
 May import: spec, devices, wire, model, data, store, algorithm, runtime.
 
-Modules: :mod:`~diloco_core.run.config` (``TrainConfig``), :mod:`~diloco_core.run.loop`
+Modules: :mod:`~diloco_core.run.config` (``TrainConfig``), :mod:`~diloco_core.run.preflight`
+(the disk and device checks), :mod:`~diloco_core.run.loop`
 (``train``), :mod:`~diloco_core.run.programs` (the program cache), :mod:`~diloco_core.run.drops`,
 :mod:`~diloco_core.run.divergence`, :mod:`~diloco_core.run.metrics_log`,
 :mod:`~diloco_core.run.main_job` (DP vs DiLoCo vs Streaming), :mod:`~diloco_core.run.cli`.

@@ -20,7 +20,7 @@ import sys
 import warnings
 
 from diloco_core import interrupts
-from diloco_core.spec.fields import spec, walk
+from diloco_core.spec.fields import flag_names, option_name, spec, walk
 from diloco_core.devices.backend import configure_determinism
 from diloco_core.runtime.elastic import HEARTBEAT_S as ELASTIC_HEARTBEAT_S
 from diloco_core.runtime.membership import process_membership
@@ -39,20 +39,12 @@ GROUPS = {
 }
 
 
-def _option_name(path: str) -> str:
-  """How errors name a field: its own name for top-level and outer-loop fields, else the path."""
-  return path[len("algo."):] if path.startswith("algo.") else path
-
-
-def flags(cls=TrainConfig) -> dict[str, str]:
-  """Field path (as errors name it) -> command-line flag, for every field of ``cls`` that has one."""
-  return {_option_name(path): "--" + spec(f).flag for path, f in walk(cls) if spec(f).flag}
-
-
 #: The process options of multi-process runs: arguments of initialize_distributed, not config fields.
 PROCESS_FLAGS = {"coordinator": "--coordinator", "num_processes": "--num-processes",
                  "process_id": "--process-id"}
-FLAGS = {**flags(TrainConfig), **PROCESS_FLAGS, "join_timeout": "--join-timeout"}
+#: Every flag of ``python -m diloco_core.train`` by the name errors give it (the launcher and the
+#: ``python -m analysis`` messages read the trainer's flags here).
+FLAGS = {**flag_names(TrainConfig), **PROCESS_FLAGS, "join_timeout": "--join-timeout"}
 
 
 def to_flags(message: str, cls=TrainConfig) -> str:
@@ -70,7 +62,7 @@ def to_flags(message: str, cls=TrainConfig) -> str:
     >>> to_flags("outer_momentum (μ) must be a finite number in [0, 1), got 2.0.")  # a check's leading name
     '--outer-momentum (μ) must be a finite number in [0, 1), got 2.0.'
   """
-  table = FLAGS if cls is TrainConfig else flags(cls)
+  table = FLAGS if cls is TrainConfig else flag_names(cls)
   message = re.sub(r"`([A-Za-z_][\w.]*)`", lambda m: table.get(m.group(1), m.group(1)), message)
   # The checks of diloco_core.spec.validity start with the bare name: "replicas (M) must be ...".
   message = re.sub(r"^([A-Za-z_][\w.]*)(?=[\s:=])", lambda m: table.get(m.group(1), m.group(1)), message)
@@ -89,7 +81,7 @@ def _add_option(group, path: str, f: dataclasses.Field, default) -> None:
   text = (f"{s.symbol}: {s.help}" if s.symbol else s.help).replace("%", "%%")
   if isinstance(default, bool):  # a switch: --resume sets True, --no-progress sets False
     if default:
-      text += f" (without it: {_option_name(path)}=%(default)s)"  # not "--no-progress (default: True)"
+      text += f" (without it: {option_name(path)}=%(default)s)"  # not "--no-progress (default: True)"
     group.add_argument("--" + s.flag, dest=path, action="store_false" if default else "store_true",
                        default=default, help=text)
     return

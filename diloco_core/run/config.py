@@ -6,29 +6,25 @@ checkpoint and device options. Each field says in its metadata (:mod:`diloco_cor
 whether it is a traced input of the step, compiled in, checked on resume, or changes no
 number; the command line (:mod:`diloco_core.run.cli`) is built from the same metadata.
 
-Errors name options by their field in backticks (``\\`out\\```); the command line rewrites
-those to its flags (``--out``).
+:meth:`TrainConfig.validate` checks the options alone (no file system, no device); what the
+disk and the devices allow is checked by :func:`diloco_core.run.preflight.preflight`, once,
+before anything compiles. Errors name options by their field in backticks (``\\`out\\```); the
+command line rewrites those to its flags (``--out``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 from diloco_core.spec import validity as v
-from diloco_core.runtime.background_mesh import check_background
-from diloco_core.runtime.elastic import HEARTBEAT_S as ELASTIC_HEARTBEAT_S, check_elastic
-from diloco_core.store.checkpoint import check_no_foreign_steps
-from diloco_core.store.params_io import check_params_dir
+from diloco_core.runtime.elastic import HEARTBEAT_S as ELASTIC_HEARTBEAT_S
 from diloco_core.algorithm.config import DiLoCoConfig
 from diloco_core.data.sources import DataConfig
 from diloco_core.spec.fields import field
-from diloco_core.store.out_dir import check_out_dir, writes_files
-from diloco_core.spec.footprint import check_fits
-from diloco_core.devices.mesh import check_mesh, check_process_mesh, parse_mesh
-from diloco_core.spec.model_config import (ATTENTIONS, COMPUTE_DTYPES, PRESETS, REMATS, ModelConfig, get_preset,
-                                      param_count)
+from diloco_core.devices.mesh import parse_mesh
+from diloco_core.spec.model_config import (ATTENTIONS, COMPUTE_DTYPES, POSITIONS, PRESETS, REMATS, ModelConfig,
+                                           check_preset, get_preset)
 
 
 def parse_drop_schedule(text: str | None) -> tuple:
@@ -96,7 +92,7 @@ class TrainConfig:
       None, flag="vocab-size", group=_M, must_match=True, parse=int,
       help=".npy data: the model's vocabulary; ids must be below it (default: largest id + 1)")
   positions: str | None = field(None, flag="positions", group=_M, must_match=True,
-                                help="override the preset's positions: rope or learned")
+                                help=f"override the preset's positions: {' or '.join(POSITIONS)}")
   compute_dtype: str | None = field(
       None, flag="compute-dtype", group=_M,
       help="dtype the model computes in (params, optimizer and outer states stay float32): one of"
@@ -214,7 +210,19 @@ class TrainConfig:
            " after it is ready)")
 
   def validate(self) -> None:
-    """Raises a one-line ``ValueError`` for any invalid option, before anything compiles."""
+    """Raises a one-line ``ValueError`` for any invalid option, before anything compiles.
+
+    The options alone: no file is read and no device is asked. What the disk and the devices
+    allow (``out``, ``init_from``, the mesh, the memory, the processes) is checked by
+    :func:`diloco_core.run.preflight.preflight`, after this.
+
+    Examples:
+      >>> TrainConfig(model="tiny", out="/nonexistent/run", init_from="/nonexistent/p").validate()
+      >>> TrainConfig(positions="alibi").validate()
+      Traceback (most recent call last):
+      ...
+      ValueError: positions must be one of ('rope', 'learned'), got 'alibi'.
+    """
     for name in ("batch_size", "seq_len", "steps", "eval_every", "log_every"):
       v.check_int(name, getattr(self, name))
     if self.warmup_steps is not None and (
@@ -230,49 +238,27 @@ class TrainConfig:
                        f" inner_optimizer={self.inner_optimizer!r} has none: pass `inner_optimizer`"
                        " muon or drop `muon_momentum`.")
     v.check_real("grad_clip", self.grad_clip, low=0.0)
-    if self.model not in PRESETS:
-      raise ValueError(f"model must be one of {sorted(PRESETS)}, got {self.model!r}.")
+    check_preset(self.model)
     if self.n_layers is not None:
       v.check_int("n_layers", self.n_layers)
     self._validate_experts()
     if self.vocab_size is not None and (not v.is_int(self.vocab_size) or self.vocab_size < 2):
       raise ValueError(f"vocab_size must be None or an integer >= 2, got {self.vocab_size!r}.")
-    if self.positions not in (None, "rope", "learned"):
-      raise ValueError(f"positions must be 'rope' or 'learned', got {self.positions!r}.")
+    if self.positions is not None:
+      v.check_choice("positions", self.positions, POSITIONS)
     if self.compute_dtype is not None:
       v.check_choice("compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
     v.check_choice("`communication`", self.communication, COMMUNICATIONS)
-    if self.communication == "background":
-      check_background(self)
-    check_elastic(self)
     v.check_choice("attention", self.attention, ATTENTIONS)
     v.check_choice("remat", self.remat, REMATS)
     for name in ("aux_loss_coef", "z_loss_coef"):
       v.check_real(f"`{name}`", getattr(self, name), low=0.0)  # the CLI names the flag
     v.check_bool("nondeterministic", self.nondeterministic)
     self.algo.validate(num_layers=self.model_config().n_layers)
-    devices = 1
-    if self.mesh is not None:
-      mesh = parse_mesh(self.mesh)
-      check_mesh(mesh, replicas=self.algo.replicas, batch_size=self.batch_size)
-      devices = math.prod(mesh.values()) if isinstance(mesh, dict) else devices
-    if self.communication == "in-step":  # several processes: one SPMD program over every device
-      check_process_mesh(parse_mesh(self.mesh), replicas=self.algo.replicas, batch_size=self.batch_size)
-    vocab = self.vocab_size or self.data.vocab_size  # the data's vocabulary is only known later
-    M = self.algo.replicas
-    model = self.model_config(vocab_size=vocab)
-    check_fits(param_count(model), replicas=M, outer=self.algo.algorithm != "dp",
-               tokens=M * self.batch_size * self.seq_len, vocab=vocab, devices=devices,
-               experts=model.num_experts)
+    parse_mesh(self.mesh)  # its form; whether the devices hold it is the pre-flight's
     self._validate_checkpointing()
     self._validate_drops()
     self._validate_eval_replicas()
-    if self.out is not None:  # only the process that writes may create (and remove) `out` to probe it
-      # elastic: the writer checked `out` at start; a replacement joins the run that is in it
-      check_out_dir(self.out, self.overwrite or (self.elastic and not writes_files()), self.resume,
-                    probe=writes_files())
-      if self.checkpoint_every:
-        check_no_foreign_steps(self.out)
 
   def _validate_experts(self) -> None:
     """E and k: positive integers (overrides or the preset's) with k <= E."""
@@ -319,11 +305,6 @@ class TrainConfig:
                        " drop `allow_data_change`.")
     if self.init_from is not None and (not isinstance(self.init_from, str) or not self.init_from):
       raise ValueError(f"init_from must be a path to a params checkpoint directory, got {self.init_from!r}.")
-    if self.init_from is not None and not self.resume:
-      try:  # the files now; their shapes once the model is known (init_model)
-        check_params_dir(self.init_from)
-      except ValueError as e:
-        raise ValueError(f"init_from: {e}") from None
 
   def _validate_drops(self) -> None:
     p = self.drop_prob

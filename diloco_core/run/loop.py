@@ -40,6 +40,7 @@ from diloco_core.spec.model_config import param_count
 from diloco_core.devices.processes import lost_process, stop_agreed
 from diloco_core.run.programs import PROGRAMS
 from diloco_core.run.config import TrainConfig, effective_config
+from diloco_core.run.preflight import preflight
 from diloco_core.spec.schedule import sent_fragment
 from diloco_core.store.tree_io import one_line
 
@@ -166,6 +167,7 @@ def train(cfg: TrainConfig) -> TrainResult:
   """
   # ---- set-up: data, model, the (possibly cached) program, the state ----
   cfg.validate()
+  preflight(cfg)  # the disk and the devices, once
   # The data's fingerprint (file hashes) is only needed by checkpoints and resumes.
   data_identity = files.identity(cfg.data.source) if cfg.resume or cfg.checkpoint_every else None
   if cfg.resume:

@@ -21,6 +21,7 @@ from diloco_core.data.sources import DataConfig
 from diloco_core.run.loop import Interrupted, TrainResult, train
 from diloco_core.store.out_dir import check_out_dir
 from diloco_core.run.config import TrainConfig
+from diloco_core.run.preflight import preflight
 
 #: The comparison's own defaults, by field path (every other option: TrainConfig's default).
 #: steps None: :func:`diloco_core.devices.backend.default_demo_steps` (3000 on GPU/TPU, 1500 on CPU).
@@ -86,6 +87,7 @@ def compare(configs: dict[str, TrainConfig]) -> dict[str, TrainResult]:
     if cfg.out is not None and not cfg.resume:
       check_out_dir(cfg.out, cfg.overwrite, resumable=False)
     cfg.validate()
+    preflight(cfg)
   results = {}
   for name, cfg in configs.items():
     try:

@@ -88,6 +88,46 @@ def spec(f: dataclasses.Field) -> FieldSpec:
   return f.metadata.get(_KEY, FieldSpec())
 
 
+def option_name(path: str) -> str:
+  """How errors name a field: its own name for top-level and outer-loop (``algo.``) fields, else
+  its dotted path.
+
+  Args:
+    path: the field's dotted path (:func:`walk`).
+
+  Returns:
+    The name the library's messages give it (in backticks).
+
+  Examples:
+    >>> option_name("algo.sync_every"), option_name("data.seed"), option_name("out")
+    ('sync_every', 'data.seed', 'out')
+  """
+  return path[len("algo."):] if path.startswith("algo.") else path
+
+
+def flag_names(cls) -> dict[str, str]:
+  """Option name (:func:`option_name`) -> command-line flag, for every field of ``cls`` that has one.
+
+  The one place a flag is made from a field: the ``flag`` of its metadata, with ``--`` before it.
+
+  Args:
+    cls: a config class declared with :func:`field` (nested configs included).
+
+  Returns:
+    ``{"sync_every": "--sync-every", ...}``, in field order.
+
+  Examples:
+    >>> import dataclasses
+    >>> @dataclasses.dataclass(frozen=True)
+    ... class Toy:
+    ...   n_layers: int = field(2, flag="layers", help="blocks")
+    ...   seed: int = 0
+    >>> flag_names(Toy)
+    {'n_layers': '--layers'}
+  """
+  return {option_name(path): "--" + spec(f).flag for path, f in walk(cls) if spec(f).flag}
+
+
 def nested_type(f: dataclasses.Field) -> type | None:
   """The config class of a nested config field (``algo``, ``data``), else None."""
   if f.default_factory is dataclasses.MISSING:

@@ -10,29 +10,49 @@ from __future__ import annotations
 
 import os
 
+from diloco_core.spec.validity import OUTER_OPTIMIZERS, check_choice
 
-def replica_state_bytes(n: float, *, outer: bool, param_bytes=4, grad_bytes=4, optimizer_bytes=8,
-                        outer_bytes=4) -> dict[str, float]:
+#: Model-sized copies of state each outer optimizer keeps (:mod:`diloco_core.algorithm.optimizers`):
+#: ``optax.sgd`` with momentum (``nesterov``; ``sgd``, whose μ is always given, so μ = 0 too)
+#: keeps one trace, ``optax.adam`` two (m and v; its step count is a scalar, not counted).
+OUTER_STATE_COPIES = {"nesterov": 1, "sgd": 1, "adam": 2}
+
+
+def replica_state_bytes(n: float, *, outer: bool, outer_optimizer: str = "nesterov", param_bytes=4,
+                        grad_bytes=4, optimizer_bytes=8, outer_bytes=4) -> dict[str, float]:
   """Bytes one replica holds for a model of ``n`` parameters (activations excluded).
 
   .. math::
-     N(b_\\theta + b_g + b_\\text{Adam}) + [\\text{outer}]\\, 2 N b_\\text{outer}
+     N(b_\\theta + b_g + b_\\text{Adam}) + [\\text{outer}]\\, (1 + k_\\text{outer}) N b_\\text{outer}
+
+  with :math:`k_\\text{outer}` the outer optimizer's model-sized state copies
+  (:data:`OUTER_STATE_COPIES`: 1 for ``nesterov`` and ``sgd``, 2 for ``adam``).
 
   Args:
     n: parameter count N.
-    outer: whether the replica also holds θ_g and the outer momentum (DiLoCo, Streaming).
-    param_bytes, grad_bytes, optimizer_bytes, outer_bytes: bytes per value.
+    outer: whether the replica also holds θ_g and the outer optimizer's state (DiLoCo, Streaming).
+    outer_optimizer: ``nesterov``, ``sgd`` or ``adam`` (:data:`~diloco_core.spec.validity.OUTER_OPTIMIZERS`).
+    param_bytes: bytes per local parameter.
+    grad_bytes: bytes per gradient value.
+    optimizer_bytes: bytes of inner optimizer state per parameter (8: AdamW's m and v in fp32).
+    outer_bytes: bytes per value of θ_g and of each outer state copy.
 
   Returns:
-    ``params``, ``grads``, ``optimizer``, ``outer_params``, ``outer_momentum`` in bytes.
+    ``params``, ``grads``, ``optimizer``, ``outer_params``, ``outer_momentum`` (the outer
+    optimizer's whole state) in bytes.
 
   Examples:
-    >>> sum(replica_state_bytes(1e6, outer=True).values()) / 1e6  # 4 + 4 + 8 + 4 + 4
+    >>> sum(replica_state_bytes(1e6, outer=True).values()) / 1e6  # 4 + 4 + 8 + 4 + 1 x 4
     24.0
+    >>> replica_state_bytes(10**6, outer=True, outer_optimizer="adam")["outer_momentum"]  # 2 x 4 x 10^6
+    8000000
+    >>> replica_state_bytes(10**6, outer=False, outer_optimizer="adam")["outer_momentum"]  # DP: no outer step
+    0.0
   """
+  check_choice("outer_optimizer", outer_optimizer, OUTER_OPTIMIZERS)
   o = n * outer_bytes if outer else 0.0
   return dict(params=n * param_bytes, grads=n * grad_bytes, optimizer=n * optimizer_bytes,
-              outer_params=o, outer_momentum=o)
+              outer_params=o, outer_momentum=OUTER_STATE_COPIES[outer_optimizer] * o)
 
 
 def device_bytes(devices: int) -> float:
@@ -48,13 +68,14 @@ def device_bytes(devices: int) -> float:
 
 
 def check_fits(n_params: int, *, replicas: int, outer: bool, tokens: int, vocab: int,
-               devices: int = 1, available: float | None = None, experts: int = 1) -> None:
+               devices: int = 1, available: float | None = None, experts: int = 1,
+               outer_optimizer: str = "nesterov") -> None:
   """Raises a one-line ``ValueError`` when the state and logits cannot fit in memory.
 
   The estimate is a lower bound: every replica's :func:`replica_state_bytes` (the global
   copy and momentum counted once), plus the float32 logits of one step (``tokens`` = M·b·T
   tokens × V). ``experts`` (E of a mixture of experts) only adds `num_experts` to the options
-  the message tells to lower when E > 1.
+  the message tells to lower when E > 1; ``outer_optimizer`` sizes the outer state.
 
   Examples:
     >>> check_fits(10**6, replicas=10**12, outer=True, tokens=10**12 * 32, vocab=32, available=64e9)
@@ -62,7 +83,7 @@ def check_fits(n_params: int, *, replicas: int, outer: bool, tokens: int, vocab:
     ...
     ValueError: the run needs at least 1.6e+10 GB (training state 1.6e+10 GB for `replicas`=1000000000000 copies of 1000000 params; logits 4.1e+06 GB for M·b·T=32000000000000 tokens) but the device(s) have 64 GB; lower `replicas`, `batch_size`, `seq_len` or `n_layers`.
   """
-  per = replica_state_bytes(n_params, outer=outer)
+  per = replica_state_bytes(n_params, outer=outer, outer_optimizer=outer_optimizer)
   state = replicas * (per["params"] + per["grads"] + per["optimizer"]) + per["outer_params"] + per["outer_momentum"]
   logits = 4.0 * tokens * vocab
   available = device_bytes(devices) if available is None else available

@@ -11,7 +11,8 @@ import dataclasses
 
 from diloco_core.spec.validity import check_choice, check_real
 
-_POSITIONS = ("rope", "learned")
+#: Position encodings: rotary ("rope") or an absolute embedding table ("learned").
+POSITIONS = ("rope", "learned")
 _MLPS = ("swiglu", "gelu")
 #: Dtypes the forward pass may compute in (params and optimizer states stay float32).
 COMPUTE_DTYPES = ("float32", "bfloat16")
@@ -67,8 +68,7 @@ class ModelConfig:
       value = getattr(self, name)
       if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"ModelConfig.{name} must be a positive integer, got {value!r}.")
-    if self.positions not in _POSITIONS:
-      raise ValueError(f"ModelConfig.positions must be one of {_POSITIONS}, got {self.positions!r}.")
+    check_choice("ModelConfig.positions", self.positions, POSITIONS)
     if self.mlp not in _MLPS:
       raise ValueError(f"ModelConfig.mlp must be one of {_MLPS}, got {self.mlp!r}.")
     if self.d_head is None and self.d_model % self.n_heads:
@@ -115,11 +115,37 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
+def check_preset(name, option: str = "model") -> str:
+  """``name`` if it is one of :data:`PRESETS`; else a one-line ValueError listing them.
+
+  Args:
+    name: the preset's name.
+    option: how the message names the option.
+
+  Returns:
+    ``name``.
+
+  Examples:
+    >>> check_preset("tiny")
+    'tiny'
+    >>> check_preset("huge")
+    Traceback (most recent call last):
+    ...
+    ValueError: model must be one of ['base', 'mini', 'moe-small', 'moe-tiny', 'small', 'tiny'], got 'huge'.
+  """
+  if not isinstance(name, str) or name not in PRESETS:
+    raise ValueError(f"{option} must be one of {sorted(PRESETS)}, got {name!r}.")
+  return name
+
+
 def get_preset(name: str) -> ModelConfig:
-  """Returns the preset called ``name`` (one of :data:`PRESETS`)."""
-  if name not in PRESETS:
-    raise ValueError(f"model preset must be one of {sorted(PRESETS)}, got {name!r}.")
-  return PRESETS[name]
+  """Returns the preset called ``name`` (one of :data:`PRESETS`, checked by :func:`check_preset`).
+
+  Examples:
+    >>> get_preset("tiny").d_model
+    16
+  """
+  return PRESETS[check_preset(name)]
 
 
 def _mlp_matrices(cfg: ModelConfig) -> int:

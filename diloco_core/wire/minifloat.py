@@ -51,6 +51,9 @@ from diloco_core.spec.wire_formats import Minifloat
 from diloco_core.spec.wire_formats import bits_per_element  # noqa: F401
 from diloco_core.spec.wire_formats import validate_format
 
+#: The ``ml_dtypes`` type of each scaled format that has one (``e3m0`` has none: see above).
+ML_DTYPES = {"fp8": ml_dtypes.float8_e4m3fn, "fp4": ml_dtypes.float4_e2m1fn}
+
 
 def max_value(name: str) -> float:
   """Largest finite value :math:`q_\\max` of a scaled format (before scaling).
@@ -76,8 +79,7 @@ def max_value(name: str) -> float:
 def representable_values(name: str) -> np.ndarray:
   """Sorted finite values of an unscaled format (zero once), as float32.
 
-  For ``fp8`` and ``fp4`` the set is read off every bit pattern of the ``ml_dtypes`` type;
-  ``e3m0`` is defined by this module (see the module docstring).
+  The finite values of :func:`code_values`, each once (-0 and +0 are the one zero).
 
   Args:
     name: ``fp8``, ``fp4`` or ``e3m0``.
@@ -95,16 +97,40 @@ def representable_values(name: str) -> np.ndarray:
     [0.0, 0.015625, 0.03125, 0.0625, 0.125, 0.25, 0.5, 1.0]
   """
   _minifloat(name)
+  values = code_values(name)
+  return np.unique(values[np.isfinite(values)] + np.float32(0.0))  # + 0 turns -0 into 0
+
+
+@functools.cache
+def code_values(name: str) -> np.ndarray:
+  """The float32 value of every code (bit pattern) of a scaled format, indexed by code.
+
+  For ``fp8`` and ``fp4`` the codes are read off every bit pattern of the ``ml_dtypes`` type
+  (:data:`ML_DTYPES`; its NaN codes give NaN); ``e3m0`` is defined by this module (see the
+  module docstring): code ``sign << 3 | E``, :math:`E = 0` is zero, :math:`E \\ge 1` is
+  :math:`2^{E-7}`.
+
+  Args:
+    name: ``fp8``, ``fp4`` or ``e3m0``.
+
+  Returns:
+    A float32 array of :math:`2^\\text{bits}` values (256 for ``fp8``, 16 for the others).
+
+  Raises:
+    ValueError: for ``none`` and ``bf16``, which have no small code table.
+
+  Examples:
+    >>> code_values("fp4")[[0, 1, 7, 8, 15]].tolist()
+    [0.0, 0.5, 6.0, -0.0, -6.0]
+    >>> code_values("e3m0")[[1, 7, 9]].tolist()
+    [0.015625, 1.0, -0.015625]
+  """
+  fmt = _minifloat(name)
   if name == "e3m0":
-    mags = [0.0] + [2.0**e for e in range(-6, 1)]
-    values = np.array(mags + [-m for m in mags], dtype=np.float32)
-  else:
-    dtype = {"fp8": ml_dtypes.float8_e4m3fn, "fp4": ml_dtypes.float4_e2m1fn}[name]
-    nbits = MINIFLOATS[name].bits
-    codes = np.arange(2**nbits, dtype=np.uint8)
-    values = codes.view(dtype).astype(np.float32)  # ml_dtypes stores fp4 one per byte
-    values = values[np.isfinite(values)]
-  return np.unique(values + np.float32(0.0))  # + 0 turns -0 into 0
+    mags = np.array([0.0] + [2.0**(e - 7) for e in range(1, 8)], np.float32)
+    return np.concatenate([mags, -mags]).astype(np.float32)
+  codes = np.arange(2**fmt.bits, dtype=np.uint8)
+  return codes.view(ML_DTYPES[name]).astype(np.float32)  # ml_dtypes stores fp4 one per byte
 
 
 def round_to_format(y: jax.Array, name: str) -> jax.Array:

@@ -40,10 +40,10 @@ import dataclasses
 import functools
 import math
 
-import ml_dtypes
 import numpy as np
 
 from diloco_core.spec.wire_formats import BITS, MINIFLOATS, SCALE_BITS, index_bits, validate_format
+from diloco_core.wire.minifloat import code_values
 
 
 class WirePackingError(ValueError):
@@ -241,23 +241,6 @@ def _from_raw(v: np.ndarray, name: str) -> np.ndarray:
 
 def _absmax(v: np.ndarray) -> np.ndarray:
   return v.astype(np.uint32).view(np.float32)
-
-
-@functools.cache
-def code_values(name: str) -> np.ndarray:
-  """float32 value of every code of a scaled format (NaN for its NaN codes), indexed by code.
-
-  Examples:
-    >>> code_values("fp4")[[0, 1, 7, 8, 15]].tolist()
-    [0.0, 0.5, 6.0, -0.0, -6.0]
-    >>> code_values("e3m0")[[1, 7, 9]].tolist()
-    [0.015625, 1.0, -0.015625]
-  """
-  if name == "e3m0":  # sign << 3 | E: E = 0 is zero, E >= 1 is 2^(E - 7)
-    mags = np.array([0.0] + [2.0**(e - 7) for e in range(1, 8)], np.float32)
-    return np.concatenate([mags, -mags]).astype(np.float32)
-  dtype = {"fp8": ml_dtypes.float8_e4m3fn, "fp4": ml_dtypes.float4_e2m1fn}[name]
-  return np.arange(2**MINIFLOATS[name].bits, dtype=np.uint8).view(dtype).astype(np.float32)
 
 
 @functools.cache

@@ -1,0 +1,77 @@
+"""The pre-flight checks of a run: what the disk and the devices allow, before anything compiles.
+
+:meth:`~diloco_core.run.config.TrainConfig.validate` checks the options alone (no file is read,
+no device is asked); :func:`preflight` checks, once, after it and before the model is built:
+
+* the processes and devices: ``communication="background"`` and ``elastic`` against the
+  process count (:func:`~diloco_core.runtime.background_mesh.check_background`,
+  :func:`~diloco_core.runtime.elastic.check_elastic`), the mesh against the devices
+  (:func:`~diloco_core.devices.mesh.check_mesh`, :func:`~diloco_core.devices.mesh.check_process_mesh`);
+* the memory: the state and the logits against the devices' memory
+  (:func:`~diloco_core.spec.footprint.check_fits`);
+* the disk: the ``init_from`` params checkpoint (:func:`~diloco_core.store.params_io.check_params_dir`)
+  and the output directory (:func:`~diloco_core.store.out_dir.check_out_dir`,
+  :func:`~diloco_core.store.checkpoint.check_no_foreign_steps`).
+
+Every refusal is a one-line ``ValueError`` naming the option in backticks, as ``validate``'s.
+"""
+
+from __future__ import annotations
+
+import math
+
+from diloco_core.devices.mesh import check_mesh, check_process_mesh, parse_mesh
+from diloco_core.run.config import TrainConfig
+from diloco_core.runtime.background_mesh import check_background
+from diloco_core.runtime.elastic import check_elastic
+from diloco_core.spec.footprint import check_fits
+from diloco_core.spec.model_config import param_count
+from diloco_core.store.checkpoint import check_no_foreign_steps
+from diloco_core.store.out_dir import check_out_dir, writes_files
+from diloco_core.store.params_io import check_params_dir
+
+
+def preflight(cfg: TrainConfig) -> None:
+  """Raises a one-line ``ValueError`` when the processes, devices or disk cannot hold the run.
+
+  Call it after ``cfg.validate()`` and before anything compiles (``train`` does both).
+
+  Args:
+    cfg: a run config whose options :meth:`~diloco_core.run.config.TrainConfig.validate` accepted.
+
+  Returns:
+    None.
+
+  Examples:
+    >>> preflight(TrainConfig(model="tiny"))
+    >>> preflight(TrainConfig(model="tiny", init_from="/nonexistent/final_params"))
+    Traceback (most recent call last):
+    ...
+    ValueError: init_from: params checkpoint '/nonexistent/final_params' does not exist; pass the final_params/ directory of a finished run.
+  """
+  if cfg.communication == "background":
+    check_background(cfg)
+  check_elastic(cfg)
+  M, mesh = cfg.algo.replicas, parse_mesh(cfg.mesh)
+  devices = 1
+  if mesh is not None:
+    check_mesh(mesh, replicas=M, batch_size=cfg.batch_size)
+    devices = math.prod(mesh.values())
+  if cfg.communication == "in-step":  # several processes: one SPMD program over every device
+    check_process_mesh(mesh, replicas=M, batch_size=cfg.batch_size)
+  vocab = cfg.vocab_size or cfg.data.vocab_size  # the data's vocabulary is only known later
+  model = cfg.model_config(vocab_size=vocab)
+  check_fits(param_count(model), replicas=M, outer=cfg.algo.algorithm != "dp",
+             outer_optimizer=cfg.algo.outer_optimizer, tokens=M * cfg.batch_size * cfg.seq_len,
+             vocab=vocab, devices=devices, experts=model.num_experts)
+  if cfg.init_from is not None and not cfg.resume:
+    try:  # the files now; their shapes once the model is known (init_model)
+      check_params_dir(cfg.init_from)
+    except ValueError as e:
+      raise ValueError(f"init_from: {e}") from None
+  if cfg.out is not None:  # only the process that writes may create (and remove) `out` to probe it
+    # elastic: the writer checked `out` at start; a replacement joins the run that is in it
+    check_out_dir(cfg.out, cfg.overwrite or (cfg.elastic and not writes_files()), cfg.resume,
+                  probe=writes_files())
+    if cfg.checkpoint_every:
+      check_no_foreign_steps(cfg.out)
