@@ -175,9 +175,9 @@ def test_the_phases_hold_no_collective():
   mask = np.array([1.0, 0.0], np.float32)
   state, _ = comm.step(state, batch, 2, mask)  # a replica dropped: the masked send and settle
   state, _ = comm.step(state, batch, 3, 0 * mask)  # nobody: the skip
-  hp = bg._hyperparams(False)
+  hp = bg.placed_hyperparams(False)
   payload = sum(int(np.prod(x.shape[1:])) for x in jax.tree.leaves(state.params))
-  gathered = bg._leaves_of(state, 0, np.zeros((2, payload), np.float32))
+  gathered = bg.payload_leaves(state, 0, np.zeros((2, payload), np.float32))
   texts = {"inner": bg.compiled_text("inner", "", state, batch, hp),
            "send": bg.compiled_text("send", "all", state, None, hp, None, np.int32(0)),
            "send-masked": bg.compiled_text("send-masked", "all", state, None, hp, bg.place_rows(mask), np.int32(0)),

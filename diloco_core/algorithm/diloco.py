@@ -57,10 +57,10 @@ import optax
 from diloco_core.wire import compression
 
 from diloco_core.algorithm import eager
-from diloco_core.algorithm.base import AlgorithmBase, all_finite, loss_and_grad
+from diloco_core.algorithm.base import AlgorithmBase, all_finite
 from diloco_core.algorithm.config import DiLoCoConfig
 from diloco_core.spec.fields import traced_fields
-from diloco_core.algorithm.fragments import LAYER, OTHER, SHARED, Fragments, leaf_paths, per_fragment_state
+from diloco_core.algorithm.fragments import LAYER, OTHER, SHARED, Fragments, leaf_paths
 from diloco_core.algorithm.hyperparams import Optimizer, resolve_optimizer
 from diloco_core.devices.mesh import make_mesh
 from diloco_core.algorithm.optimizers import outer_optimizer_factory
@@ -194,6 +194,7 @@ class DiLoCo(Phases, AlgorithmBase):
     """
     cfg = self.config
     state = self._place_state(self.initial_state(params, cfg.replicas))
+
     def make_step():
       self._build(params)
       return self._jit_step(drjax.program(diloco=cfg.replicas)(self._step_impl), state)
@@ -268,14 +269,13 @@ class DiLoCo(Phases, AlgorithmBase):
 
     is_merge, p_merge = merged_fragment(t, h, cfg.fragments, tau, cfg.fragment_order)
     how = drjax.map_fn(lambda row: row[p_merge], participants)
-    per_replica = isinstance(fl, eager.EagerInFlight)  # merge towards each replica's own outer params
+    towards, per_replica = self.merge_towards(g, fl)  # eager: each replica's own outer params
     r = jax.lax.cond(
         is_merge,
         lambda ops: self.fragments.switch(
             p_merge, lambda b, k: self.merge(b, k, hp["alpha"], ops, per_replica)),
         lambda ops: ops.replica_params,
-        MergeOperands(global_params=fl.outer_params if per_replica else g, replica_params=r,
-                      participation=how))
+        MergeOperands(global_params=towards, replica_params=r, participation=how))
 
     unflat = functools.partial(jax.tree.unflatten, self._treedef)
     new_state = DiLoCoState(

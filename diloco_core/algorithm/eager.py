@@ -36,7 +36,6 @@ from typing import Any, NamedTuple
 
 import drjax
 import jax
-import jax.numpy as jnp
 
 from diloco_core.spec.validity import OUTER_OVERLAPS  # noqa: F401 (the values of outer_overlap)
 

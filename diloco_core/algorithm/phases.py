@@ -1,17 +1,13 @@
 """The phases of a DiLoCo step: the public contract between the algorithm and its runtimes.
 
-A step of :class:`~diloco_core.algorithm.diloco.DiLoCo` is :meth:`Phases.inner_steps` (every
-replica's inner step), then, for the fragment due, :meth:`Phases.pseudo_gradients` (each
-replica's payload, local; :meth:`Phases.payloads` also keeps its error-feedback residual),
-:meth:`Phases.average` (the only cross-replica collective: :func:`present_mean`) and the outer
-update in two halves, :meth:`Phases.before_mean` (what the sync does before its average is
-known) and :meth:`Phases.after_mean` (once it is), which :meth:`Phases.outer_step` and
-:meth:`Phases.send` compose; τ steps later, :meth:`Phases.merge` (the blend with α). The
-initial state is :meth:`Phases.initial_state`, and how a replica took part in a sync is
-:func:`~diloco_core.algorithm.state.participation_code`. The in-step runtime composes them
-into one jitted step (:meth:`~diloco_core.algorithm.diloco.DiLoCo.step`); the background runtime
-(:class:`~diloco_core.runtime.background.Background`) runs them as separate programs with its link
-in place of the collective. A change to a phase is made here, once, for both.
+A step of :class:`~diloco_core.algorithm.diloco.DiLoCo` is :meth:`Phases.inner_steps`, then, for
+the fragment due, :meth:`Phases.payloads` (each replica's, local), :meth:`Phases.average` (the
+only cross-replica collective, :func:`present_mean`), :meth:`Phases.before_mean` and
+:meth:`Phases.after_mean` (the outer update before and once its average is known), which
+:meth:`Phases.send` composes; τ steps later, :meth:`Phases.merge`. The in-step runtime composes
+them into one jitted step (:meth:`~diloco_core.algorithm.diloco.DiLoCo.step`); the background
+runtime (:class:`~diloco_core.runtime.background.Background`) runs them as separate programs with
+its link in place of the collective. A change to a phase is made here, once, for both.
 """
 
 from __future__ import annotations
@@ -92,7 +88,8 @@ class Phases:
   * ``replica_fields``: the fields of the state with a leading replica axis M;
   * ``prepare``: builds the fragment map for params of this structure;
   * ``initial_state``, ``inner_steps``, ``payloads``, ``before_mean``, ``after_mean``,
-    ``replicas_mean``, ``merge``: the phases (:func:`present_mean` is the average);
+    ``replicas_mean``, ``merge_towards``, ``merge``: the phases (:func:`present_mean` is the
+    average);
   * ``fragment_of``: one fragment's slices of flat leaves (a payload's shapes);
   * ``init``, ``step``, ``with_hyperparams``, ``place_batch``, ``place_replicated``,
     ``eval_params``, ``finite_flags``: the :class:`~diloco_core.algorithm.base.Algorithm`
@@ -173,8 +170,16 @@ class Phases:
     return drjax.map_fn(update, (params, opt_state, batch))
 
   def fragment_of(self, leaves: list, branch, k, axis: int) -> list:
-    """One fragment's slices of flat param-shaped leaves (``axis``: the layer axis, 1 with a
-    replica axis in front)."""
+    """One fragment's slices of flat param-shaped leaves.
+
+    Args:
+      leaves: the flat leaves (params, or anything shaped like them).
+      branch, k: the fragment (:meth:`~diloco_core.algorithm.fragments.Fragments.switch`).
+      axis: the layer axis (1 with a replica axis in front).
+
+    Returns:
+      The fragment's leaves.
+    """
     return self.fragments.take(leaves, self.leaf_kinds, branch, k, axis=axis)
 
   def send(self, branch, k, hp, ops: SendOperands) -> OuterUpdate:
@@ -186,10 +191,8 @@ class Phases:
     out dropped replicas.
 
     Args:
-      branch: the fragment's branch (:meth:`~diloco_core.algorithm.fragments.Fragments.switch`).
-      k: the traced layer-fragment index (None for ``"all"`` and ``"other"``).
-      hp: the hyperparameters (traced scalars).
-      ops: the operands, flat leaf lists.
+      branch, k, hp, ops: the fragment (:meth:`~diloco_core.algorithm.fragments.Fragments.switch`;
+        k None for ``"all"`` and ``"other"``), the traced hyperparameters, the flat operands.
 
     Returns:
       The fragment's :class:`~diloco_core.algorithm.state.OuterUpdate` (see the class docstring).
@@ -200,6 +203,9 @@ class Phases:
 
   def payloads(self, branch, k, hp, ops: SendOperands) -> tuple[SendOperands, list]:
     """Phase: :meth:`pseudo_gradients`, with the new error-feedback residual put in the operands.
+
+    Args:
+      branch, k, hp, ops: as for :meth:`pseudo_gradients`.
 
     Returns:
       ``(ops, sent)``: the operands with the fragment's new residual (unchanged without error
@@ -378,7 +384,7 @@ class Phases:
 
     Returns:
       ``outer_step(grad, outer-state leaves, params leaves) -> (params, outer-state leaves)``,
-      one optimizer step (used by :meth:`outer_step` and by eager overlap per replica).
+      one optimizer step (of θ_g, or under eager overlap of each replica's own outer params).
     """
     outer_opt = resolve_optimizer(self.outer_optimizer, hp)
     sub_def = jax.tree.structure(jax.eval_shape(outer_opt.init, g_sub))
@@ -388,6 +394,21 @@ class Phases:
       return optax.apply_updates(g_sub, updates), jax.tree.leaves(new_outer)
 
     return outer_step
+
+  def merge_towards(self, global_params: list, in_flight) -> tuple[list, bool]:
+    """What a merge blends the replicas towards.
+
+    Args:
+      global_params: the global params' leaves.
+      in_flight: the state's ``in_flight`` leaves (:func:`~diloco_core.algorithm.eager.leaves`).
+
+    Returns:
+      ``(leaves, per_replica)``: the global params, or under eager overlap each replica's own
+      outer params (then ``per_replica`` is True), for :meth:`merge`.
+    """
+    if self.config.outer_overlap == "eager":
+      return in_flight.outer_params, True
+    return global_params, False
 
   def merge(self, branch, k, alpha, ops: MergeOperands, per_replica: bool = False) -> list:
     """Phase: blends one fragment of every replica towards the global copy.

@@ -3,7 +3,8 @@
 :class:`DiLoCoState` is what :class:`~diloco_core.algorithm.diloco.DiLoCo` initialises, steps,
 checkpoints and evaluates; the named tuples carry one fragment's leaves into the send
 (:class:`SendOperands`) and the merge (:class:`MergeOperands`) and back out
-(:class:`OuterUpdate`), in place of positional one-letter arguments.
+(:class:`OuterUpdate`), in place of positional one-letter arguments. How a replica took part
+in a sync (``DiLoCoState.participants``) is :func:`participation_code`, for both runtimes.
 """
 
 from __future__ import annotations
@@ -11,7 +12,36 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 from flax import struct
+
+#: ``DiLoCoState.participants`` codes: the replica took part in the fragment's latest sync; it
+#: was dropped (its merge heals it: the global copy replaces its fragment); nobody took part (the
+#: sync was skipped: its merge leaves every replica alone).
+PRESENT, DROPPED, SKIPPED = 1.0, 0.0, -1.0
+
+
+def participation_code(present, replicas: int, xp=jnp):
+  """How each replica takes part in a sync, as ``DiLoCoState.participants`` records it.
+
+  Args:
+    present: the [M] participation mask (1 present, 0 dropped), or None for everyone.
+    replicas: M.
+    xp: the array module (``jax.numpy`` in a program, ``numpy`` on the host).
+
+  Returns:
+    [M] float32: the mask (:data:`PRESENT`, :data:`DROPPED`), or :data:`SKIPPED` for every
+    replica when nobody is present (the sync is skipped).
+
+  Examples:
+    >>> import numpy as np
+    >>> participation_code(np.array([1.0, 0.0], np.float32), 2, np).tolist()
+    [1.0, 0.0]
+    >>> participation_code(np.zeros(2, np.float32), 2, np).tolist(), participation_code(None, 2).tolist()
+    ([-1.0, -1.0], [1.0, 1.0])
+  """
+  present = xp.ones((replicas,), xp.float32) if present is None else present
+  return xp.where(xp.sum(present) > 0, present, SKIPPED)
 
 
 class OuterUpdate(NamedTuple):
@@ -58,8 +88,8 @@ class DiLoCoState(struct.PyTreeNode):
     ef_residual: every replica's error-feedback residual (leading axis M), or None.
     step: inner steps done (int32 scalar).
     participants: float32 [M, P]: entry (m, p) says how replica m took part in fragment
-      p's latest sync: 1 present, 0 dropped (its merge heals m), -1 nobody was present
-      (its merge leaves m alone). All ones unless :meth:`~diloco_core.algorithm.diloco.DiLoCo.step` gets a mask.
+      p's latest sync (:func:`participation_code`): 1 present, 0 dropped (its merge heals m),
+      -1 nobody was present (its merge leaves m alone). All ones unless :meth:`~diloco_core.algorithm.diloco.DiLoCo.step` gets a mask.
     in_flight: what ``outer_overlap`` keeps between two syncs of a fragment: None for
       ``"none"``; for ``"delayed"`` the average in flight (float32, shaped like θ_g); for
       ``"eager"`` an :class:`~diloco_core.algorithm.eager.EagerInFlight` per replica (leading axis

@@ -191,7 +191,7 @@ def train(cfg: TrainConfig) -> TrainResult:
   state = comm.init(params)
   interrupts.check()
   resumed = None
-  rejoining = getattr(comm, "rejoining", False)  # an elastic replacement: a live peer sends its state
+  rejoining = comm.rejoining  # an elastic replacement: a live peer sends its state
   if cfg.resume and not rejoining:
     resumed = ckpt.restore_latest(cfg.out, comm.global_state(state), effective_config(dataclasses.asdict(cfg)),
                                   must_match_fields(type(cfg)), normalize=effective_config)

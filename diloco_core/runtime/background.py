@@ -75,18 +75,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from diloco_core.algorithm import eager
 from diloco_core.runtime.background_mesh import background_mesh, check_background  # noqa: F401 (re-exported)
 from diloco_core.runtime.background_programs import PhasePrograms, flat_buffer, fragment_branch, split_buffer
 from diloco_core.algorithm.diloco import DiLoCo
 from diloco_core.runtime.elastic_runtime import ElasticRuntime
-from diloco_core.algorithm.hyperparams import resolve_optimizer
-from diloco_core.runtime.link import Link, LostProcessError, wait
+from diloco_core.runtime.link import Link, wait
 from diloco_core.runtime.membership import process_membership
 from diloco_core.devices.mesh import MeshPlacement, global_array, host_copy, replica_sharding, replicated
 from diloco_core.wire.reduce_scatter import ChunkPlan
 from diloco_core.spec.schedule import merged_fragment, sent_fragment
-from diloco_core.algorithm.state import DiLoCoState
+from diloco_core.algorithm.state import SKIPPED, DiLoCoState, participation_code
 from diloco_core.wire.packing import WireLayout
 
 #: How far (relative, and absolute near 0) two runs of one config may be where they are not
@@ -140,8 +138,6 @@ class Background(PhasePrograms, MeshPlacement, ElasticRuntime):
 
   name = "background"
 
-  replica_fields = ("params", "opt_state", "ef_residual", "participants")
-
   def __init__(self, algo: DiLoCo, params, mesh: str | None = None, out: str | None = None,
                resumed: bool = False, min_replicas: int | None = None, heal_every: int = 1,
                heal_wait: float = 0.0):
@@ -151,11 +147,10 @@ class Background(PhasePrograms, MeshPlacement, ElasticRuntime):
     self.local = cfg.replicas // self.processes
     self.offset = self.rank * self.local
     self.mesh = background_mesh(mesh, cfg.replicas)
-    if cfg.outer_overlap == "eager":
-      self.replica_fields = Background.replica_fields + ("in_flight",)
+    self.replica_fields = algo.replica_fields  # the state's fields with a replica axis
     algo.prepare(params)
-    self.min_replicas, self.heal_every, self.heal_wait = min_replicas, heal_every, heal_wait  # elastic
-    self._unsent: list[tuple[int, float]] = []  # elastic: (sync step, share of the replicas that sent nothing)
+    PhasePrograms.__init__(self)
+    ElasticRuntime.__init__(self, min_replicas, heal_every, heal_wait)
     membership = None if min_replicas is None else process_membership()
     self.trace: list[dict] = []
     self._trace_file = None
@@ -168,9 +163,9 @@ class Background(PhasePrograms, MeshPlacement, ElasticRuntime):
       wait(self.link.connect(), "connecting to the other processes")
     self._in_flight: dict[int, _InFlight] = {}
     self._stale_global: set[int] = set()  # eager: fragments whose θ_g waits for the replicas' mean
-    self._init_programs()
-    self._keys = itertools.count()  # names of the link exchanges
-    self._shapes: dict[str, list] = {}  # per branch: a fragment's leaves (see _leaves_of)
+    #: The numbers of the link exchanges (their names); a replacement continues its leader's count.
+    self.exchange_keys = itertools.count()
+    self._shapes: dict[str, list] = {}  # per branch: a fragment's leaves (see payload_leaves)
     self._hp = None
     self._step = 0  # the last step taken (a log row's wait is recorded under it)
 
@@ -187,7 +182,7 @@ class Background(PhasePrograms, MeshPlacement, ElasticRuntime):
     for name in state.__dataclass_fields__:
       own = name in self.replica_fields
       changes[name] = jax.tree.map(lambda x: self.own_rows(x) if own else host_copy(x), getattr(state, name))
-    return self._place(state.replace(**changes))
+    return self.place_state(state.replace(**changes))
 
   def own_rows(self, x) -> np.ndarray:
     """This process's rows ``[M / N, ...]`` of a per-replica array ``[M, ...]`` (global or host),
@@ -203,7 +198,7 @@ class Background(PhasePrograms, MeshPlacement, ElasticRuntime):
         out[a - lo:b - lo] = np.asarray(shard.data)[a - rows.start:b - rows.start]
     return out
 
-  def _place(self, state: DiLoCoState) -> DiLoCoState:
+  def place_state(self, state: DiLoCoState) -> DiLoCoState:
     """Host values (this process's rows of the replica fields, full copies of the rest) as
     global arrays on the mesh: the in-step run's placement of the same mesh."""
     rs, rep = replica_sharding(self.mesh), replicated(self.mesh)
@@ -243,26 +238,13 @@ class Background(PhasePrograms, MeshPlacement, ElasticRuntime):
 
   # ---- the state -----------------------------------------------------------------------------
   def init(self, params) -> DiLoCoState:
-    """This process's initial state: its local replicas, the global copy, the outer state."""
-    from diloco_core.algorithm.fragments import per_fragment_state
-    cfg, hp = self.config, self.algo.hyperparams
-    m = self.local
-    stack = lambda tree: jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (m, *np.shape(x))), tree)
-    params = jax.tree.map(np.asarray, params)
-    outer_state = per_fragment_state(resolve_optimizer(self.algo.outer_optimizer, hp), params, cfg.fragments)
-    zeros = lambda tree: jax.tree.map(lambda x: np.zeros(np.shape(x), np.float32), tree)
-    in_flight = {"none": None, "delayed": zeros(params)}.get(cfg.outer_overlap)
-    if cfg.outer_overlap == "eager":
-      in_flight = eager.EagerInFlight(zeros(stack(params)), stack(params), stack(outer_state))
-    state = DiLoCoState(
-        params=stack(params), opt_state=stack(resolve_optimizer(self.algo.inner_optimizer, hp).init(params)),
-        global_params=params, outer_state=jax.tree.map(np.asarray, outer_state),
-        ef_residual=zeros(stack(params)) if cfg.error_feedback else None,
-        step=np.zeros((), np.int32), participants=np.ones((m, cfg.fragments), np.float32),
-        in_flight=in_flight)
-    return self._place(state)
+    """This process's initial state (:meth:`~diloco_core.algorithm.phases.Phases.initial_state`):
+    its local replicas, the global copy, the outer state."""
+    return self.place_state(self.algo.initial_state(params, self.local, np))
 
-  def _hyperparams(self, last: bool):
+  def placed_hyperparams(self, last: bool):
+    """The algorithm's hyperparameters as replicated scalars (``last``: with α = 1, the last step
+    with ``eval_replicas``), placed once."""
     if self._hp is None:
       dtypes = {k: np.dtype(self.algo.config_hyperparams.get(k, "float32")) for k in self.algo.hyperparams}
       values = {k: dtypes[k].type(v) for k, v in self.algo.hyperparams.items()}
@@ -279,7 +261,7 @@ class Background(PhasePrograms, MeshPlacement, ElasticRuntime):
     ``last``: the run's last step with ``eval_replicas`` (α = 1 there, as in-step).
     """
     state = self.heal_joiners(state, t)  # elastic: a replacement waiting gets the state of step t - 1
-    cfg, hp = self.config, self._hyperparams(last)
+    cfg, hp = self.config, self.placed_hyperparams(last)
     start, self._step = time.time(), t
     state, loss, metrics = self.inner_program(state, batch, hp)
     is_send, p = sent_fragment(t, cfg.sync_every, cfg.fragments, cfg.fragment_order)
@@ -287,11 +269,12 @@ class Background(PhasePrograms, MeshPlacement, ElasticRuntime):
       if p in self._in_flight:  # delayed / eager: the previous sync of p arrives now (H steps on)
         state = self._settle(state, p, t)
       mask = None if present is None else np.asarray(present, np.float32)
-      if mask is not None and not mask.any():  # nobody takes part: the sync is skipped
+      code = None if mask is None else participation_code(mask, cfg.replicas, np)
+      if code is not None and (code == SKIPPED).all():  # nobody takes part: the sync is skipped
         state = self.skip_program(state, p)
-        self._record({"kind": "skip", "step": t, "fragment": p})
+        self.record({"kind": "skip", "step": t, "fragment": p})
       else:
-        state, flat = self.send_program(state, p, hp, None if mask is None else self.place_rows(mask))
+        state, flat = self.send_program(state, p, hp, None if code is None else self.place_rows(code))
         flat, what = self.own_rows(flat), f"fragment {p} @ step {t}"  # waits for the payload program
         if cfg.reduction == "reduce-scatter":
           future = self.link.reduce(flat, what, ChunkPlan(self._layout(state, p), self.processes))
@@ -307,7 +290,7 @@ class Background(PhasePrograms, MeshPlacement, ElasticRuntime):
       state = self.merge_program(state, q, hp)
     jax.block_until_ready(loss)
     jax.block_until_ready(state.params)
-    self._record({"kind": "compute", "step": t, "start": start, "end": time.time()})
+    self.record({"kind": "compute", "step": t, "start": start, "end": time.time()})
     return state, {"loss": loss, "loss_metrics": metrics, "sent": is_send, "merged": is_merge}
 
   def _settle(self, state, p: int, t: int):
@@ -317,28 +300,18 @@ class Background(PhasePrograms, MeshPlacement, ElasticRuntime):
     gathered = wait(flight.future, f"the all-reduce of fragment {p} sent at step {flight.step}")
     now = time.time()
     if now - waited > 1e-4:
-      self._record({"kind": "wait", "step": t, "fragment": p, "start": waited, "end": now})
-    present = flight.present
-    if self.min_replicas is not None:  # elastic: the replicas of the processes that took part
-      gathered, agreement = gathered
-      live = np.repeat(agreement.present(self.processes), self.local)
-      planned, present = (1.0 if present is None else present), live * (1.0 if present is None else present)
-      self._unsent.append((flight.step, float(np.mean(planned) - np.mean(present))))  # the lost sent nothing
-      self.record_membership(t)
-      if live.sum() < self.min_replicas:
-        raise LostProcessError(f"process(es) {list(self.absent_processes())} lost: {int(live.sum())} replica(s)"
-                               f" took part in the sync of fragment {p} sent at step {flight.step}, fewer than"
-                               f" `min_replicas` ({self.min_replicas})")
-    self._record({"kind": "settle", "step": t, "fragment": p, "sent_at": flight.step, "time": now,  # who took part:
+      self.record({"kind": "wait", "step": t, "fragment": p, "start": waited, "end": now})
+    gathered, present = self.live_participation(gathered, flight.present, flight.step, p, t)  # elastic
+    self.record({"kind": "settle", "step": t, "fragment": p, "sent_at": flight.step, "time": now,  # who took part:
                   "present": None if present is None else present.tolist()})
-    return self.settle_program(state, p, self._leaves_of(state, p, gathered), self._hyperparams(False),
+    return self.settle_program(state, p, self.payload_leaves(state, p, gathered), self.placed_hyperparams(False),
                                None if present is None else self.place_replicated(present))
 
   def _leaf_shapes(self, state, p: int) -> list:
     """Fragment p's leaves as the payload holds them, ``[M, ...]`` each (abstract)."""
     branch, k = fragment_branch(p, self.config.fragments)
     if branch not in self._shapes:  # the leaves' shapes do not depend on k (a layer's slice)
-      take = lambda params, k: self.algo.fragments.take(jax.tree.leaves(params), self.algo.leaf_kinds, branch, k, axis=1)
+      take = lambda params, k: self.algo.fragment_of(jax.tree.leaves(params), branch, k, axis=1)
       self._shapes[branch] = jax.eval_shape(take, state.params, 0 if k is None else k)
     return self._shapes[branch]
 
@@ -349,29 +322,16 @@ class Background(PhasePrograms, MeshPlacement, ElasticRuntime):
     sizes = tuple(int(np.prod(x.shape[1:], dtype=np.int64)) for x in self._leaf_shapes(state, p))
     return WireLayout(sizes, cfg.compression, **cfg.wire)
 
-  def _leaves_of(self, state, p: int, gathered) -> list[jax.Array]:
+  def payload_leaves(self, state, p: int, gathered) -> list[jax.Array]:
     """Fragment p's gathered ``[M, n]`` buffer as its leaves, ``[M, ...]`` each (:func:`~diloco_core.runtime.background_programs.split_buffer`)."""
     return self.place_replicated(split_buffer(np.asarray(gathered), self._leaf_shapes(state, p)))
 
   def _refresh_global(self, state, p: int):
     """Eager: θ_g[p] = the mean of every replica's own outer params (gathered)."""
-    algo, cfg = self.algo, self.config
-    branch, k = fragment_branch(p, cfg.fragments)
-    if ("take", branch) not in self._programs:
-      self._programs[("take", branch)] = jax.jit(
-          lambda fl, k: flat_buffer(algo.fragments.take(jax.tree.leaves(fl), algo.leaf_kinds, branch, k, axis=1)))
-    with jax.set_mesh(self.mesh):
-      mine = self.own_rows(self._programs[("take", branch)](state.in_flight.outer_params, k))
+    mine = self.own_rows(self.own_outer_params_program(state, p))
     gathered = wait(self.link.gather(mine, f"outer params of fragment {p}"),
                     f"gathering the replicas' outer params of fragment {p}")
-
-    def fn(state, gathered, k):
-      frag, ops = algo.fragments, self._ops(state)
-      like = frag.take(ops.in_flight.outer_params, algo.leaf_kinds, branch, k, axis=1)
-      new_g = [jnp.mean(x.astype(y.dtype), axis=0).astype(y.dtype) for x, y in zip(gathered, like)]
-      return self._rebuild(state, ops._replace(
-          global_params=frag.put(ops.global_params, algo.leaf_kinds, branch, new_g, k, axis=0)))
-    return self._program("refresh", branch, state, fn)(state, self._leaves_of(state, p, gathered), k)
+    return self.refresh_program(state, p, self.payload_leaves(state, p, gathered))
 
   def settle(self, state, t: int):
     """Settles every fragment in flight (and, eager, refreshes θ_g): the state is then the SPMD
@@ -398,9 +358,9 @@ class Background(PhasePrograms, MeshPlacement, ElasticRuntime):
     """Every process's ``x`` (:meth:`Link.exchange`, lost processes' rows ``fill``); elastic: an
     agreement, recorded as a wait (it waits for the slowest process, or past a lost one's heartbeat)."""
     start = time.time()
-    every = self.link.exchange(f"{what}/{next(self._keys)}", x, fill=fill)
+    every = self.link.exchange(f"{what}/{next(self.exchange_keys)}", x, fill=fill)
     if self.min_replicas is not None:
-      self._record({"kind": "wait", "step": self._step, "for": what, "start": start, "end": time.time()})
+      self.record({"kind": "wait", "step": self._step, "for": what, "start": start, "end": time.time()})
       self.record_membership(self._step)
     return every
 
@@ -413,10 +373,12 @@ class Background(PhasePrograms, MeshPlacement, ElasticRuntime):
   # ---- records -------------------------------------------------------------------------------
   def _transferred(self, what: str, launched: float, finished: float, sent: int, received: int,
                    padding: int) -> None:
-    self._record({"kind": "transfer", "what": what, "launched": launched, "finished": finished,
+    self.record({"kind": "transfer", "what": what, "launched": launched, "finished": finished,
                   "sent_bytes": sent, "received_bytes": received, "padding_bytes": padding})
 
-  def _record(self, row: dict) -> None:
+  def record(self, row: dict) -> None:
+    """Appends ``row`` (a JSON object: ``"kind"``, ``"step"``, ...) to :attr:`trace`, and to
+    the trace file with ``out``."""
     self.trace.append(row)
     if self._trace_file is not None:
       self._trace_file.write(json.dumps(row) + "\n")

@@ -6,7 +6,8 @@ programs over the run's mesh, with no collective in any of them (the link moves 
 float32 buffer; delayed: the outer step with the average in flight; eager: each replica's
 outer step with its others' part), ``settle`` (the mean of the gathered payloads and what
 the SPMD send does with it), ``refresh`` (eager: θ_g from every replica's own outer params)
-and ``merge``. :class:`~diloco_core.runtime.background.Background` runs them around its link.
+and ``merge``. Each program composes the phases (the rules are written there once, for both
+runtimes); :class:`~diloco_core.runtime.background.Background` runs them around its link.
 """
 
 from __future__ import annotations
@@ -19,10 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from diloco_core.algorithm import eager
-from diloco_core.algorithm.diloco import inner_update
-from diloco_core.algorithm.hyperparams import resolve_optimizer
+from diloco_core.algorithm.phases import present_mean
 from diloco_core.devices.mesh import replica_sharding, replicated
-from diloco_core.algorithm.state import DiLoCoState, MergeOperands, SendOperands
+from diloco_core.algorithm.state import SKIPPED, DiLoCoState, MergeOperands, SendOperands
 
 
 def flat_buffer(leaves: list) -> jax.Array:
@@ -55,6 +55,11 @@ def fragment_branch(p: int, fragments: int) -> tuple[str, int | None]:
   return ("other", None) if p == 0 else ("layer", np.int32(p - 1))
 
 
+def local_mean(leaves: list) -> list:
+  """The mean over the replica axis of gathered ``[M, ...]`` leaves, in replica order (the
+  reduction the SPMD program computes; no collective: every process holds every row)."""
+  return [jnp.mean(x, axis=0) for x in leaves]
+
 
 class PhasePrograms:
   """The phase programs of one process (a base class of :class:`~diloco_core.runtime.background.Background`).
@@ -63,7 +68,7 @@ class PhasePrograms:
   fragment branch, donates the state and keeps its shardings.
   """
 
-  def _init_programs(self) -> None:
+  def __init__(self) -> None:
     self._programs: dict[tuple, Any] = {}
 
   def _program(self, name: str, branch: str, state, fn, extra_out: tuple = ()):
@@ -108,89 +113,88 @@ class PhasePrograms:
         in_flight=eager.unflatten_like(state.in_flight, ops.in_flight))
 
   def inner_program(self, state, batch, hp):
+    """One inner step of the local replicas (:meth:`~diloco_core.algorithm.phases.Phases.inner_steps`):
+    ``(state, loss, metrics)``."""
     def fn(state, batch, hp):
-      update = lambda p, o, b: inner_update(self.algo.loss_fn, resolve_optimizer(self.algo.inner_optimizer, hp),
-                                            p, o, b)
-      params, opt_state, loss, metrics = drjax.map_fn(update, (state.params, state.opt_state, batch))
+      params, opt_state, loss, metrics = self.algo.inner_steps(hp, state.params, state.opt_state, batch)
       return state.replace(params=params, opt_state=opt_state, step=state.step + 1), loss, metrics
     return self._program("inner", "", state, fn, ("replica", "replica"))(state, batch, hp)
 
   def send_program(self, state, p: int, hp, present=None):
-    """The local payloads of fragment p (and, delayed: the outer step with the average in flight;
-    eager: each replica's outer step with its others' part). With ``present`` (the [M]
-    participation mask, sharded along ``diloco``; simulated drops) the dropped replicas keep
+    """The local payloads of fragment p and what the sync does before their average is known
+    (:meth:`~diloco_core.algorithm.phases.Phases.before_mean`). With ``present`` (the [M]
+    participation code, sharded along ``diloco``; simulated drops) the dropped replicas keep
     their residual, and every replica's ``participants[p]`` records how it took part."""
     algo, cfg = self.algo, self.config
     branch, k = fragment_branch(p, cfg.fragments)
 
     def fn(state, k, hp, present, p):
-      frag, ops = algo.fragments, self._ops(state)
+      ops = self._ops(state)
       if present is not None:
         ops = ops._replace(participation=present)
         state = state.replace(participants=drjax.map_fn(lambda row, c: row.at[p].set(c),
                                                         (state.participants, present)))
-      sent, e_new = algo.pseudo_gradients(branch, k, hp, ops)
-      if e_new is not None:
-        ops = ops._replace(ef_residual=frag.put(ops.ef_residual, algo.leaf_kinds, branch, e_new, k, axis=1))
-      if cfg.outer_overlap == "delayed":  # apply the previous sync's average (settled before)
-        in_flight = frag.take(ops.in_flight, algo.leaf_kinds, branch, k, axis=0)
-        update = algo.outer_step(branch, k, hp, ops, sent, in_flight, ops.ef_residual)
-        ops = ops._replace(global_params=update.global_params, outer_state=update.outer_state)
-      elif cfg.outer_overlap == "eager":
-        outer_step = algo.fragment_outer_step(hp, frag.take(ops.global_params, algo.leaf_kinds, branch, k, axis=0))
-        fl = eager.send_local(frag, (algo.leaf_kinds, algo.outer_leaf_kinds), branch, k, outer_step, sent,
-                              ops.in_flight, cfg.replicas)
-        ops = ops._replace(in_flight=fl)
+      ops, sent = algo.payloads(branch, k, hp, ops)
+      ops = algo.before_mean(branch, k, hp, ops, sent)
       return self._rebuild(state, ops._replace(participation=None)), flat_buffer(sent)
     name = "send" if present is None else "send-masked"
     return self._program(name, branch, state, fn, ("replica",))(state, k, hp, present, np.int32(p))
 
   def skip_program(self, state, p: int):
-    """A sync of fragment p that nobody takes part in: only ``participants[p]`` changes (-1, so
-    that its merge leaves every replica alone), as in the in-step step."""
+    """A sync of fragment p that nobody takes part in: only ``participants[p]`` changes
+    (:data:`~diloco_core.algorithm.state.SKIPPED`, so that its merge leaves every replica alone),
+    as in the in-step step."""
     def fn(state, p):
-      return state.replace(participants=drjax.map_fn(lambda row: row.at[p].set(-1.0), state.participants))
+      return state.replace(participants=drjax.map_fn(lambda row: row.at[p].set(SKIPPED), state.participants))
     return self._program("skip", "", state, fn)(state, np.int32(p))
 
   def settle_program(self, state, p: int, gathered, hp, present=None):
-    """Fragment p's gathered payloads into the state: their mean (over the replicas ``present``
-    marks, replicated [M], when given: the in-step :meth:`~diloco_core.algorithm.phases.Phases.average`'s
-    masked mean) and what the send does with it under ``outer_overlap``."""
+    """Fragment p's gathered payloads into the state: their mean
+    (:func:`~diloco_core.algorithm.phases.present_mean` over the replicas ``present`` marks,
+    replicated [M], when given) and what the sync does with it
+    (:meth:`~diloco_core.algorithm.phases.Phases.after_mean`)."""
     algo, cfg = self.algo, self.config
     branch, k = fragment_branch(p, cfg.fragments)
 
     def fn(state, gathered, k, hp, present):
-      frag, ops = algo.fragments, self._ops(state)
       if cfg.reduction == "reduce-scatter":  # the link delivered the mean, [1, ...] each
         mean = [x[0] for x in gathered]
-      elif present is None:  # float32 payloads, [M, ...] each
-        mean = [jnp.mean(x, axis=0) for x in gathered]
-      else:  # where, not a product: a dropped replica's non-finite payload cannot leak in
-        on, scale = present > 0, cfg.replicas / jnp.maximum(jnp.sum(present), 1.0)
-        mean = [jnp.mean(jnp.where(on.reshape(-1, *[1] * (x.ndim - 1)), x, 0.0), axis=0) * scale
-                for x in gathered]
-      if cfg.outer_overlap == "none":
-        update = algo.outer_step(branch, k, hp, ops, None, mean, ops.ef_residual)
-        ops = ops._replace(global_params=update.global_params, outer_state=update.outer_state)
-      elif cfg.outer_overlap == "delayed":
-        ops = ops._replace(in_flight=frag.put(ops.in_flight, algo.leaf_kinds, branch, mean, k, axis=0))
-      else:
-        ops = ops._replace(in_flight=eager.settle_local(frag, (algo.leaf_kinds, algo.outer_leaf_kinds), branch, k,
-                                                        mean, ops.in_flight, cfg.replicas))
-      return self._rebuild(state, ops)
+      else:  # float32 payloads, [M, ...] each
+        mean = present_mean(gathered, present, cfg.replicas, local_mean)
+      return self._rebuild(state, algo.after_mean(branch, k, hp, self._ops(state), mean))
     name = "settle" if present is None else "settle-masked"
     return self._program(name, branch, state, fn)(state, gathered, k, hp, present)
 
+  def own_outer_params_program(self, state, p: int) -> jax.Array:
+    """Eager: the local replicas' own outer params of fragment p as one flat buffer ``[M, n]``."""
+    branch, k = fragment_branch(p, self.config.fragments)
+    if ("take", branch) not in self._programs:
+      self._programs[("take", branch)] = jax.jit(
+          lambda fl, k: flat_buffer(self.algo.fragment_of(jax.tree.leaves(fl), branch, k, axis=1)))
+    with jax.set_mesh(self.mesh):
+      return self._programs[("take", branch)](state.in_flight.outer_params, k)
+
+  def refresh_program(self, state, p: int, gathered):
+    """Eager: θ_g[p], the mean of every replica's own outer params (``gathered``: their leaves,
+    ``[M, ...]`` each, replicated; :meth:`~diloco_core.algorithm.phases.Phases.replicas_mean`)."""
+    algo = self.algo
+    branch, k = fragment_branch(p, self.config.fragments)
+
+    def fn(state, gathered, k):
+      return self._rebuild(state, algo.replicas_mean(branch, k, self._ops(state), gathered, local_mean))
+    return self._program("refresh", branch, state, fn)(state, gathered, k)
+
   def merge_program(self, state, p: int, hp):
+    """Fragment p's merge (:meth:`~diloco_core.algorithm.phases.Phases.merge`), as each replica
+    took part in its latest sync."""
     algo, cfg = self.algo, self.config
     branch, k = fragment_branch(p, cfg.fragments)
-    per_replica = cfg.outer_overlap == "eager"
 
     def fn(state, k, p, hp):
       ops = self._ops(state)
       how = drjax.map_fn(lambda row: row[p], state.participants)
+      towards, per_replica = algo.merge_towards(ops.global_params, ops.in_flight)
       merged = algo.merge(branch, k, hp["alpha"], MergeOperands(
-          global_params=ops.in_flight.outer_params if per_replica else ops.global_params,
-          replica_params=ops.replica_params, participation=how), per_replica)
+          global_params=towards, replica_params=ops.replica_params, participation=how), per_replica)
       return self._rebuild(state, ops, params=merged)
     return self._program("merge", branch, state, fn)(state, k, np.int32(p), hp)

@@ -8,9 +8,11 @@
 * ``"background"`` (:class:`~diloco_core.runtime.background.Background`): the replicas split over
   the processes, each fragment's all-reduce on a communication thread while training goes on.
 
-Both are a :class:`Runtime`: the loop's calls, listed there. The numbers are the same. Both
-run the algorithm's phases (:class:`~diloco_core.algorithm.phases.Phases`): composed into one jitted
-step here, as separate programs around a link there.
+Both are a :class:`Runtime`: the loop's every call, listed there (``tests/test_layout.py``
+checks that :mod:`diloco_core.run.loop` calls nothing else and that both implement it all). The
+numbers are the same. Both run the algorithm's phases
+(:class:`~diloco_core.algorithm.phases.Phases`, read through the public names its docstring
+lists): composed into one jitted step here, as separate programs around a link there.
 """
 
 from __future__ import annotations
@@ -36,9 +38,11 @@ def data_replicas(cfg) -> tuple[int, ...]:
 
 
 class Runtime(Protocol):
-  """What the training loop calls on a run's communication runtime."""
+  """What the training loop calls on a run's communication runtime: every name it uses."""
 
   name: str  #: ``"in-step"`` or ``"background"``
+  #: An elastic replacement, which must :meth:`rejoin` before its first step (in-step: never).
+  rejoining: bool
 
   def init(self, params) -> Any:
     """The initial state (this process's part of it)."""
@@ -65,6 +69,14 @@ class Runtime(Protocol):
 
   def resumed_from(self, step: int, meta: dict) -> None:
     """Called after a resume from checkpoint ``step`` (with its meta item)."""
+
+  def rejoin(self, state, batch=None) -> tuple[Any, int]:
+    """An elastic replacement (:attr:`rejoining`): ``(state, step)``, the state a live peer
+    healed it with and the step it holds (``batch``: compiles its programs first)."""
+
+  def rejoin_replicas(self, state, replicas, source: int) -> Any:
+    """``rejoin_schedule`` (an elastic run replayed in-step): replicas ``replicas`` restart from
+    the global params and replica ``source``'s inner state."""
 
   def writes_files(self) -> bool:
     """Whether this process writes the run's files now (metrics, checkpoints, summary, final
@@ -107,6 +119,7 @@ class InStep:
   """
 
   name = "in-step"
+  rejoining = False  # one program runs every replica: no process to replace
 
   def __init__(self, algo):
     self.algo, self._last = algo, None
@@ -141,6 +154,10 @@ class InStep:
 
   def resumed_from(self, step: int, meta: dict) -> None:
     pass  # no trace to record it in
+
+  def rejoin(self, state, batch=None):
+    """Never called (:attr:`rejoining` is False): an in-step run has no replacement process."""
+    raise RuntimeError("the in-step runtime has no replacement process to heal (`rejoining` is False).")
 
   def writes_files(self) -> bool:
     return jax.process_index() == 0

@@ -51,9 +51,9 @@ import jax
 import numpy as np
 
 from diloco_core.runtime.background_programs import fragment_branch
-from diloco_core.runtime.link import wait
+from diloco_core.runtime.link import LostProcessError, wait
 from diloco_core.devices.mesh import host_copy
-from diloco_core.algorithm.state import DiLoCoState
+from diloco_core.algorithm.state import DROPPED, DiLoCoState
 
 
 def pack_heal(global_params, outer_state, opt_state, step: int, keys: int) -> bytes:
@@ -108,7 +108,22 @@ def rejoin_replicas(state: DiLoCoState, replicas, source: int) -> DiLoCoState:
 
 
 class ElasticRuntime:
-  """Mixed into :class:`~diloco_core.runtime.background.Background`: who is lost, and healing."""
+  """Mixed into :class:`~diloco_core.runtime.background.Background`: who is lost, and healing.
+
+  Args:
+    min_replicas: an elastic run's least replicas present at a sync; None: not elastic.
+    heal_every: a replacement is healed after a step that is a multiple of this.
+    heal_wait: seconds the leader may wait there for a replacement still compiling.
+
+  It uses only public names of the runtime it is mixed into: ``config``, ``link``,
+  ``processes``, ``local``, ``offset``, ``replica_fields``, ``exchange_keys`` and its methods
+  (``record``, ``own_rows``, ``place_state``, ``local_state``, ``place_replicated``,
+  ``placed_hyperparams``, ``payload_leaves``, ``settle`` and the phase programs).
+  """
+
+  def __init__(self, min_replicas: int | None, heal_every: int = 1, heal_wait: float = 0.0):
+    self.min_replicas, self.heal_every, self.heal_wait = min_replicas, heal_every, heal_wait
+    self._unsent: list[tuple[int, float]] = []  # (sync step, share of the replicas that sent nothing)
 
   def absent_processes(self) -> tuple[int, ...]:
     """Elastic: the processes the last agreement left out (lost); otherwise none."""
@@ -133,7 +148,35 @@ class ElasticRuntime:
     """Trace rows for the losses and joins the link's agreements saw since the last call
     (``lost``, ``joined``: the processes, the agreement, its time), under step ``t``."""
     while self.link.events:
-      self._record({**self.link.events.pop(0), "step": t})
+      self.record({**self.link.events.pop(0), "step": t})
+
+  def live_participation(self, gathered, present, sent_at: int, p: int, t: int):
+    """Who took part in a settled sync: as planned; elastic, the replicas of the live processes.
+
+    Args:
+      gathered: what the link delivered (elastic: with its agreement).
+      present: the planned [M] participation mask (simulated drops), or None for everyone.
+      sent_at, p, t: the sync's step and fragment, and the step that settles it.
+
+    Returns:
+      ``(payloads, participation)``; elastic: the replicas of the processes the agreement left
+      out are absent (counted for :meth:`take_unsent`).
+
+    Raises:
+      LostProcessError: elastic, fewer than ``min_replicas`` replicas took part.
+    """
+    if self.min_replicas is None:
+      return gathered, present
+    gathered, agreement = gathered
+    live = np.repeat(agreement.present(self.processes), self.local)
+    planned, present = (1.0 if present is None else present), live * (1.0 if present is None else present)
+    self._unsent.append((sent_at, float(np.mean(planned) - np.mean(present))))  # the lost sent nothing
+    self.record_membership(t)
+    if live.sum() < self.min_replicas:
+      raise LostProcessError(f"process(es) {list(self.absent_processes())} lost: {int(live.sum())} replica(s)"
+                             f" took part in the sync of fragment {p} sent at step {sent_at}, fewer than"
+                             f" `min_replicas` ({self.min_replicas})")
+    return gathered, present
 
   def take_unsent(self) -> list[tuple[int, float]]:
     """The syncs settled since the last call, as ``(step, share)``: the share of the replicas
@@ -143,8 +186,8 @@ class ElasticRuntime:
 
   def _key_count(self) -> int:
     """The number of the next link exchange (a replacement continues the count)."""
-    n = next(self._keys)
-    self._keys = itertools.count(n)
+    n = next(self.exchange_keys)
+    self.exchange_keys = itertools.count(n)
     return n
 
   def writes_files(self) -> bool:
@@ -173,7 +216,7 @@ class ElasticRuntime:
     filled = [r * m + i for r in range(self.processes) if r not in agreement.members for i in range(m)]
     source = agreement.leader * m  # as a heal: the first replica of the lowest process present
     note = {"filled": filled, "source": source}
-    self._record({"kind": "checkpoint", "step": t, **note})
+    self.record({"kind": "checkpoint", "step": t, **note})
     if not self.writes_files():
       return None, note
     glob = jax.tree.leaves(state.global_params)
@@ -203,13 +246,19 @@ class ElasticRuntime:
     """Elastic, after a resume: the trace's ``resumed`` row (the checkpoint's step, the replicas it
     filled and their source), which the replay reads as a rejoin."""
     if self.min_replicas is not None:
-      self._record({"kind": "resumed", "step": step, "replicas": meta.get("filled", []),
+      self.record({"kind": "resumed", "step": step, "replicas": meta.get("filled", []),
                     "source": meta.get("source", 0)})
 
   @property
   def rejoining(self) -> bool:
     """Whether this process is a replacement that must :meth:`rejoin` before its first step."""
     return self.link.membership is not None and self.link.membership.rejoined
+
+  def rejoin_replicas(self, state: DiLoCoState, replicas, source: int) -> DiLoCoState:
+    """``rejoin_schedule`` replays an elastic run in the in-step runtime only (the config refuses
+    it here): raises a one-line ``ValueError``."""
+    raise ValueError("`rejoin_schedule` replays an elastic run in the in-step runtime: use `communication`"
+                     " in-step.")
 
   def heal_joiners(self, state: DiLoCoState, t: int) -> DiLoCoState:
     """The leader, at the start of step ``t`` when step t - 1 was a log row: the replacements
@@ -227,7 +276,7 @@ class ElasticRuntime:
                      jax.tree.map(first, state.opt_state), t - 1, self._key_count())
     for r in pending:
       membership.send_heal(r, data)
-    self._record({"kind": "heal", "step": t - 1, "processes": pending, "source": self.offset, "time": time.time(),
+    self.record({"kind": "heal", "step": t - 1, "processes": pending, "source": self.offset, "time": time.time(),
                   "replicas": [r * self.local + i for r in pending for i in range(self.local)]})
     return state
 
@@ -240,7 +289,7 @@ class ElasticRuntime:
       time.sleep(0.05)
       ready = [r for r in sorted(membership.pending) if membership.ready(r)]
     if time.time() - start > 0.05:
-      self._record({"kind": "wait", "step": t - 1, "for": "heal", "start": start, "end": time.time()})
+      self.record({"kind": "wait", "step": t - 1, "for": "heal", "start": start, "end": time.time()})
     return ready
 
   def warm_up(self, state: DiLoCoState, batch) -> None:
@@ -249,14 +298,14 @@ class ElasticRuntime:
     copy of its placeholder state, then drops the copy. It compiles them while the others train
     (its thread takes part in their agreements meanwhile), instead of after its heal, when every
     agreement would wait for it; no number of the run depends on it."""
-    M, P, hp = self.config.replicas, self.config.fragments, self._hyperparams(False)
+    M, P, hp = self.config.replicas, self.config.fragments, self.placed_hyperparams(False)
     copy = self.local_state(state)  # fresh arrays: the programs donate their state
     copy, loss, _ = self.inner_program(copy, batch, hp)
     everyone = self.place_replicated(np.ones(M, np.float32))
     for p in sorted({fragment_branch(p, P)[0]: p for p in range(P)}.values()):  # one fragment per branch
       copy, flat = self.send_program(copy, p, hp)
       zeros = np.zeros((M, int(np.shape(flat)[-1])), np.float32)
-      copy = self.settle_program(copy, p, self._leaves_of(copy, p, zeros), hp, everyone)
+      copy = self.settle_program(copy, p, self.payload_leaves(copy, p, zeros), hp, everyone)
       copy = self.merge_program(copy, p, hp)
     jax.block_until_ready((loss, copy))
 
@@ -268,7 +317,7 @@ class ElasticRuntime:
     if batch is not None:
       started = time.time()
       self.warm_up(state, batch)
-      self._record({"kind": "warm-up", "start": started, "end": time.time()})
+      self.record({"kind": "warm-up", "start": started, "end": time.time()})
     membership.mark_ready()
     key, data = membership.heal()
     one = jax.tree.map(lambda x: np.asarray(x.addressable_shards[0].data)[0], state.opt_state)
@@ -278,7 +327,7 @@ class ElasticRuntime:
     host = state.replace(params=stack(glob), opt_state=stack(opt), global_params=glob, outer_state=outer,
                          ef_residual=None if state.ef_residual is None else
                          jax.tree.map(lambda x: np.zeros(np.shape(x), np.float32), stack(glob)),
-                         step=np.int32(step), participants=np.zeros((m, P), np.float32))
-    self._keys = itertools.count(keys)
-    self._record({"kind": "healed", "step": step, "first": key})
-    return self._place(host), step
+                         step=np.int32(step), participants=np.full((m, P), DROPPED, np.float32))
+    self.exchange_keys = itertools.count(keys)
+    self.record({"kind": "healed", "step": step, "first": key})
+    return self.place_state(host), step
