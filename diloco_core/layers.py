@@ -4,7 +4,7 @@
 lower floors (:data:`LAYERS`), plus the two helpers every floor may use (:data:`HELPERS`,
 which import nothing of the trainer); the entry points (:data:`ENTRY_POINTS`) may use every
 floor. ``tests/test_layout.py`` checks every import against this rule (function-level ones
-included, read with :mod:`ast`), and the contributing page draws the house from it.
+included, read with ``ast``), and the contributing page draws the house from it.
 
 Examples:
   >>> layer_of("spec"), layer_of("store"), layer_of("launch")
@@ -27,7 +27,7 @@ LAYERS = (("spec",), ("devices",), ("wire", "model", "data", "store"), ("algorit
 HELPERS = ("diloco_core.lazy", "diloco_core.interrupts", "diloco_core.layers")
 #: Top-level modules that start the trainer (``python -m ...``); they may import every floor.
 ENTRY_POINTS = ("diloco_core", "diloco_core.train", "diloco_core.compare", "diloco_core.coordination_service")
-#: The floors the planning library (:mod:`analysis.planning`) may import: no JAX at import.
+#: The floors the planning library (``analysis.planning``) may import: no JAX at import.
 PLANNING_MAY_IMPORT = ("spec",)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

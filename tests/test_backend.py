@@ -93,7 +93,7 @@ def test_determinism_after_jax_started_warns_and_changes_nothing(monkeypatch):
 
 
 def test_determinism_before_jax_starts_sets_the_flag_and_runs():
-  code = ("import os; from diloco_core import backend; print(backend.configure_determinism());"
+  code = ("import os; from diloco_core.devices import backend; print(backend.configure_determinism());"
           " print(os.environ['XLA_FLAGS']); import jax.numpy as jnp; print(float(jnp.ones(3).sum()))")
   env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", backend.NONDETERMINISTIC_ENV)}
   env.update(PYTHONPATH=str(ROOT), XLA_FLAGS="--xla_force_host_platform_device_count=2")

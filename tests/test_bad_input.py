@@ -20,6 +20,7 @@ import pytest
 from diloco_core import DiLoCo, DiLoCoConfig, export_params, init_model, load_params
 from diloco_core.store import checkpoint as ckpt
 from diloco_core.run.divergence import Watch
+from diloco_core.runtime.communication import InStep
 from diloco_core.spec.model_config import get_preset
 from diloco_core.train import main
 
@@ -353,7 +354,7 @@ def test_divergence_watch_blames_the_outer_or_the_inner_step():
   names outer_lr, a blow-up already in the replicas names inner_lr, an eval NaN outer_lr."""
   algo = DiLoCo(quad, optax.sgd(0.5), DiLoCoConfig(replicas=2, sync_every=2))
   state = algo.init(jnp.ones(2))
-  watch = Watch(algo, state, 1.0, "ck/2")
+  watch = Watch(InStep(algo), state, 1.0, "ck/2", outer=True)
   big = state.replace(global_params=jnp.array([1.0, 5e3]))
   ok = np.ones((2, 2))
   watch.after_step(3, state, False, True)  # replicas fine before the send at 4

@@ -266,10 +266,6 @@ FOREIGN_PRIVATE_READS = {
     ("diloco_core.algorithm.base", "self._step._cache_size"): "jax: a jitted function's compiled count",
     ("diloco_core.store.tree_io", "hook._diloco_quiet"): "a marker this module sets on its own hook function",
 }
-#: Known violations in modules outside the runtime/algorithm contract, left to their owners.
-KNOWN_FOREIGN_PRIVATE_READS = {
-    ("diloco_core.data.markov", "s._cum"), ("diloco_core.data.markov", "self.sources[m]._cum_stationary"),
-}
 #: Public API of other libraries that happens to start with an underscore.
 UNDERSCORE_APIS = {"_replace", "_asdict", "_fields", "_make", "_exit"}
 
@@ -289,7 +285,7 @@ def test_no_class_reads_another_objects_private_names():
       if isinstance(n, ast.Attribute) and _private(n.attr) and n.attr not in UNDERSCORE_APIS and not (
           isinstance(n.value, ast.Name) and n.value.id in ("self", "cls")) and n.attr not in own_of.get(n.lineno, ()):
         found.add((module, ast.unparse(n)))
-  unexplained = found - set(FOREIGN_PRIVATE_READS) - KNOWN_FOREIGN_PRIVATE_READS
+  unexplained = found - set(FOREIGN_PRIVATE_READS)
   assert not unexplained, f"private names of another object read: {sorted(unexplained)}"
   assert not set(FOREIGN_PRIVATE_READS) - found, "an exception no longer needed: drop it"
 

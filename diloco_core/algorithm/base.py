@@ -193,12 +193,28 @@ class AlgorithmBase(MeshPlacement):
     new._hp_arrays = None
     return new
 
+  def typed_hyperparams(self) -> dict[str, np.generic]:
+    """The traced hyperparameters as the host scalars a step is given (both runtimes place these).
+
+    Returns:
+      :attr:`hyperparams`, each cast to its ``config_hyperparams`` dtype (int32 or float32;
+      float32 for the extra ones).
+
+    Examples:
+      >>> import optax
+      >>> from diloco_core import DiLoCo, DiLoCoConfig
+      >>> algo = DiLoCo(lambda w, x: jnp.sum((w - x) ** 2), optax.sgd(0.1), DiLoCoConfig(replicas=2))
+      >>> hp = algo.typed_hyperparams()
+      >>> hp["sync_every"].dtype.name, hp["outer_lr"].dtype.name, float(hp["outer_lr"])
+      ('int32', 'float32', 0.699999988079071)
+    """
+    dtypes = {k: np.dtype(self.config_hyperparams.get(k, "float32")) for k in self.hyperparams}
+    return {k: dtypes[k].type(v) for k, v in self.hyperparams.items()}
+
   def _device_hyperparams(self) -> dict[str, jax.Array]:
-    """The hyperparameters as int32 / float32 scalars replicated on the mesh (made once)."""
+    """The hyperparameters (:meth:`typed_hyperparams`) replicated on the mesh (made once)."""
     if self._hp_arrays is None:
-      dtypes = {k: np.dtype(self.config_hyperparams.get(k, "float32")) for k in self.hyperparams}
-      self._hp_arrays = self.place_replicated(
-          {k: dtypes[k].type(v) for k, v in self.hyperparams.items()})
+      self._hp_arrays = self.place_replicated(self.typed_hyperparams())
     return self._hp_arrays
 
   def _compile_once(self, state, make_step) -> None:

@@ -84,7 +84,8 @@ class Phases:
   checks every runtime module against this list):
 
   * ``config``: the :class:`~diloco_core.DiLoCoConfig` (its structural fields);
-  * ``hyperparams``, ``config_hyperparams``: the traced hyperparameters and their dtypes;
+  * ``hyperparams``, ``config_hyperparams``, ``typed_hyperparams``: the traced hyperparameters,
+    their dtypes, and both as the host scalars a step is given;
   * ``replica_fields``: the fields of the state with a leading replica axis M;
   * ``prepare``: builds the fragment map for params of this structure;
   * ``initial_state``, ``inner_steps``, ``payloads``, ``before_mean``, ``after_mean``,

@@ -4,7 +4,9 @@
 checkpoints and evaluates; the named tuples carry one fragment's leaves into the send
 (:class:`SendOperands`) and the merge (:class:`MergeOperands`) and back out
 (:class:`OuterUpdate`), in place of positional one-letter arguments. How a replica took part
-in a sync (``DiLoCoState.participants``) is :func:`participation_code`, for both runtimes.
+in a sync (``DiLoCoState.participants``) is :func:`participation_code`, for both runtimes; how a
+replica rejoins (the heal of an elastic run, its checkpoint's fill and its in-step replay) is
+:func:`heal_replicas`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 #: ``DiLoCoState.participants`` codes: the replica took part in the fragment's latest sync; it
@@ -42,6 +45,46 @@ def participation_code(present, replicas: int, xp=jnp):
   """
   present = xp.ones((replicas,), xp.float32) if present is None else present
   return xp.where(xp.sum(present) > 0, present, SKIPPED)
+
+
+def heal_replicas(state, replicas, source_opt_state, missed: bool = False):
+  """The heal rule: replicas ``replicas`` of a host ``state`` restart as a live peer would heal them.
+
+  Their params become the global params (every fragment), their inner optimizer state the
+  source replica's (its moments and step count) and their error-feedback residual zero. The
+  elastic heal, the rows an elastic checkpoint fills and the in-step replay
+  (``rejoin_schedule``) all use it.
+
+  Args:
+    state: a :class:`DiLoCoState` of host (numpy) arrays, replica fields with a leading axis.
+    replicas: the rows (replica indices of ``state``) that rejoin.
+    source_opt_state: the source replica's inner optimizer state (one row, no replica axis).
+    missed: also count every fragment as missed for them (``participants`` :data:`DROPPED`:
+      a merge still pending replaces their fragment by the global copy), as the elastic heal
+      and checkpoint do; False leaves ``participants`` alone (the in-step replay).
+
+  Returns:
+    The state with those rows replaced (new arrays; ``state`` is not changed).
+
+  Examples:
+    >>> s = DiLoCoState(params={"w": np.zeros((2, 1))}, opt_state={"m": np.array([[1.0], [2.0]])},
+    ...                 global_params={"w": np.full(1, 5.0)}, outer_state=None, ef_residual=None,
+    ...                 step=np.int32(3), participants=np.ones((2, 1), np.float32), in_flight=None)
+    >>> r = heal_replicas(s, [1], {"m": s.opt_state["m"][0]}, missed=True)
+    >>> r.params["w"].tolist(), r.opt_state["m"].tolist(), r.participants.tolist()
+    ([[0.0], [5.0]], [[1.0], [1.0]], [[1.0], [0.0]])
+  """
+  replicas = list(replicas)
+
+  def put(x, value):
+    x = np.array(x)
+    x[replicas] = value
+    return x
+  return state.replace(
+      params=jax.tree.map(put, state.params, state.global_params),
+      opt_state=jax.tree.map(put, state.opt_state, source_opt_state),
+      ef_residual=None if state.ef_residual is None else jax.tree.map(lambda x: put(x, 0), state.ef_residual),
+      participants=put(state.participants, DROPPED) if missed else state.participants)
 
 
 class OuterUpdate(NamedTuple):

@@ -134,6 +134,12 @@ class MarkovSource:
     vocab_size: V.
     order: k.
 
+  Attributes:
+    cum: float64 [V**k, b], each context's cumulative next-token probabilities (last column
+      exactly 1.0), what :class:`Tables` samples from.
+    cum_stationary: float64 [V**k], the cumulative stationary distribution (last entry exactly
+      1.0), what a sequence's start context is drawn from.
+
   Examples:
     >>> src = MarkovSource.from_matrix(np.array([[0.5, 0.5], [1.0, 0.0]]), order=1)
     >>> src.stationary.round(4).tolist()
@@ -159,7 +165,7 @@ class MarkovSource:
     self.next_tokens = next_tokens.astype(np.int32)
     self.probs = probs / probs.sum(1, keepdims=True)
     cum = np.cumsum(self.probs, axis=1)
-    self._cum = cum / cum[:, -1:]  # last column exactly 1.0, so a draw u < 1 always lands
+    self.cum = cum / cum[:, -1:]  # last column exactly 1.0, so a draw u < 1 always lands
     b = self.next_tokens.shape[1]
     rows = np.repeat(np.arange(states), b)
     cols = (rows % (states // vocab_size)) * vocab_size + self.next_tokens.reshape(-1)
@@ -170,7 +176,7 @@ class MarkovSource:
                        " class), so that its stationary distribution is unique.")
     self.stationary = _stationary(self.next_tokens, self.probs, self.vocab_size)
     cum_pi = np.cumsum(self.stationary)
-    self._cum_stationary = cum_pi / cum_pi[-1]
+    self.cum_stationary = cum_pi / cum_pi[-1]
     self.entropy_rate = max(0.0, float(np.dot(self.stationary, _entropy(self.probs))))
 
   @classmethod
@@ -305,7 +311,7 @@ class Tables:
     self.states = self.vocab_size**self.order
     self.sources = sources
     self.next_tokens = np.concatenate([s.next_tokens for s in sources])
-    self.cum = np.concatenate([s._cum for s in sources])
+    self.cum = np.concatenate([s.cum for s in sources])
 
   def sample(self, which: np.ndarray, u_start: np.ndarray, u_next: np.ndarray) -> np.ndarray:
     """Sequences [N, k + L] of sources ``which`` [N] from uniforms [N] and [N, L]."""
@@ -314,7 +320,7 @@ class Tables:
     state = np.empty(n, dtype=np.int64)
     for m in np.unique(which):
       mask = which == m
-      state[mask] = np.searchsorted(self.sources[m]._cum_stationary, u_start[mask], side="right")
+      state[mask] = np.searchsorted(self.sources[m].cum_stationary, u_start[mask], side="right")
     out = np.empty((n, k + steps), dtype=np.int32)
     c = state.copy()
     for i in range(k - 1, -1, -1):  # decode the start context into its k tokens

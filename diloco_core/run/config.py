@@ -18,7 +18,8 @@ import dataclasses
 from typing import Any
 
 from diloco_core.spec import validity as v
-from diloco_core.runtime.elastic import HEARTBEAT_S as ELASTIC_HEARTBEAT_S
+from diloco_core.runtime.background_mesh import check_background
+from diloco_core.runtime.elastic import HEARTBEAT_S as ELASTIC_HEARTBEAT_S, check_elastic
 from diloco_core.algorithm.config import DiLoCoConfig
 from diloco_core.data.sources import DataConfig
 from diloco_core.spec.fields import field
@@ -249,6 +250,9 @@ class TrainConfig:
     if self.compute_dtype is not None:
       v.check_choice("compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
     v.check_choice("`communication`", self.communication, COMMUNICATIONS)
+    if self.communication == "background":
+      check_background(self)
+    check_elastic(self)
     v.check_choice("attention", self.attention, ATTENTIONS)
     v.check_choice("remat", self.remat, REMATS)
     for name in ("aux_loss_coef", "z_loss_coef"):

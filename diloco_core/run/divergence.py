@@ -101,28 +101,29 @@ class Watch:
   """The divergence checks of one run (see the module docstring).
 
   Args:
-    algo: the run's :class:`~diloco_core.Algorithm`.
+    runtime: the run's :class:`~diloco_core.runtime.communication.Runtime`; the watch calls its
+      ``replica_params``, ``eval_params`` and ``finite_flags``.
     state: its state at the start (gives the initial ``max |θ|``).
     initial_eval: the eval loss at step 0.
     last_checkpoint: the checkpoint the run resumed from, or None.
+    outer: whether the algorithm has an outer step (False for ``dp``: every blow-up then
+      names `inner_lr`).
   """
 
-  def __init__(self, algo, state, initial_eval: float, last_checkpoint: str | None):
-    self.algo, self.last_checkpoint = algo, last_checkpoint
-    self.outer = algo.config.algorithm != "dp"
+  def __init__(self, runtime, state, initial_eval: float, last_checkpoint: str | None, outer: bool):
+    self.runtime, self.last_checkpoint, self.outer = runtime, last_checkpoint, outer
     initial_eval = float(initial_eval)
     self.loss_limit = LOSS_FACTOR * max(initial_eval, 1.0) if math.isfinite(initial_eval) else math.inf
-    self.params_limit = PARAMS_FACTOR * max(float(fetch(max_abs(algo.eval_params(state)))), 1.0)
+    self.params_limit = PARAMS_FACTOR * max(float(fetch(max_abs(runtime.eval_params(state)))), 1.0)
     self._pending: list[tuple[int, str, jax.Array]] = []
 
   def after_step(self, t: int, state, sent: bool, sends_next: bool) -> None:
     """Queues ``max |θ_g|`` after a step that sent a fragment, and the replicas' ``max |θ|``
     before it (which tells an inner blow-up from an outer one); no host sync."""
     if self.outer and sends_next:
-      own = getattr(self.algo, "replica_params", None)  # a runtime: the replicas this process reads
-      self._pending.append((t, "replicas", max_abs(state.params if own is None else own(state))))
+      self._pending.append((t, "replicas", max_abs(self.runtime.replica_params(state))))  # this process's
     if self.outer and sent:
-      self._pending.append((t, "global", max_abs(self.algo.eval_params(state))))
+      self._pending.append((t, "global", max_abs(self.runtime.eval_params(state))))
 
   def check_row(self, t: int, step_losses: np.ndarray, state) -> None:
     """At a log row: the outer steps since the last row, then the losses and the params."""
@@ -139,7 +140,7 @@ class Watch:
         raise FloatingPointError(
             f"{where} hold {_show(float(x), self.params_limit)} values;"
             f" {_advice('outer_lr' if what == 'global' else 'inner_lr', self.last_checkpoint)}")
-    check_finite(self.algo, step_losses, t, state, self.last_checkpoint, self.loss_limit)
+    check_finite(self.runtime, step_losses, t, state, self.last_checkpoint, self.loss_limit)
 
   def check_eval(self, t: int, eval_loss: float) -> None:
     """The eval loss of the global params at step ``t`` (its outer steps: `outer_lr`)."""

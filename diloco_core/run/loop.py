@@ -225,7 +225,7 @@ def train(cfg: TrainConfig) -> TrainResult:
              desc=f"{cfg.algo.algorithm} ({model_cfg.compute_dtype})", unit="step")
   if resumed is None:
     log.start(evaluate(state))
-  watch = Watch(comm, state, log.rows[0]["eval_loss"], last_checkpoint)
+  watch = Watch(comm, state, log.rows[0]["eval_loss"], last_checkpoint, outer=cfg.algo.algorithm != "dp")
   done = first - 1
   store = getattr(data, "store", None)  # file data: checked for changes at every log row
   try:

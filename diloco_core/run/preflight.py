@@ -4,8 +4,8 @@
 no device is asked); :func:`preflight` checks, once, after it and before the model is built:
 
 * the processes and devices: ``communication="background"`` and ``elastic`` against the
-  process count (:func:`~diloco_core.runtime.background_mesh.check_background`,
-  :func:`~diloco_core.runtime.elastic.check_elastic`), the mesh against the devices
+  process count (:func:`~diloco_core.runtime.background_mesh.check_background_processes`,
+  :func:`~diloco_core.runtime.elastic.check_elastic_processes`), the mesh against the devices
   (:func:`~diloco_core.devices.mesh.check_mesh`, :func:`~diloco_core.devices.mesh.check_process_mesh`);
 * the memory: the state and the logits against the devices' memory
   (:func:`~diloco_core.spec.footprint.check_fits`);
@@ -22,8 +22,8 @@ import math
 
 from diloco_core.devices.mesh import check_mesh, check_process_mesh, parse_mesh
 from diloco_core.run.config import TrainConfig
-from diloco_core.runtime.background_mesh import check_background
-from diloco_core.runtime.elastic import check_elastic
+from diloco_core.runtime.background_mesh import check_background_processes
+from diloco_core.runtime.elastic import check_elastic_processes
 from diloco_core.spec.footprint import check_fits
 from diloco_core.spec.model_config import param_count
 from diloco_core.store.checkpoint import check_no_foreign_steps
@@ -50,8 +50,8 @@ def preflight(cfg: TrainConfig) -> None:
     ValueError: init_from: params checkpoint '/nonexistent/final_params' does not exist; pass the final_params/ directory of a finished run.
   """
   if cfg.communication == "background":
-    check_background(cfg)
-  check_elastic(cfg)
+    check_background_processes(cfg)
+  check_elastic_processes(cfg)
   M, mesh = cfg.algo.replicas, parse_mesh(cfg.mesh)
   devices = 1
   if mesh is not None:

@@ -246,8 +246,7 @@ class Background(PhasePrograms, MeshPlacement, ElasticRuntime):
     """The algorithm's hyperparameters as replicated scalars (``last``: with α = 1, the last step
     with ``eval_replicas``), placed once."""
     if self._hp is None:
-      dtypes = {k: np.dtype(self.algo.config_hyperparams.get(k, "float32")) for k in self.algo.hyperparams}
-      values = {k: dtypes[k].type(v) for k, v in self.algo.hyperparams.items()}
+      values = self.algo.typed_hyperparams()  # the cast the in-step runtime places
       self._hp = (self.place_replicated(values), self.place_replicated({**values, "alpha": np.float32(1.0)}))
     return self._hp[int(last)]
 

@@ -1,9 +1,10 @@
 """Where a background run can go: its one-line refusals and its mesh (before anything compiles).
 
-:func:`check_background` is called by :meth:`TrainConfig.validate
-<diloco_core.TrainConfig.validate>` for ``communication="background"``;
-:func:`background_mesh` lays the replicas out over the processes
-(:mod:`diloco_core.runtime.background`).
+:func:`check_background` (the options alone) is called by :meth:`TrainConfig.validate
+<diloco_core.TrainConfig.validate>` for ``communication="background"``, and
+:func:`check_background_processes` (the processes and their devices) by
+:func:`~diloco_core.run.preflight.preflight`; :func:`background_mesh` lays the replicas out over
+the processes (:mod:`diloco_core.runtime.background`).
 """
 
 from __future__ import annotations
@@ -16,8 +17,14 @@ from diloco_core.devices.mesh import AXES, parse_mesh
 
 
 def check_background(cfg) -> None:
-  """One-line errors for a run that cannot use ``communication="background"`` (before anything
-  compiles): DP, drops with reduce-scatter, M % N != 0, a mesh not split over the processes.
+  """One-line errors for options that cannot use ``communication="background"`` (no process or
+  device is asked): DP, drops with reduce-scatter.
+
+  Args:
+    cfg: a :class:`~diloco_core.TrainConfig` with ``communication="background"``.
+
+  Returns:
+    None.
 
   Examples:
     >>> from diloco_core import TrainConfig, DiLoCoConfig
@@ -33,6 +40,26 @@ def check_background(cfg) -> None:
     raise ValueError("`communication` background simulates replica drops with `reduction` all-gather"
                      " only (the reduce-scatter's owners average every replica); use `reduction`"
                      " all-gather or `communication` in-step.")
+
+
+def check_background_processes(cfg) -> None:
+  """One-line errors for a background run the processes cannot hold (before anything compiles):
+  M % N != 0, a mesh not split over the processes or wanting more devices than a process has.
+
+  Args:
+    cfg: a :class:`~diloco_core.TrainConfig` with ``communication="background"`` whose options
+      :func:`check_background` accepted.
+
+  Returns:
+    None.
+
+  Examples:
+    >>> from diloco_core import TrainConfig
+    >>> check_background_processes(TrainConfig(communication="background", mesh="diloco=3,data=1"))
+    Traceback (most recent call last):
+    ...
+    ValueError: `mesh` 'diloco=3,data=1': with `communication` background the diloco axis (3) must be divisible by the process count (1) and divide replicas (M=2); e.g. `mesh`='diloco=1,data=1'.
+  """
   n, M = jax.process_count(), cfg.algo.replicas
   if M % n:
     raise ValueError(f"`communication` background splits the replicas over the processes: replicas"

@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from diloco_core.algorithm.state import heal_replicas
 from diloco_core.runtime.background import Background
-from diloco_core.runtime.elastic_runtime import rejoin_replicas
 from diloco_core.devices.mesh import fetch, local_replicas, make_mesh, parse_mesh
 
 
@@ -188,9 +188,22 @@ class InStep:
     return []  # every replica of the schedule sends
 
   def rejoin_replicas(self, state, replicas, source: int):
-    """``rejoin_schedule``: replicas ``replicas`` restart from the global params and replica
-    ``source``'s inner state (:func:`~diloco_core.runtime.elastic_runtime.rejoin_replicas`)."""
-    return rejoin_replicas(state, replicas, source)
+    """``rejoin_schedule``: replicas ``replicas`` restart from the global params, replica
+    ``source``'s inner state and a zero residual (:func:`~diloco_core.algorithm.state.heal_replicas`,
+    the elastic heal's rule; their ``participants`` stay as the replayed drops left them).
+
+    Examples:
+      >>> import optax
+      >>> from diloco_core import DiLoCo, DiLoCoConfig
+      >>> algo = DiLoCo(lambda w, x: jnp.sum((w - x) ** 2), optax.sgd(0.5), DiLoCoConfig(replicas=2, sync_every=2))
+      >>> comm = InStep(algo)
+      >>> state, _ = comm.step(comm.init(jnp.zeros(1)), comm.place_batch(jnp.array([[1.0], [3.0]])), 1)
+      >>> state.params.tolist(), comm.rejoin_replicas(state, [1], source=0).params.tolist()  # θ_g = 0
+      ([[1.0], [3.0]], [[1.0], [0.0]])
+    """
+    host = jax.device_get(state)
+    new = heal_replicas(host, replicas, jax.tree.map(lambda x: np.asarray(x)[source], host.opt_state))
+    return jax.tree.map(lambda n, o: jax.device_put(n, o.sharding) if isinstance(o, jax.Array) else n, new, state)
 
   def close(self) -> None:
     pass

@@ -52,7 +52,14 @@ HEARTBEAT_S = 10
 
 
 def check_elastic(cfg) -> None:
-  """One-line errors for ``elastic``, ``min_replicas`` and ``heal_wait`` (before anything compiles).
+  """One-line errors for ``elastic``, ``min_replicas`` and ``heal_wait``: the options alone (no
+  process or device is asked; :func:`check_elastic_processes` is the pre-flight's part).
+
+  Args:
+    cfg: a :class:`~diloco_core.TrainConfig`.
+
+  Returns:
+    None.
 
   Examples:
     >>> from diloco_core import TrainConfig
@@ -82,7 +89,22 @@ def check_elastic(cfg) -> None:
     if bad:
       shown = "" if isinstance(value, bool) else f" {value!r}"
       raise ValueError(f"`elastic` does not support `{name}`{shown} ({why}); drop `elastic` or `{name}`.")
-  if jax.process_count() == 1:
+
+
+def check_elastic_processes(cfg) -> None:
+  """The one-line error for an ``elastic`` run in one process (before anything compiles).
+
+  Args:
+    cfg: a :class:`~diloco_core.TrainConfig` whose options :func:`check_elastic` accepted.
+
+  Returns:
+    None.
+
+  Examples:
+    >>> from diloco_core import TrainConfig
+    >>> check_elastic_processes(TrainConfig())  # not elastic: nothing to check
+  """
+  if cfg.elastic and jax.process_count() == 1:
     raise ValueError("`elastic` needs several processes: start them with `python -m diloco_core.launch"
                      " --processes N -- ... --elastic` (or one per host with --coordinator).")
 

@@ -14,13 +14,15 @@ them, and heals a replacement:
   number), and sends the state after that log row (:func:`pack_heal`): the global params and
   the outer state of every fragment, its own first replica's inner optimizer state, the step;
   the trace records a ``heal`` row (step, the replacement's replicas, the source replica);
-* **the replacement** (:meth:`ElasticRuntime.rejoin`) then starts from that state: its
-  replicas' params are the global params, their inner optimizer state the source replica's
-  (its moments and step count, as torchft heals from a live peer), their error-feedback residual zero, and each fragment counts as missed
-  (a merge still pending replaces its fragment by the global copy); it counts in the average
-  from the next sync on.
+* **the replacement** (:meth:`ElasticRuntime.rejoin`) then starts from that state, healed by
+  :func:`~diloco_core.algorithm.state.heal_replicas`: its replicas' params are the global
+  params, their inner optimizer state the source replica's (its moments and step count, as
+  torchft heals from a live peer), their error-feedback residual zero, and each fragment
+  counts as missed (a merge still pending replaces its fragment by the global copy); it counts
+  in the average from the next sync on.
 
-The same event in the in-step runtime is ``rejoin_schedule`` (:func:`rejoin_replicas`): a
+The same event in the in-step runtime is ``rejoin_schedule``
+(:meth:`~diloco_core.runtime.communication.InStep.rejoin_replicas`, the same rule): a
 run replayed from its trace (:func:`diloco_core.run.drops.schedule_from_trace`,
 :func:`diloco_core.run.drops.rejoins_from_trace`) follows the elastic run.
 
@@ -34,8 +36,8 @@ own rows (every process holds them all).
 **Checkpoints** (:meth:`ElasticRuntime.checkpoint_state`): no Orbax save over every process
 (its barriers would wait for a lost one). At a checkpoint's log row every process sends its
 replicas' rows through one agreement, and the writer writes the checkpoint alone. The replicas of the processes left out
-(lost, or a replacement not healed yet) are written as their heal would make them: the
-global params, the source replica's inner state, a zero residual; the meta item names them
+(lost, or a replacement not healed yet) are written as their heal would make them
+(:func:`~diloco_core.algorithm.state.heal_replicas`); the meta item names them
 (``filled``, ``source``). A resume therefore starts every replica, and equals the run
 replayed in-step with those replicas rejoining at the checkpoint's step (the trace's
 ``resumed`` row: :func:`~diloco_core.run.drops.rejoins_from_trace`).
@@ -53,7 +55,7 @@ import numpy as np
 from diloco_core.runtime.background_programs import fragment_branch
 from diloco_core.runtime.link import LostProcessError, wait
 from diloco_core.devices.mesh import host_copy
-from diloco_core.algorithm.state import DROPPED, DiLoCoState
+from diloco_core.algorithm.state import DiLoCoState, heal_replicas
 
 
 def pack_heal(global_params, outer_state, opt_state, step: int, keys: int) -> bytes:
@@ -79,32 +81,6 @@ def unpack_heal(data: bytes, like_global, like_outer, like_opt):
   tree = lambda like, p: jax.tree.unflatten(jax.tree.structure(like),
                                             [z[f"{p}{i}"] for i in range(len(jax.tree.leaves(like)))])
   return (tree(like_global, "g"), tree(like_outer, "o"), tree(like_opt, "s"), int(z["step"]), int(z["keys"]))
-
-
-def rejoin_replicas(state: DiLoCoState, replicas, source: int) -> DiLoCoState:
-  """A replacement's state in the in-step runtime (``rejoin_schedule``): replicas ``replicas``
-  take the global params, replica ``source``'s inner optimizer state and a zero residual.
-
-  Examples:
-    >>> s = DiLoCoState(params={"w": np.zeros((2, 1))}, opt_state={"m": np.array([[1.0], [2.0]])},
-    ...                 global_params={"w": np.full(1, 5.0)}, outer_state=None, ef_residual=None,
-    ...                 step=np.int32(3), participants=np.ones((2, 1)), in_flight=None)
-    >>> r = rejoin_replicas(s, [1], source=0)
-    >>> r.params["w"].tolist(), r.opt_state["m"].tolist()
-    ([[0.0], [5.0]], [[1.0], [1.0]])
-  """
-  host = jax.device_get(state)
-  replicas = list(replicas)
-
-  def put(x, value):
-    x = np.array(x)
-    x[replicas] = value
-    return x
-  new = host.replace(params=jax.tree.map(put, host.params, host.global_params),
-                     opt_state=jax.tree.map(lambda x: put(x, np.asarray(x)[source]), host.opt_state),
-                     ef_residual=None if host.ef_residual is None else
-                     jax.tree.map(lambda x: put(x, 0), host.ef_residual))
-  return jax.tree.map(lambda n, o: jax.device_put(n, o.sharding) if isinstance(o, jax.Array) else n, new, state)
 
 
 class ElasticRuntime:
@@ -219,7 +195,6 @@ class ElasticRuntime:
     self.record({"kind": "checkpoint", "step": t, **note})
     if not self.writes_files():
       return None, note
-    glob = jax.tree.leaves(state.global_params)
     full, start = {}, 0
     for (name, i, x), mine in zip(fields, own, strict=True):
       size = mine.nbytes
@@ -227,20 +202,13 @@ class ElasticRuntime:
                for r in range(self.processes)]
       full[name, i] = np.concatenate(parts)
       start += size
-    for name, i, _ in fields:  # the rows of those left out: as their heal would set them
-      rows_of = full[name, i]
-      if name == "params":
-        rows_of[filled] = host_copy(glob[i])
-      elif name == "opt_state":
-        rows_of[filled] = rows_of[source]
-      else:  # the error-feedback residual; "participants": every fragment counts as missed
-        rows_of[filled] = 0
     host = {name: jax.tree.unflatten(jax.tree.structure(getattr(state, name)),
                                      [full[name, i] for n, i, _ in fields if n == name])
             for name in self.replica_fields if getattr(state, name) is not None}
     rest = {name: jax.tree.map(host_copy, getattr(state, name)) for name in state.__dataclass_fields__
             if name not in self.replica_fields}
-    return state.replace(**host, **rest), note
+    whole = state.replace(**host, **rest)  # the rows of those left out: as their heal would set them
+    return heal_replicas(whole, filled, jax.tree.map(lambda x: x[source], whole.opt_state), missed=True), note
 
   def resumed_from(self, step: int, meta: dict) -> None:
     """Elastic, after a resume: the trace's ``resumed`` row (the checkpoint's step, the replicas it
@@ -323,11 +291,11 @@ class ElasticRuntime:
     one = jax.tree.map(lambda x: np.asarray(x.addressable_shards[0].data)[0], state.opt_state)
     glob, outer, opt, step, keys = unpack_heal(data, state.global_params, state.outer_state, one)
     m, P = self.local, self.config.fragments
-    stack = lambda tree: jax.tree.map(lambda x: np.broadcast_to(x, (m, *np.shape(x))), tree)
-    host = state.replace(params=stack(glob), opt_state=stack(opt), global_params=glob, outer_state=outer,
-                         ef_residual=None if state.ef_residual is None else
-                         jax.tree.map(lambda x: np.zeros(np.shape(x), np.float32), stack(glob)),
-                         step=np.int32(step), participants=np.full((m, P), DROPPED, np.float32))
+    rows = lambda tree, dtype=None: jax.tree.map(lambda x: np.empty((m, *np.shape(x)), dtype or x.dtype), tree)
+    host = state.replace(params=rows(glob), opt_state=rows(opt), global_params=glob, outer_state=outer,
+                         ef_residual=None if state.ef_residual is None else rows(glob, np.float32),
+                         step=np.int32(step), participants=np.empty((m, P), np.float32))
+    host = heal_replicas(host, range(m), opt, missed=True)  # every local replica rejoins
     self.exchange_keys = itertools.count(keys)
     self.record({"kind": "healed", "step": step, "first": key})
     return self.place_state(host), step

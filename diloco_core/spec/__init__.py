@@ -1,7 +1,7 @@
 """The trainer's specification: option checks, model sizes, wire formats, the schedule.
 
 Layer 0. Pure Python and numpy: nothing here imports JAX, so the planning library
-(:mod:`analysis.planning`) can use it. It is the only part of the trainer the planning library imports.
+(``analysis.planning``) can use it. It is the only part of the trainer the planning library imports.
 
 May import: nothing of the trainer.
 
