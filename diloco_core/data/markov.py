@@ -136,7 +136,7 @@ class MarkovSource:
 
   Attributes:
     cum: float64 [V**k, b], each context's cumulative next-token probabilities (last column
-      exactly 1.0), what :class:`Tables` samples from.
+      exactly 1.0), what ``Tables`` samples from.
     cum_stationary: float64 [V**k], the cumulative stationary distribution (last entry exactly
       1.0), what a sequence's start context is drawn from.
 
