@@ -21,6 +21,8 @@ _PUBLIC = {
     "ALGORITHMS": "diloco_core.algorithm.config",
     "COMPRESSIONS": "diloco_core.algorithm.config",
     "OUTER_OPTIMIZERS": "diloco_core.algorithm.config",
+    "FRAGMENT_ORDERS": "diloco_core.algorithm.config",
+    "FRAGMENT_PATTERNS": "diloco_core.algorithm.config",
     "Algorithm": "diloco_core.algorithm.base",
     "AlgorithmBase": "diloco_core.algorithm.base",
     "loss_and_grad": "diloco_core.algorithm.base",
@@ -34,6 +36,7 @@ _PUBLIC = {
     "Phases": "diloco_core.algorithm.phases",
     "DiLoCo": "diloco_core.algorithm.diloco",
     "default_outer_optimizer": "diloco_core.algorithm.diloco",
+    "CONFIG_HYPERPARAMS": "diloco_core.algorithm.diloco",
     "DataParallel": "diloco_core.algorithm.dp",
     "DPState": "diloco_core.algorithm.dp",
 }
