@@ -42,7 +42,7 @@ from analysis.planning.hardware import hardware_for_device_kind  # noqa: E402
 from diloco_core import DataParallel, DiLoCo, DiLoCoConfig, ModelConfig, flops_per_token  # noqa: E402
 from diloco_core import init_model, layer_mask, lm_loss  # noqa: E402
 from diloco_core.devices.backend import resolve_model_config  # noqa: E402
-from diloco_core.algorithm.diloco import inner_update  # noqa: E402
+from diloco_core.algorithm.phases import inner_update  # noqa: E402
 
 SYNC_EVERY = 10
 RUNS = ("plain", "dp2", "diloco2", "diloco4", "streaming2")

@@ -28,7 +28,7 @@ import optax  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from diloco_core import DataParallel, DiLoCo, DiLoCoConfig, get_preset, init_model, layer_mask, lm_loss  # noqa: E402
-from diloco_core.algorithm.diloco import inner_update  # noqa: E402
+from diloco_core.algorithm.phases import inner_update  # noqa: E402
 from diloco_core.model.transformer import train_loss  # noqa: E402
 from diloco_core.spec.model_config import flops_per_token, param_count  # noqa: E402
 

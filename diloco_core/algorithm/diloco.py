@@ -64,7 +64,7 @@ from diloco_core.algorithm.fragments import LAYER, OTHER, SHARED, Fragments, lea
 from diloco_core.algorithm.hyperparams import Optimizer, resolve_optimizer
 from diloco_core.devices.mesh import make_mesh
 from diloco_core.algorithm.optimizers import outer_optimizer_factory
-from diloco_core.algorithm.phases import Phases, inner_update  # noqa: F401 (inner_update: re-exported)
+from diloco_core.algorithm.phases import Phases
 from diloco_core.spec.schedule import merged_fragment, sent_fragment
 from diloco_core.algorithm.state import DiLoCoState, MergeOperands, OuterUpdate, SendOperands, participation_code
 

@@ -75,7 +75,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from diloco_core.runtime.background_mesh import background_mesh, check_background  # noqa: F401 (re-exported)
+from diloco_core.runtime.background_mesh import background_mesh
 from diloco_core.runtime.background_programs import PhasePrograms, flat_buffer, fragment_branch, split_buffer
 from diloco_core.algorithm.diloco import DiLoCo
 from diloco_core.runtime.elastic_runtime import ElasticRuntime
