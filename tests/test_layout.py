@@ -278,9 +278,10 @@ def test_no_class_reads_another_objects_private_names():
     own_of = {}  # an expression's line -> the private names its enclosing class defines
     for (mod, _), (node, _) in classes.items():
       if mod == module:
+        defined = _defined(node)
         for n in ast.walk(node):
           if hasattr(n, "lineno"):
-            own_of.setdefault(n.lineno, set()).update(_defined(node))
+            own_of.setdefault(n.lineno, set()).update(defined)
     for n in ast.walk(_tree(module)):
       if isinstance(n, ast.Attribute) and _private(n.attr) and n.attr not in UNDERSCORE_APIS and not (
           isinstance(n.value, ast.Name) and n.value.id in ("self", "cls")) and n.attr not in own_of.get(n.lineno, ()):
