@@ -246,3 +246,48 @@ def test_losing_its_own_coordinator_stops_the_run_in_one_line_and_it_resumes(tmp
   assert summary["resumed_from"] == os.path.join(out, "checkpoints", str(last))
   rows = metrics_rows(os.path.join(out, "metrics.jsonl"))
   assert [x["step"] for x in rows] == [4, 8, 12, 16] and all(None not in x["replica_loss"] for x in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum,own", [(signal.SIGTERM, False), (signal.SIGINT, True)],
+                         ids=["SIGTERM", "SIGINT-own-coordinator"])
+def test_a_stop_request_ends_an_elastic_run_cleanly_and_it_resumes_exactly(signum, own, tmp_path):
+  """SIGTERM or Ctrl-C to the launcher of an elastic run (with --own-coordinator too): every
+  process stops before one agreed step and exits 130 (for SIGTERM too); the launcher's last line
+  says so and names no process as lost; no process aborts in JAX's clean-up, although process 1
+  holds its clean-up back (slow_exit_child): process 0, which hosts the coordination service,
+  leaves once the others said they leave, and they leave without disconnecting from it. The
+  stop line names the last checkpoint; --resume goes on from it to the end, and the run equals
+  the same run replayed in-step, bit for bit (final params, every eval and replica loss)."""
+  from diloco_core.store.checkpoint import finalized_steps
+  out = str(tmp_path / "elastic")
+  coordinator = ["--own-coordinator"] if own else []
+  flags = [*FLAGS, "--steps", "48", "--elastic", "--checkpoint-every", "8", "--out", out]
+  p = subprocess.Popen([sys.executable, "-m", "diloco_core.launch", *THREE, *coordinator, "--module",
+                        "slow_exit_child", "--", *flags], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True)
+  deadline = time.monotonic() + 240
+  while not finalized_steps(out):
+    assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+    time.sleep(0.1)
+  p.send_signal(signum)
+  stdout, stderr = p.communicate(timeout=120)
+  assert p.returncode == 130, (stdout[-2000:], stderr[-3000:])
+  assert stderr.strip().splitlines()[-1] == "launch: stopped on request; every process ended (130, 130, 130)."
+  for bad in ("Traceback", "Check failure", "Terminating process", "client.h", "was lost", "SIGABRT"):
+    assert bad not in stdout + stderr, (bad, stdout[-2000:], stderr[-3000:])
+  stopped = [line for line in stdout.splitlines() if line.startswith("interrupted at step ")]
+  assert len(stopped) == 1, stdout[-2000:]
+  step = int(stopped[0].split()[3].rstrip(";"))
+  last = max(finalized_steps(out))
+  assert step < 48 and stopped[0] == (f"interrupted at step {step}; resume with --resume (from"
+                                      f" {os.path.join(out, 'checkpoints', str(last))}).")
+
+  r = _launch(*THREE, *coordinator, "--", *flags, "--resume")
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert json.load(open(os.path.join(out, "summary.json")))["resumed_from"] == os.path.join(out, "checkpoints", str(last))
+  rows = metrics_rows(os.path.join(out, "metrics.jsonl"))
+  assert [x["step"] for x in rows] == list(range(4, 49, 4))
+  rows2 = _replay(out, tmp_path / "replay")  # no drops, no rejoin: the plain run; checks the final params
+  assert [x["eval_loss"] for x in rows] == [x["eval_loss"] for x in rows2]
+  assert [x["replica_loss"] for x in rows] == [x["replica_loss"] for x in rows2]

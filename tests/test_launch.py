@@ -492,23 +492,46 @@ def test_a_missing_peer_is_one_line_after_the_join_timeout():
   assert time.monotonic() - start < 60
 
 
+TRAIN = ["--model", "tiny", "--replicas", "2", "--seq-len", "8", "--steps", "2", "--no-progress"]
+
+
 @pytest.mark.parametrize("launcher,train,message", [
     (["--processes", "2", "--devices-per-process", "1"], [], "error: an in-step run over 2 processes needs a --mesh over all 2 devices of the"
+                               " processes (e.g. --mesh='diloco=2,data=1'), or --communication background."),
+    (["--processes", "2"], [], "error: an in-step run over 2 processes needs a --mesh over all 2 devices of the"
                                " processes (e.g. --mesh='diloco=2,data=1'), or --communication background."),
     (["--processes", "2", "--devices-per-process", "3"], ["--mesh", "diloco=2,data=2", "--batch-size", "6"],
      "error: --mesh diloco=2 x data=2 uses 4 of the 6 devices of the 2 processes; an in-step run over several"
      " processes must use every device (e.g. --mesh='diloco=2,data=3')."),
-    (["--processes", "2", "--devices-per-process", "1"], [*SAME_MESH, "--outer-momentum", "2"],  # said once, as typed
+    (["--processes", "2", "--devices-per-process", "1"], [*SAME_MESH, "--outer-momentum", "2"],  # as typed
      "error: --outer-momentum (μ) must be a finite number in [0, 1), got 2.0."),
+    (["--processes", "2"], [*SAME_MESH, "--coord", "127.0.0.1:9"],
+     "error: unrecognized arguments: --coord 127.0.0.1:9 (see python -m diloco_core.train --help)."),
+    (["--processes", "2"], [*SAME_MESH, "--num-proc", "3"],
+     "error: unrecognized arguments: --num-proc 3 (see python -m diloco_core.train --help)."),
+    (["--processes", "3"], ["--communication", "background"],
+     "error: --communication background splits the replicas over the processes: replicas (M=2) must be"
+     " divisible by the process count (3); choose M among [3, 6, 9, 12]."),
+    (["--processes", "1"], ["--communication", "background", "--elastic", "--out", "o"],
+     "error: --elastic needs several processes: start them with `python -m diloco_core.launch --processes N --"
+     " ... --elastic` (or one per host with --coordinator)."),
 ])
-def test_in_step_over_processes_needs_a_mesh_over_every_device(launcher, train, message):
-  r = run_launcher(*launcher, "--", "--model", "tiny", "--replicas", "2", "--seq-len", "8", "--steps", "2",
-                   "--no-progress", *train)
-  assert r.returncode == 2, r.stderr[-2000:]
-  said = [line for line in (r.stdout + r.stderr).splitlines() if line.startswith("error: ")]
-  assert said == [message], r.stdout + r.stderr
-  assert "Traceback" not in r.stdout + r.stderr
+def test_the_launcher_refuses_the_trainers_flags_in_one_line_before_starting_anything(
+    launcher, train, message, capsys, monkeypatch):
+  """What the trainer would refuse (a flag it does not know, an abbreviation, a value out of
+  range, what the process count cannot hold) is said once by the launcher, exit 2, and no
+  process is started."""
+  monkeypatch.setattr(launch, "_Child", lambda *a, **k: pytest.fail("a process was started"))
+  assert launch.main([*launcher, "--", *TRAIN, *train]) == 2
+  err = capsys.readouterr().err
+  assert err == message + "\n"
 
+
+def test_a_refused_trainer_flag_is_one_line_from_the_command():
+  """The same from the command line: one line, nothing started (no process's line follows)."""
+  r = run_launcher("--processes", "2", "--", *TRAIN, *SAME_MESH, "--coord", "127.0.0.1:9", timeout=60)
+  assert r.returncode == 2 and r.stdout == ""
+  assert r.stderr == "error: unrecognized arguments: --coord 127.0.0.1:9 (see python -m diloco_core.train --help).\n"
 
 
 def test_the_coordination_service_of_its_own_refuses_bad_options_and_serves_until_stopped(capsys):

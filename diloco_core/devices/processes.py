@@ -232,6 +232,18 @@ def leave_together(code: int, timeout: float = END_WAIT_S) -> int:
   return code
 
 
+def elastic_joined() -> bool:
+  """Whether this process joined an elastic run (:func:`initialize_distributed` with
+  ``elastic_heartbeat``): its end must then be :func:`leave_elastic`.
+
+  Examples:
+    >>> elastic_joined()
+    False
+  """
+  from jax._src import distributed  # the coordination service's client (no public accessor)
+  return distributed.global_state.client is not None and bool(jax.config.jax_enable_recoverability)
+
+
 def leave_elastic(code: int) -> None:
   """The end of an elastic run's process (:mod:`diloco_core.runtime.elastic`): it says it leaves and
   exits; process 0, when it hosts the coordination service, once the live others said they

@@ -56,10 +56,12 @@ import time
 from diloco_core import interrupts
 
 from diloco_core.launch import faults
-from diloco_core.run.cli import FLAGS, PROCESS_FLAGS
+from diloco_core.run.cli import FLAGS, PROCESS_FLAGS, check_launch
 from diloco_core.devices.processes import ELSEWHERE_ENV, free_port
 from diloco_core.launch.shaped_link import ShapedLink
 
+#: The module every process runs unless ``--module`` names another (the trainer).
+DEFAULT_MODULE = "diloco_core.train"
 #: Seconds the processes get to stop after SIGTERM before they are killed.
 GRACE_S = 30.0
 #: Seconds the other processes get to end by themselves after one failed, before SIGKILL.
@@ -92,8 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--own-coordinator", action="store_true",
                  help=f"with {FLAGS['elastic']}: run the coordination service in a process that trains no"
                       " replica, so that any process may be lost, process 0 included")
-  p.add_argument("--module", default="diloco_core.train",
-                 help="the module each process runs (diloco_core.train)")
+  p.add_argument("--module", default=DEFAULT_MODULE,
+                 help=f"the module each process runs ({DEFAULT_MODULE}; its flags are checked first)")
   p.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then the trainer's flags")
 
   def error(message: str):  # one line, exit 2, as the trainer's own errors
@@ -212,6 +214,8 @@ def _exit_code(rc: int) -> int:
 def launch(argv) -> int:
   """Runs the launcher; returns its exit code (see the module docstring)."""
   a = parse_args(argv)
+  if a.module == DEFAULT_MODULE:  # the trainer's refusal, once, before any process starts
+    check_launch(a.train_args, a.processes, a.devices_per_process)
   address = f"127.0.0.1:{free_port()}"
   base_env = dict(os.environ, JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES=str(a.processes))
   base_env.pop(ELSEWHERE_ENV, None)

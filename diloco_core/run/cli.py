@@ -24,8 +24,8 @@ from diloco_core.spec.fields import flag_names, option_name, spec, walk
 from diloco_core.devices.backend import configure_determinism
 from diloco_core.runtime.elastic import HEARTBEAT_S as ELASTIC_HEARTBEAT_S
 from diloco_core.runtime.membership import process_membership
-from diloco_core.devices.processes import (JOIN_TIMEOUT_S, SHUTDOWN_S, exit_without_peers, initialize_distributed,
-                                   leave_elastic, leave_together, lost_process)
+from diloco_core.devices.processes import (JOIN_TIMEOUT_S, SHUTDOWN_S, elastic_joined, exit_without_peers,
+                                           initialize_distributed, leave_elastic, leave_together, lost_process)
 from diloco_core.run.config import TrainConfig
 
 #: The ``--help`` groups, in order (a field's metadata names its group).
@@ -147,6 +147,47 @@ def config_from_args(args: argparse.Namespace, base: TrainConfig | None = None) 
                              data=dataclasses.replace(base.data, **values["data"]), **values[""])
 
 
+def check_launch(argv: list[str], processes: int, devices_per_process: int | None = None) -> None:
+  """The trainer's refusal of ``argv`` over ``processes`` processes, said before any starts.
+
+  The launcher (:mod:`diloco_core.launch`) calls it: a flag the trainer does not know, a value
+  its config refuses (:meth:`~diloco_core.run.config.TrainConfig.validate`) and what the process
+  count cannot hold (:func:`~diloco_core.run.preflight.check_processes`) are one line, instead of
+  the same line from every process after each one started.
+
+  Args:
+    argv: the trainer's flags.
+    processes: how many processes will run them.
+    devices_per_process: each process's devices, when the launcher sets them (else the mesh is
+      checked against the devices by each process).
+
+  Returns:
+    None; raises a one-line ``ValueError`` in the flags' words.
+
+  Examples:
+    >>> check_launch(["--model", "tiny", "--coord", "h:1"], 2)
+    Traceback (most recent call last):
+    ...
+    ValueError: unrecognized arguments: --coord h:1 (see python -m diloco_core.train --help).
+    >>> check_launch(["--model", "tiny", "--replicas", "2", "--communication", "background"], 2)
+  """
+  from diloco_core.run.preflight import check_processes
+  if any(x in ("-h", "--help") for x in argv):  # the trainer prints its help
+    return
+  parser = build_parser()
+
+  def refuse(message: str):
+    raise ValueError(f"{message} (see python -m diloco_core.train --help).")
+
+  parser.error = refuse
+  try:
+    cfg = config_from_args(parser.parse_args(argv))
+    cfg.validate()
+    check_processes(cfg, processes, None if devices_per_process is None else processes * devices_per_process)
+  except ValueError as e:
+    raise ValueError(to_flags(" ".join(str(e).split()))) from None
+
+
 def command_error(e: Exception) -> int:
   """Prints a library error as the command line's one ``error:`` line (field names as flags); 2."""
   print(f"error: {to_flags(' '.join(str(e).split()))}", file=sys.stderr)
@@ -171,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
       return _main(argv)
     except KeyboardInterrupt:  # before the loop started (imports, set-up), or a second signal
       print("interrupted before the first step; nothing to resume.", file=sys.stderr)
+      if "jax" in sys.modules and elastic_joined():  # process 0 (the service's host) last
+        leave_elastic(130)
       return 130
 
 
@@ -208,6 +251,8 @@ def _main(argv: list[str] | None) -> int:
     return leave_together(command_error(e), SHUTDOWN_S) if several else command_error(e)
   except Interrupted as e:
     print(to_flags(str(e)), file=sys.stderr)
+    if several and elastic:  # process 0 (the service's host) last: no peer loses the service
+      leave_elastic(130)
     return leave_together(130) if several else 130
   s = result.summary
   floor = "n/a" if s["loss_floor"] is None else f"{s['loss_floor']:.4f}"

@@ -49,16 +49,9 @@ def preflight(cfg: TrainConfig) -> None:
     ...
     ValueError: init_from: params checkpoint '/nonexistent/final_params' does not exist; pass the final_params/ directory of a finished run.
   """
-  if cfg.communication == "background":
-    check_background_processes(cfg)
-  check_elastic_processes(cfg)
+  check_processes(cfg)
   M, mesh = cfg.algo.replicas, parse_mesh(cfg.mesh)
-  devices = 1
-  if mesh is not None:
-    check_mesh(mesh, replicas=M, batch_size=cfg.batch_size)
-    devices = math.prod(mesh.values())
-  if cfg.communication == "in-step":  # several processes: one SPMD program over every device
-    check_process_mesh(mesh, replicas=M, batch_size=cfg.batch_size)
+  devices = 1 if mesh is None else math.prod(mesh.values())
   vocab = cfg.vocab_size or cfg.data.vocab_size  # the data's vocabulary is only known later
   model = cfg.model_config(vocab_size=vocab)
   check_fits(param_count(model), replicas=M, outer=cfg.algo.algorithm != "dp",
@@ -75,3 +68,39 @@ def preflight(cfg: TrainConfig) -> None:
                   probe=writes_files())
     if cfg.checkpoint_every:
       check_no_foreign_steps(cfg.out)
+
+
+def check_processes(cfg: TrainConfig, processes: int | None = None, num_devices: int | None = None) -> None:
+  """Raises a one-line ``ValueError`` when the processes and their devices cannot hold the run:
+  ``communication="background"`` and ``elastic`` against the process count, the mesh against
+  the devices (every device, in-step over several processes).
+
+  :func:`preflight` calls it with JAX's counts; the launcher (:mod:`diloco_core.launch`) with its
+  own, before it starts any process.
+
+  Args:
+    cfg: a run config whose options :meth:`~diloco_core.run.config.TrainConfig.validate` accepted.
+    processes: the process count (default: JAX's).
+    num_devices: the devices of every process together (default: JAX's; with ``processes`` and
+      without it, the mesh is checked against the devices only where they are known).
+
+  Returns:
+    None.
+
+  Examples:
+    >>> check_processes(TrainConfig(model="tiny"), processes=2, num_devices=2)
+    Traceback (most recent call last):
+    ...
+    ValueError: an in-step run over 2 processes needs a `mesh` over all 2 devices of the processes (e.g. `mesh`='diloco=2,data=1'), or `communication` background.
+    >>> check_processes(TrainConfig(model="tiny", mesh="diloco=2,data=1"), processes=2, num_devices=2)
+  """
+  if cfg.communication == "background":
+    check_background_processes(cfg, processes)
+  check_elastic_processes(cfg, processes)
+  mesh = parse_mesh(cfg.mesh)
+  known = processes is None or num_devices is not None  # the launcher may not know a process's devices
+  if mesh is not None and known:
+    check_mesh(mesh, replicas=cfg.algo.replicas, batch_size=cfg.batch_size, num_devices=num_devices)
+  if cfg.communication == "in-step" and (known or mesh is None):  # one SPMD program over every device
+    check_process_mesh(mesh, replicas=cfg.algo.replicas, batch_size=cfg.batch_size, processes=processes,
+                       num_devices=num_devices if num_devices is not None else processes)

@@ -42,13 +42,15 @@ def check_background(cfg) -> None:
                      " all-gather or `communication` in-step.")
 
 
-def check_background_processes(cfg) -> None:
+def check_background_processes(cfg, processes: int | None = None) -> None:
   """One-line errors for a background run the processes cannot hold (before anything compiles):
   M % N != 0, a mesh not split over the processes or wanting more devices than a process has.
 
   Args:
     cfg: a :class:`~diloco_core.TrainConfig` with ``communication="background"`` whose options
       :func:`check_background` accepted.
+    processes: the process count N (default: JAX's). Given, only the counts are checked (the
+      launcher, before it starts any process); the devices are checked by each process.
 
   Returns:
     None.
@@ -59,13 +61,31 @@ def check_background_processes(cfg) -> None:
     Traceback (most recent call last):
     ...
     ValueError: `mesh` 'diloco=3,data=1': with `communication` background the diloco axis (3) must be divisible by the process count (1) and divide replicas (M=2); e.g. `mesh`='diloco=1,data=1'.
+    >>> check_background_processes(TrainConfig(communication="background"), processes=3)
+    Traceback (most recent call last):
+    ...
+    ValueError: `communication` background splits the replicas over the processes: replicas (M=2) must be divisible by the process count (3); choose M among [3, 6, 9, 12].
   """
-  n, M = jax.process_count(), cfg.algo.replicas
+  n, M = (jax.process_count() if processes is None else processes), cfg.algo.replicas
   if M % n:
     raise ValueError(f"`communication` background splits the replicas over the processes: replicas"
                      f" (M={M}) must be divisible by the process count ({n}); choose M among"
                      f" {[n * i for i in range(1, 5)]}.")
-  background_mesh(cfg.mesh, M)
+  if processes is None:
+    background_mesh(cfg.mesh, M)
+  else:
+    _mesh_shape(cfg.mesh, M, n)
+
+
+def _mesh_shape(spec: str | None, replicas: int, n: int) -> tuple[int, int]:
+  """The ``(diloco, data)`` shape of a background run's mesh over ``n`` processes, checked."""
+  shape = parse_mesh(spec) or {"diloco": n, "data": 1}
+  d, b = shape["diloco"], shape["data"]
+  if d % n or replicas % d:
+    raise ValueError(f"`mesh` {spec!r}: with `communication` background the diloco axis ({d}) must be"
+                     f" divisible by the process count ({n}) and divide replicas (M={replicas});"
+                     f" e.g. `mesh`='diloco={n},data=1'.")
+  return d, b
 
 
 def background_mesh(spec: str | None, replicas: int) -> Mesh:
@@ -73,12 +93,7 @@ def background_mesh(spec: str | None, replicas: int) -> Mesh:
   ``diloco`` (process r holds replicas ``[r M / N, (r + 1) M / N)``); ``mesh`` describes it
   (None: one device per process)."""
   n = jax.process_count()
-  shape = parse_mesh(spec) or {"diloco": n, "data": 1}
-  d, b = shape["diloco"], shape["data"]
-  if d % n or replicas % d:
-    raise ValueError(f"`mesh` {spec!r}: with `communication` background the diloco axis ({d}) must be"
-                     f" divisible by the process count ({n}) and divide replicas (M={replicas});"
-                     f" e.g. `mesh`='diloco={n},data=1'.")
+  d, b = _mesh_shape(spec, replicas, n)
   per_process = (d // n) * b
   by_process = [sorted((x for x in jax.devices() if x.process_index == r), key=lambda x: x.id)
                 for r in range(n)]

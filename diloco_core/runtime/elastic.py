@@ -91,11 +91,12 @@ def check_elastic(cfg) -> None:
       raise ValueError(f"`elastic` does not support `{name}`{shown} ({why}); drop `elastic` or `{name}`.")
 
 
-def check_elastic_processes(cfg) -> None:
+def check_elastic_processes(cfg, processes: int | None = None) -> None:
   """The one-line error for an ``elastic`` run in one process (before anything compiles).
 
   Args:
     cfg: a :class:`~diloco_core.TrainConfig` whose options :func:`check_elastic` accepted.
+    processes: the process count (default: JAX's; the launcher passes its own).
 
   Returns:
     None.
@@ -104,7 +105,7 @@ def check_elastic_processes(cfg) -> None:
     >>> from diloco_core import TrainConfig
     >>> check_elastic_processes(TrainConfig())  # not elastic: nothing to check
   """
-  if cfg.elastic and jax.process_count() == 1:
+  if cfg.elastic and (jax.process_count() if processes is None else processes) == 1:
     raise ValueError("`elastic` needs several processes: start them with `python -m diloco_core.launch"
                      " --processes N -- ... --elastic` (or one per host with --coordinator).")
 
