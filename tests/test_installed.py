@@ -10,35 +10,80 @@ wheel ships. On it:
   Orbax or Grain in ``sys.modules`` after ``import analysis``);
 * the command lines of the README's "without a clone" block run;
 * all six notebooks execute (nbclient and ipykernel, what a hosted notebook service has)
-  with the docs' own packages (myst-nb, Sphinx, jupytext) made unimportable.
+  with nothing importable that the package does not declare: every distribution outside the
+  requirements of its ``[project].dependencies`` (and of the kernel) is made unimportable, the
+  docs' own packages (myst-nb, Sphinx, jupytext) and what they bring (Jinja2) included.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
 import textwrap
+import tomllib
 import zipfile
 
 import pytest
+from packaging.requirements import Requirement
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 TRAINING_STACK = ("jax", "jaxlib", "flax", "optax", "drjax", "orbax", "grain")
 DOCS_ONLY = ("myst_nb", "myst_parser", "sphinx", "jupytext")
 
-# Put first on PYTHONPATH: the docs-only packages cannot be imported, as in a user's environment.
-BLOCKER = textwrap.dedent(f"""
+#: What runs the notebooks besides the package: a kernel and a client (a hosted notebook service's).
+KERNEL = ("ipykernel", "nbclient")
+
+
+def _canonical(name: str) -> str:
+  return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def declared_closure() -> set[str]:
+  """The distributions a user's environment holds after installing the package and a kernel:
+  ``[project].dependencies`` of pyproject.toml, :data:`KERNEL`, and what they require in turn
+  (their markers evaluated here, with the extras each requirement names)."""
+  project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+  todo = [Requirement(r) for r in [*project["dependencies"], *KERNEL]]
+  seen = {_canonical(project["name"])}
+  while todo:
+    req = todo.pop()
+    name = _canonical(req.name)
+    if name in seen:
+      continue
+    seen.add(name)
+    try:
+      requires = importlib.metadata.requires(req.name) or []
+    except importlib.metadata.PackageNotFoundError:
+      continue
+    for r in map(Requirement, requires):
+      if r.marker is None or any(r.marker.evaluate({"extra": e}) for e in ("", *req.extras)):
+        todo.append(r)
+  return seen
+
+
+def undeclared_modules() -> set[str]:
+  """The top-level modules of this environment that only undeclared distributions provide."""
+  allowed = declared_closure()
+  return {module for module, dists in importlib.metadata.packages_distributions().items()
+          if not any(_canonical(d) in allowed for d in dists)}
+
+
+# Put first on PYTHONPATH: what the package does not declare cannot be imported, as in a user's
+# environment that installed only the package and a kernel.
+BLOCKER = textwrap.dedent("""
     import importlib.abc, sys
 
     class _NotInstalled(importlib.abc.MetaPathFinder):
       def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in {DOCS_ONLY!r}:
-          raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+        if name.split(".")[0] in BLOCKED:
+          raise ModuleNotFoundError(f"No module named {name!r}", name=name)
         return None
 
     sys.meta_path.insert(0, _NotInstalled())
@@ -64,11 +109,22 @@ def installed(tmp_path_factory):
   assert build.returncode == 0, build.stderr[-3000:]
   (wheel,) = wheels.glob("diloco_suite-*.whl")
   zipfile.ZipFile(wheel).extractall(site)  # a pure-Python wheel installs by unpacking
-  (blocker / "sitecustomize.py").write_text(BLOCKER)
+  blocked = undeclared_modules()
+  assert set(DOCS_ONLY) <= blocked, blocked
+  (blocker / "sitecustomize.py").write_text(f"BLOCKED = {sorted(blocked)!r}\n" + BLOCKER)
   env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLA_FLAGS")}
   env.update(PYTHONPATH=os.pathsep.join([str(site), str(blocker)]), JAX_PLATFORMS="cpu",
              DILOCO_SWEEPS_CACHE=str(base / "sweeps"), TQDM_DISABLE="1", MPLBACKEND="Agg")
   return site, work, env
+
+
+def test_the_notebooks_environment_holds_what_the_package_declares_and_no_more():
+  """The blocker's list: the docs' packages are blocked, and so is what only they bring (Jinja2
+  would be, were the package not to declare it: pandas' Styler, the notebooks' tables, needs it)."""
+  closure, blocked = declared_closure(), undeclared_modules()
+  assert {"jax", "pandas", "matplotlib", "jinja2", "ipykernel", "nbclient", "markupsafe"} <= closure
+  assert {"sphinx", "myst_nb", "jupytext", "pytest", "xdist"} <= blocked
+  assert not {"jax", "pandas", "jinja2", "IPython", "zmq", "nbformat"} & blocked
 
 
 def run(args, installed, timeout=600, **kw) -> subprocess.CompletedProcess:
