@@ -38,6 +38,7 @@ bench: $(VENV)/.installed  ## benchmarks that print measured ratios
 	$(PY) benchmarks/step_time.py
 	$(PY) benchmarks/mesh_scaling.py
 	$(PY) benchmarks/sweep_reuse.py
+	$(PY) benchmarks/elastic_path.py
 
 bench-accel: $(VENV)/.installed  ## accelerator benchmark (MFU, step ratios); add ARGS=--quick on CPU
 	$(PY) benchmarks/accelerator.py --json runs/bench_accel.json $(ARGS)

@@ -13,6 +13,7 @@ settings below are made here, before anything imports JAX.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 
@@ -76,6 +77,7 @@ html_css_files = ["custom.css"]
 
 # ---- MyST / MyST-NB ------------------------------------------------------------------------
 myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence", "deflist", "substitution"]
+myst_dmath_double_inline = True  # $$...$$ inside a paragraph or list item is display math too
 myst_heading_anchors = 3
 nb_execution_mode = "force"
 nb_execution_raise_on_error = True
@@ -203,6 +205,34 @@ def _copy_mathjax(app, exception):
       shutil.copy2(src, dest)
 
 
+# pandas' styled tables print the index's names in a last header row of their own, under blank
+# corner cells: a row that reads as empty. The names go into the top row's corner instead (rows
+# named R under columns named C: "R ↓ C →"); a table of another shape keeps its row, and the
+# site test (tests/test_site_browser.py) reports it.
+_INDEX_HEAD = re.compile(
+    r'(<thead>\s*<tr>\s*)((?:<th class="blank(?: level0)?"\s*>&nbsp;</th>\s*)+|<th class="index_name level0"\s*>[^<]*</th>\s*)'
+    r'((?:(?!</thead>).)*?</tr>)\s*<tr>\s*((?:<th class="index_name level\d+"\s*>[^<]*</th>\s*)+)'
+    r'(?:<th class="blank col\d+"\s*>&nbsp;</th>\s*)+</tr>(?=\s*</thead>)', re.S)
+_CELL = re.compile(r'<th class="(?:blank|index_name)(?: level\d+)?"\s*>([^<]*)</th>')
+
+
+def _merge_index_header(match: "re.Match") -> str:
+  corner, rest, names = match.group(2), match.group(3), _CELL.findall(match.group(4))
+  blanks = _CELL.findall(corner)
+  if corner.lstrip().startswith('<th class="index_name') and len(names) == 1:  # named columns
+    cells = [f"{names[0]} ↓ {blanks[0]} →"]
+  elif all(b == "&nbsp;" for b in blanks) and len(blanks) == len(names):
+    cells = names
+  else:
+    return match.group(0)
+  return match.group(1) + "".join(f'<th class="index_name level0" >{c}</th>' for c in cells) + rest
+
+
+def _merge_index_names(app, pagename, templatename, context, doctree):
+  if "body" in context and "index_name" in context["body"]:
+    context["body"] = _INDEX_HEAD.sub(_merge_index_header, context["body"])
+
+
 def _keep_prose_summaries(app, what, name, obj, options, lines):
   """Napoleon reads an attribute's first line "Some words: more" as "type: description".
 
@@ -257,4 +287,5 @@ def setup(app):
   app.connect("build-finished", _copy_mathjax)
   # after sphinx-book-theme's add_launch_buttons (priority 501)
   app.connect("html-page-context", _drop_launch_buttons_outside_notebooks, priority=502)
+  app.connect("html-page-context", _merge_index_names)
   return {"parallel_read_safe": True, "parallel_write_safe": True}

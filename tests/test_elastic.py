@@ -291,3 +291,90 @@ def test_a_stop_request_ends_an_elastic_run_cleanly_and_it_resumes_exactly(signu
   rows2 = _replay(out, tmp_path / "replay")  # no drops, no rejoin: the plain run; checks the final params
   assert [x["eval_loss"] for x in rows] == [x["eval_loss"] for x in rows2]
   assert [x["replica_loss"] for x in rows] == [x["replica_loss"] for x in rows2]
+
+
+# ---- the coordination service's limit: what an elastic run puts there, and the refusal ----------
+def _tiny_state(**changes):
+  """(config, algorithm, state, N) of a tiny model built by the trainer's own code (one process)."""
+  from diloco_core import TrainConfig
+  from diloco_core.devices.backend import resolve_model_config
+  from diloco_core.model.transformer import init_model, train_loss
+  from diloco_core.run.programs import make_algorithm
+  from diloco_core.spec.model_config import param_count
+  cfg = TrainConfig(model="tiny", **changes)
+  model = resolve_model_config(cfg.model_config(vocab_size=cfg.vocab_size or cfg.data.vocab_size))
+  apply_fn, params = init_model(model, 0)
+  algo = make_algorithm(cfg, lambda p, x: train_loss(apply_fn, p, x), params)
+  return cfg, algo, algo.init(params), param_count(model)
+
+
+def _real_values(algo, state) -> dict:
+  """The bytes of the values the elastic runtime puts in the service for this state (one process)."""
+  from diloco_core.runtime.elastic_runtime import pack_heal
+  nbytes = lambda *trees: sum(np.asarray(x).nbytes for t in trees for x in jax.tree.leaves(t))
+  first = jax.tree.map(lambda x: np.asarray(x)[0], state.opt_state)  # the source replica's row
+  rows = [getattr(state, name) for name in algo.replica_fields]  # checkpoint_state's rows of every replica
+  packed = pack_heal(jax.tree.map(np.asarray, state.global_params), jax.tree.map(np.asarray, state.outer_state),
+                     first, 8, 5)
+  return {"heal": nbytes(state.global_params, state.outer_state, first), "checkpoint": nbytes(*rows),
+          "sync": algo.config.replicas * max(algo.fragment_bytes), "packed_heal": len(packed)}
+
+
+@pytest.mark.parametrize("changes", [{}, {"outer_optimizer": "adam", "compression": "fp4", "error_feedback": True}],
+                         ids=["nesterov", "adam-error-feedback"])
+def test_the_elastic_values_are_the_bytes_the_runtime_puts_in_the_service(changes):
+  """The formula (elastic_value_bytes) against the leaves of real states of two model sizes: per
+  parameter it is exact (the difference between the sizes), and what it leaves out (step counts,
+  participation rows, a heal's npz headers) is a few bytes whatever N, within the MiB the limit
+  keeps below protobuf's."""
+  from diloco_core.algorithm.config import DiLoCoConfig
+  from diloco_core.spec.footprint import KV_VALUE_LIMIT, PROTOBUF_LIMIT, elastic_value_bytes
+  outer = {k: changes[k] for k in ("outer_optimizer", "compression", "error_feedback") if k in changes}
+  sizes = []
+  for layers in (2, 4):
+    cfg, algo, state, n = _tiny_state(n_layers=layers, algo=DiLoCoConfig(replicas=2, **outer))
+    formula = elastic_value_bytes(n, replicas_per_process=2, outer_optimizer=cfg.algo.outer_optimizer,
+                                  error_feedback=cfg.algo.error_feedback, checkpoints=True)
+    sizes.append((n, formula, _real_values(algo, state)))
+  (n1, f1, r1), (n2, f2, r2) = sizes
+  assert n2 > n1
+  for value in ("heal", "checkpoint"):
+    assert r2[value] - r1[value] == f2[value] - f1[value], value  # bytes per parameter: exact
+    assert 0 <= r1[value] - f1[value] == r2[value] - f2[value] < 64, value  # the counts: a few bytes
+  assert 0 < r2["packed_heal"] - f2["heal"] < PROTOBUF_LIMIT - KV_VALUE_LIMIT
+  if cfg.algo.compression == "none":
+    assert r2["sync"] == f2["sync"]  # float32, one fragment: the bound is the payload
+  else:
+    assert r2["sync"] < f2["sync"]
+
+
+BIG = {"model": "base", "n_layers": 200, "communication": "background", "elastic": True}
+#: The refusal of BIG over two processes (170 M params: a heal of 2.73 GB).
+BIG_REFUSAL = ("`elastic` sends a replacement's heal (the global params, the outer state and one replica's inner"
+               " optimizer state) through JAX's coordination service as one value of at most 2.15 GB (2047 MiB), and"
+               " this run's would be 2.73 GB (170512640 params); drop `elastic` (a lost process then stops the run,"
+               " and `resume` continues from the last checkpoint) or train a model of at most 134152192 params.")
+
+
+def test_an_elastic_run_beyond_the_services_limit_is_refused_before_the_memory_check():
+  """The pre-flight's process check (launcher and trainer alike) refuses it in one line, before
+  the memory check, which a model that large would also fail; without `elastic` it passes; the
+  checkpoint rows of four replicas per process are larger than the heal, and refused with their
+  own bound."""
+  from diloco_core import TrainConfig
+  from diloco_core.algorithm.config import DiLoCoConfig
+  from diloco_core.run.preflight import check_processes, preflight
+  from diloco_core.spec.footprint import check_fits
+  from diloco_core.spec.model_config import param_count
+  with pytest.raises(ValueError) as e:
+    check_processes(TrainConfig(**BIG), processes=2)
+  assert str(e.value) == BIG_REFUSAL
+  check_processes(TrainConfig(**{**BIG, "elastic": False}), processes=2)
+  huge = TrainConfig(**{**BIG, "n_layers": 100000})
+  with pytest.raises(ValueError, match="the run needs at least"):  # the memory check would refuse it too
+    check_fits(param_count(huge.model_config(vocab_size=32)), replicas=2, outer=True, tokens=2 * 16 * 64, vocab=32)
+  with pytest.raises(ValueError, match=r"^`elastic` sends a replacement's heal .* at most 134152192 params\.$"):
+    preflight(huge)  # this process alone: the limit is said first (dropping `elastic` answers both)
+  rows = TrainConfig(**{**BIG, "n_layers": 120, "checkpoint_every": 4, "out": "o", "algo": DiLoCoConfig(replicas=8)})
+  with pytest.raises(ValueError, match=r"^`elastic` sends each process's checkpoint rows .* 44717397 params\.$"):
+    check_processes(rows, processes=2)  # 4 replicas x 12 bytes per param: 48

@@ -335,7 +335,7 @@ def test_a_shaped_link_runs_every_process_in_a_namespace_and_removes_it():
 
 def test_shaping_without_root_says_what_is_needed(monkeypatch, capsys):
   monkeypatch.setattr(os, "geteuid", lambda: 1000)
-  assert launch.main(["--link-mbit", "50", "--", "--steps", "1"]) == 2
+  assert launch.main(["--link-mbit", "50", "--", *SAME_MESH, "--steps", "1"]) == 2
   err = capsys.readouterr().err
   assert err == ("error: --link-mbit needs Linux, root and iproute2 (ip, tc) to shape a network"
                  " namespace's loopback (not root); run without --link-mbit, or as root.\n")
@@ -515,6 +515,11 @@ TRAIN = ["--model", "tiny", "--replicas", "2", "--seq-len", "8", "--steps", "2",
     (["--processes", "1"], ["--communication", "background", "--elastic", "--out", "o"],
      "error: --elastic needs several processes: start them with `python -m diloco_core.launch --processes N --"
      " ... --elastic` (or one per host with --coordinator)."),
+    (["--processes", "2"], ["--communication", "background", "--elastic", "--model", "base", "--layers", "200"],
+     "error: --elastic sends a replacement's heal (the global params, the outer state and one replica's inner"
+     " optimizer state) through JAX's coordination service as one value of at most 2.15 GB (2047 MiB), and this"
+     " run's would be 2.73 GB (170512640 params); drop --elastic (a lost process then stops the run, and --resume"
+     " continues from the last checkpoint) or train a model of at most 134152192 params."),
 ])
 def test_the_launcher_refuses_the_trainers_flags_in_one_line_before_starting_anything(
     launcher, train, message, capsys, monkeypatch):

@@ -189,3 +189,20 @@ def test_a_replacement_whose_run_ended_says_so():
   store.kv[f"{PREFIX}/status/0/7/0"] = b"ended"
   with pytest.raises(MembershipError, match="the run ended before this replacement could join it"):
     m.heal()
+
+
+def test_the_path_probe_times_the_services_path_beside_glooes(capsys):
+  """``diloco_core.launch.path_probe`` under the launcher (path_benchmark): two processes joined as
+  an elastic run's, one payload each through the coordination service and through gloo; the
+  table has both, and a bad size is one line before anything starts. (Its --limit, a 2 GiB put
+  of 12 GB and 70 s, is left to benchmarks/elastic_path.py --limit.)"""
+  from analysis.lab.elastic_measured import path_benchmark
+  from diloco_core.launch import path_probe
+  from diloco_core.runtime.elastic import HEARTBEAT_S as ELASTIC_HEARTBEAT_S
+  table, result = path_benchmark((1, 2), repeats=1)
+  assert table["size_mib"].tolist() == [1.0, 2.0]
+  assert (table[["elastic_s", "gloo_s", "elastic_mb_s", "gloo_mb_s"]] > 0).all().all()
+  assert result["processes"] == 2 and result["heartbeat_s"] == ELASTIC_HEARTBEAT_S and result["limit"] is None
+  assert path_probe.main(["--sizes-mib", "1,x", "--json", "o.json"]) == 2
+  assert capsys.readouterr().err == ("error: --sizes-mib must be whole numbers of MiB >= 1 separated by commas"
+                                     " (e.g. 1,4,16), got '1,x'.\n")

@@ -228,6 +228,12 @@ class _Reading(html.parser.HTMLParser):
       self.prose.append(data)
 
 
+#: TeX a reader should never see as text: display or inline dollars, \\( \\[, a command such as
+#: \\theta or \\frac (math that MathJax rendered is not prose: _Reading leaves it out).
+RAW_TEX = re.compile(r".{0,30}(\$\$|\$[^$\s][^$]{0,80}?\$|\\\(|\\\[|\\(?:theta|Delta|tau|alpha|mu|eta|mathrm|frac|sum|big|tilde|cdot)(?![A-Za-z])).{0,20}")
+#: A header row of pandas' styled tables that holds only the index's name (then blanks): it reads
+#: as an empty row (conf.py merges it into the row above; a table it cannot merge is flagged).
+INDEX_NAME_ROW = re.compile(r'<tr>\s*(?:<th class="index_name[^"]*"\s*>[^<]*</th>\s*)+(?:<th class="blank[^"]*"\s*>&nbsp;</th>\s*)+</tr>')
 #: What pandas prints for a missing value: a table showing it has not been written for a reader.
 MISSING = {"NaN", "nan", "<NA>", "NaT"}
 
@@ -243,7 +249,9 @@ def reader_problems(page: pathlib.Path) -> list[str]:
   found = [f"table cell {cell!r}" for cell, code in r.cells if cell in MISSING and not code]
   prose = " ".join(r.prose)
   found += [f"raw backticks: …{m.group(0)}…" for m in re.finditer(r".{0,30}`[^`\s][^`]{0,40}`.{0,10}", prose)]
-  found += [f"raw TeX: …{m.group(0)}…" for m in re.finditer(r".{0,30}(\$\$|\\\(|\\\[|\\frac\{).{0,20}", prose)]
+  found += [f"raw TeX: …{m.group(0)}…" for m in re.finditer(RAW_TEX, prose)]
+  found += [f"raw bold: …{m.group(0)}…" for m in re.finditer(r".{0,30}\*\*\S.{0,20}", prose)]
+  found += [f"a pandas index-name row: {m.group(0)[:120]}…" for m in INDEX_NAME_ROW.finditer(text)]
   for src in re.findall(r'<img[^>]+src="([^"]+_images/[^"]+\.png)"', text):
     path = (page.parent / urllib.parse.unquote(src)).resolve()
     pixels = matplotlib.image.imread(path) if path.is_file() else None
@@ -253,7 +261,8 @@ def reader_problems(page: pathlib.Path) -> list[str]:
 
 
 def test_every_page_reads_clean(site):
-  """No page shows NaN in a table, raw backticks or TeX in its text, or an empty figure."""
+  """No page shows NaN in a table, raw backticks, TeX or ** in its text, a pandas index-name row,
+  or an empty figure."""
   pages = [p for p in sorted((site / "docs").glob("*.html")) + sorted((site / "notebooks").glob("*.html"))]
   assert len(pages) >= 15
   problems = {str(p.relative_to(site)): reader_problems(p) for p in pages}

@@ -325,8 +325,8 @@ def _c8(df):
 
 
 CLAIMS: tuple[Claim, ...] = (
-    Claim(1, "Streaming DiLoCo (P fragments, same H) reaches about vanilla DiLoCo's loss, with the "
-             "peak bytes per sync divided by about P.",
+    Claim(1, "Streaming DiLoCo (P fragments, same H) reaches about vanilla DiLoCo's loss while it "
+             "sends one fragment at a time (a peak per sync P times smaller for equal fragments).",
           "Streaming DiLoCo, arXiv 2501.18512", "up to 4B params, M = 2, H = 100, P up to 10",
           "evaluation losses within ~0.5% of DiLoCo's", "Streaming (P = 3, τ = 0) − DiLoCo, same H",
           _c1),

@@ -9,16 +9,22 @@ waits, syncs and who took part in each), and the background-communication page d
 beside the loss curve (:func:`analysis.plots.timelines.plot_elastic`).
 :func:`measure_failure` reads when the failure's events happened, and :func:`failure_cost`
 sets what it cost beside the goodput model's
-(:func:`analysis.planning.goodput.elastic_failure_cost`)."""
+(:func:`analysis.planning.goodput.elastic_failure_cost`).
+
+:func:`path_benchmark` measures the path every payload of an elastic run takes (JAX's coordination
+service) beside gloo's, and the largest value the service carries
+(:mod:`diloco_core.launch.path_probe`; ``benchmarks/elastic_path.py`` prints it)."""
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
 
 import numpy as np
 import pandas as pd
 
-from analysis.lab.measured import launch_run, read_trace
+from analysis.lab.measured import launch_module, launch_run, read_trace
 from analysis.planning.goodput import Failures, elastic_failure_cost
 
 #: The demo run's shape: replicas M (one per process), sync interval H, fragments P.
@@ -193,3 +199,49 @@ def process_timeline(traces: dict, first_step: int = 1) -> pd.DataFrame:
         out.append((rank, "sync", r["sent_at"], r["time"] - t0, r["time"] - t0, r.get("present")))
   frame = pd.DataFrame(out, columns=["process", "kind", "step", "start", "end", "present"])
   return frame[frame["end"] >= 0].sort_values(["process", "start"], ignore_index=True)
+
+
+#: The payload sizes (MiB) :func:`path_benchmark` measures unless told.
+PATH_SIZES_MIB = (1, 4, 16, 64)
+
+
+def path_benchmark(sizes_mib=PATH_SIZES_MIB, *, repeats: int = 3, limit: bool = False,
+                   processes: int = 2) -> tuple[pd.DataFrame, dict]:
+  """Launches the path probe (:mod:`diloco_core.launch.path_probe`) over ``processes`` processes:
+  one payload of each size per process through the coordination service (an elastic sync) and
+  through gloo, ``repeats`` times; with ``limit``, also the largest value the service carries.
+
+  Returns:
+    ``(path_table(result), result)``: the table (:func:`path_table`) and the probe's JSON
+    (``processes``, ``repeats``, ``heartbeat_s``, ``limit``: None without ``limit``).
+  """
+  with tempfile.TemporaryDirectory(prefix="path-probe-") as tmp:
+    out = os.path.join(tmp, "paths.json")
+    launch_module("diloco_core.launch.path_probe", ["--sizes-mib", ",".join(map(str, sizes_mib)), "--repeats",
+                                                    str(repeats), "--json", out, *(["--limit"] if limit else [])],
+                  processes)
+    with open(out) as f:
+      result = json.load(f)
+  return path_table(result), result
+
+
+def path_table(result: dict) -> pd.DataFrame:
+  """The probe's rows (:mod:`diloco_core.launch.path_probe`) as one row per payload size:
+  ``size_mib``, ``elastic_s``, ``gloo_s`` (median seconds until every process had every
+  payload), ``elastic_mb_s``, ``gloo_mb_s`` (MB/s: a process's payload over that time) and
+  ``gloo_over_elastic`` (how many times faster gloo is).
+
+  Examples:
+    >>> rows = [{"size_mib": 8, "path": "elastic", "seconds": 0.5, "mb_per_s": 16.8},
+    ...         {"size_mib": 8, "path": "gloo", "seconds": 0.05, "mb_per_s": 168.0}]
+    >>> path_table({"rows": rows}).values.tolist()
+    [[8.0, 0.5, 0.05, 16.8, 168.0, 10.0]]
+  """
+  rows = pd.DataFrame(result["rows"])
+  wide = rows.pivot(index="size_mib", columns="path", values=["seconds", "mb_per_s"])
+  column = lambda value, path: wide[value, path].values
+  table = pd.DataFrame({"size_mib": wide.index.astype(float),
+                        "elastic_s": column("seconds", "elastic"), "gloo_s": column("seconds", "gloo"),
+                        "elastic_mb_s": column("mb_per_s", "elastic"), "gloo_mb_s": column("mb_per_s", "gloo")})
+  table["gloo_over_elastic"] = table["gloo_mb_s"] / table["elastic_mb_s"]
+  return table

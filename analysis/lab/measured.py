@@ -149,14 +149,20 @@ def launch_run(out: str, train_args: list[str], mbit: float | None = None, proce
   process when there are enough, over a link shaped to ``mbit`` when given, with the launcher's
   own ``launcher_args``) with ``train_args``, writing to ``out``; a failure raises with its output."""
   shaping = [*launcher_args, *([] if mbit is None else ["--link-mbit", f"{mbit:.3f}"])]
+  launch_module(None, [*train_args, "--no-progress", "--out", out], processes, shaping)
+
+
+def launch_module(module: str | None, args: list[str], processes: int = 2, launcher_args: tuple = ()) -> None:
+  """Runs ``module`` (None: the trainer) with ``args`` in ``processes`` processes of
+  ``python -m diloco_core.launch``, as :func:`launch_run` does; a failure raises with its output."""
   pin = ["--pin-cpus"] if processes <= len(os.sched_getaffinity(0)) else []
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   cmd = [sys.executable, "-m", "diloco_core.launch", "--processes", str(processes), "--devices-per-process", "1",
-         *pin, *shaping, "--", *train_args, "--no-progress", "--out", out]
+         *pin, *launcher_args, *([] if module is None else ["--module", module]), "--", *args]
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
   r = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=env)
   if r.returncode != 0:
-    raise RuntimeError(f"a launched run failed ({' '.join(cmd[3:])}):\n{r.stderr[-3000:]}")
+    raise RuntimeError(f"a launched run failed ({' '.join(cmd[3:])}):\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
 
 
 def overlap_benchmark(workdir: str, *, k: int = 3, sync_every: int = 12, steps: int = 60,

@@ -7,7 +7,8 @@ May import: spec, devices, wire, model, data, store, algorithm, runtime, run.
 Modules: :mod:`~diloco_core.launch.supervisor` (start, watch and stop the processes),
 :mod:`~diloco_core.launch.shaped_link` (a link of given bandwidth and latency),
 :mod:`~diloco_core.launch.faults` (``--kill-at``), :mod:`~diloco_core.launch.coordination_service`
-(the service in a process of its own).
+(the service in a process of its own), :mod:`~diloco_core.launch.path_probe` (the coordination
+service's path and gloo's, timed).
 """
 
 from diloco_core.lazy import lazy_exports

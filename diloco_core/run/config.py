@@ -25,7 +25,7 @@ from diloco_core.data.sources import DataConfig
 from diloco_core.spec.fields import field
 from diloco_core.devices.mesh import parse_mesh
 from diloco_core.spec.model_config import (ATTENTIONS, COMPUTE_DTYPES, POSITIONS, PRESETS, REMATS, ModelConfig,
-                                           check_preset, get_preset)
+                                           check_preset, get_preset, param_count)
 
 
 def parse_drop_schedule(text: str | None) -> tuple:
@@ -365,6 +365,11 @@ class TrainConfig:
   def warmup(self) -> int:
     """Warmup steps: ``warmup_steps``, or min(50, steps // 10) when it is None."""
     return min(50, self.steps // 10) if self.warmup_steps is None else self.warmup_steps
+
+  def planned_param_count(self) -> int:
+    """The model's parameter count before any data is read (the up-front checks' N): the
+    vocabulary is ``vocab_size``, else the built-in data's (a file's is only known later)."""
+    return param_count(self.model_config(vocab_size=self.vocab_size or self.data.vocab_size))
 
   def model_config(self, vocab_size: int | None = None):
     """The model shape of this run (preset + overrides; built for ``seq_len``)."""

@@ -4,7 +4,8 @@
 no device is asked); :func:`preflight` checks, once, after it and before the model is built:
 
 * the processes and devices: ``communication="background"`` and ``elastic`` against the
-  process count (:func:`~diloco_core.runtime.background_mesh.check_background_processes`,
+  process count, and an elastic run's largest value against what the coordination service
+  carries (:func:`~diloco_core.runtime.background_mesh.check_background_processes`,
   :func:`~diloco_core.runtime.elastic.check_elastic_processes`), the mesh against the devices
   (:func:`~diloco_core.devices.mesh.check_mesh`, :func:`~diloco_core.devices.mesh.check_process_mesh`);
 * the memory: the state and the logits against the devices' memory
@@ -25,7 +26,6 @@ from diloco_core.run.config import TrainConfig
 from diloco_core.runtime.background_mesh import check_background_processes
 from diloco_core.runtime.elastic import check_elastic_processes
 from diloco_core.spec.footprint import check_fits
-from diloco_core.spec.model_config import param_count
 from diloco_core.store.checkpoint import check_no_foreign_steps
 from diloco_core.store.out_dir import check_out_dir, writes_files
 from diloco_core.store.params_io import check_params_dir
@@ -54,7 +54,7 @@ def preflight(cfg: TrainConfig) -> None:
   devices = 1 if mesh is None else math.prod(mesh.values())
   vocab = cfg.vocab_size or cfg.data.vocab_size  # the data's vocabulary is only known later
   model = cfg.model_config(vocab_size=vocab)
-  check_fits(param_count(model), replicas=M, outer=cfg.algo.algorithm != "dp",
+  check_fits(cfg.planned_param_count(), replicas=M, outer=cfg.algo.algorithm != "dp",
              outer_optimizer=cfg.algo.outer_optimizer, tokens=M * cfg.batch_size * cfg.seq_len,
              vocab=vocab, devices=devices, experts=model.num_experts)
   if cfg.init_from is not None and not cfg.resume:

@@ -34,6 +34,12 @@ the run replayed with them rejoining at the checkpoint
 lost, process 0 included: the lowest process left writes the run's files from then on; losing
 the service's process ends the run, to go on with ``resume``.
 
+**Size.** Every sync payload, heal and checkpoint row crosses the coordination service as one
+value, of at most :data:`~diloco_core.spec.footprint.KV_VALUE_LIMIT` bytes (protobuf's message
+limit): a run whose largest value would be larger is refused before anything starts
+(:func:`check_elastic_processes`; the largest model that fits:
+:func:`~diloco_core.spec.footprint.elastic_max_params`).
+
 Not yet (one-line refusals, :func:`check_elastic`): ``eval_replicas``,
 ``reduction="reduce-scatter"``, ``outer_overlap`` other than ``"none"`` (as for simulated
 drops). A replacement for process 0 (``launch --restart`` starts the others again only).
@@ -45,6 +51,7 @@ import jax
 import numpy as np
 
 from diloco_core.spec import validity as v
+from diloco_core.spec.footprint import check_elastic_fits
 
 #: Seconds without a heartbeat after which the coordination service declares a process of an
 #: elastic run lost: the longest the others wait for a dead one at a sync.
@@ -92,7 +99,10 @@ def check_elastic(cfg) -> None:
 
 
 def check_elastic_processes(cfg, processes: int | None = None) -> None:
-  """The one-line error for an ``elastic`` run in one process (before anything compiles).
+  """The one-line errors for an ``elastic`` run that its processes cannot carry (before anything
+  compiles): its largest value beyond what the coordination service carries
+  (:func:`~diloco_core.spec.footprint.check_elastic_fits`: a heal, a process's checkpoint rows or
+  sync payload over :data:`~diloco_core.spec.footprint.KV_VALUE_LIMIT`), or one process.
 
   Args:
     cfg: a :class:`~diloco_core.TrainConfig` whose options :func:`check_elastic` accepted.
@@ -104,8 +114,19 @@ def check_elastic_processes(cfg, processes: int | None = None) -> None:
   Examples:
     >>> from diloco_core import TrainConfig
     >>> check_elastic_processes(TrainConfig())  # not elastic: nothing to check
+    >>> big = TrainConfig(model="base", n_layers=200, communication="background", elastic=True)
+    >>> check_elastic_processes(big, processes=2)
+    Traceback (most recent call last):
+    ...
+    ValueError: `elastic` sends a replacement's heal (the global params, the outer state and one replica's inner optimizer state) through JAX's coordination service as one value of at most 2.15 GB (2047 MiB), and this run's would be 2.73 GB (170512640 params); drop `elastic` (a lost process then stops the run, and `resume` continues from the last checkpoint) or train a model of at most 134152192 params.
   """
-  if cfg.elastic and (jax.process_count() if processes is None else processes) == 1:
+  if not cfg.elastic:
+    return
+  processes = jax.process_count() if processes is None else processes
+  check_elastic_fits(cfg.planned_param_count(), replicas_per_process=max(cfg.algo.replicas // processes, 1),
+                     outer_optimizer=cfg.algo.outer_optimizer, error_feedback=cfg.algo.error_feedback,
+                     checkpoints=bool(cfg.checkpoint_every))
+  if processes == 1:
     raise ValueError("`elastic` needs several processes: start them with `python -m diloco_core.launch"
                      " --processes N -- ... --elastic` (or one per host with --coordinator).")
 

@@ -34,8 +34,12 @@ agrees on who counted, at every agreement.
 The coordination service must run with ``jax_enable_recoverability`` (see
 :func:`diloco_core.devices.processes.initialize_distributed`): without it, the service ends every
 process when one misses its heartbeat. The process hosting the service (process 0) cannot be
-lost. The payloads cross the service (one host), so this suits small payloads and tests of
-the mechanism; collectives over the live devices, cancelled when a peer dies, are the GPU path.
+lost. The payloads cross the service (one host), one value each: a value is at most
+:data:`~diloco_core.spec.footprint.KV_VALUE_LIMIT` bytes (protobuf's message limit; an elastic run
+whose heal, checkpoint rows or sync payload would be larger is refused before it starts,
+:func:`~diloco_core.runtime.elastic.check_elastic_processes`), and the service moves them many
+times slower than gloo (``benchmarks/elastic_path.py`` measures both). Collectives over the live
+devices, cancelled when a peer dies, are the path for large models and GPUs.
 
 Examples:
   >>> agreement = Agreement("sync/4", members=(0, 2), joined=(1,), lost=(), payloads={0: b"a", 2: b"b"},

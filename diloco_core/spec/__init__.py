@@ -10,7 +10,8 @@ Modules: :mod:`~diloco_core.spec.validity` (the option checks and their one-line
 (model shapes, presets, parameter and FLOP counts), :mod:`~diloco_core.spec.wire_formats` (the
 formats' table: bits per element), :mod:`~diloco_core.spec.schedule` (which fragment is sent and
 merged at a step), :mod:`~diloco_core.spec.fragment_layers` (layers dealt to fragments),
-:mod:`~diloco_core.spec.footprint` (bytes a replica holds).
+:mod:`~diloco_core.spec.footprint` (bytes a replica holds, and the values an elastic run puts in the
+coordination service).
 """
 
 from diloco_core.lazy import lazy_exports
@@ -42,6 +43,10 @@ _PUBLIC = {
     "replica_state_bytes": "diloco_core.spec.footprint",
     "device_bytes": "diloco_core.spec.footprint",
     "check_fits": "diloco_core.spec.footprint",
+    "KV_VALUE_LIMIT": "diloco_core.spec.footprint",
+    "elastic_value_bytes": "diloco_core.spec.footprint",
+    "elastic_max_params": "diloco_core.spec.footprint",
+    "check_elastic_fits": "diloco_core.spec.footprint",
 }
 __all__ = list(_PUBLIC)
 
