@@ -125,13 +125,18 @@ def plot_tradeoff(df: pd.DataFrame, *, x: str = "total_bytes_per_replica",
     The matplotlib Figure.
   """
   fig, (ax,) = new_figure() if ax is None else (ax.figure, [ax])
+  labelled = set()  # (cost, label) pairs already written: groups sharing a cost (same H) get one label
   for name, g in groups(df, hue):
     g = g[g[x] > 0] if logx else g
     pts = ax.scatter(g[x], g[y], s=24, label=name)
     if annotate is not None:  # DP has no H, P or τ: its points are not labelled
       for _, r in (g[g["algorithm"] != "dp"] if "algorithm" in g else g).iterrows():
+        key = (round(float(r[x]), 6), fmt(r[annotate]))
+        if key in labelled:
+          continue
+        labelled.add(key)
         ax.annotate(fmt(r[annotate]), (r[x], r[y]), textcoords="offset points", xytext=(4, 3),
-                    fontsize=7, color=pts.get_facecolor()[0])
+                    fontsize=7, color="0.3")
   if logx:
     ax.set_xscale("log")
   floor_line(ax, floor)
@@ -284,12 +289,19 @@ def plot_intervals(rows: pd.DataFrame, *, title: str | None = None):
     if tol is not None and np.isfinite(tol):
       ax.plot([tol], [yi], "|", color="k", ms=10)
   ax.axvline(0.0, color="k", lw=0.8)
+  # linear within ±1% (where the tolerances of the verdicts lie), logarithmic beyond: a
+  # diverged or far-off arm does not squeeze the band that decides the others
+  ax.set_xscale("symlog", linthresh=1.0, linscale=1.5)
+  lo, hi = float(np.nanmin(rows["low"])), float(np.nanmax(rows["high"]))
+  ticks = [t for t in (-100, -10, -1, -0.5, 0, 0.5, 1, 10, 100) if min(lo, -0.5) <= t <= max(hi, 0.5)]
+  ax.set_xticks(ticks, [f"{t:+g}%" if t else "0" for t in ticks], fontsize=8)
   ax.set_yticks(y, rows["label"].tolist(), fontsize=8)
-  ax.set_xlabel("paired difference, % of the reference loss (95% interval)")
+  ax.set_xlabel("paired difference, % of the reference loss (95% interval; linear within ±1%)")
   for verdict, color in VERDICT_COLORS.items():
     ax.plot([], [], color=color, lw=2.5, label=verdict)
   ax.plot([], [], "|", color="k", ms=10, label="tolerance")
-  ax.legend(fontsize=8, loc="lower right")
+  ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.55 / (0.32 * len(rows))),  # under the axis label
+            ncol=len(VERDICT_COLORS) + 1, frameon=False)
   if title:
     ax.set_title(title)
   return done(fig)
