@@ -20,6 +20,8 @@ the one XLA compiled, so no number depends on it.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -35,6 +37,7 @@ OUT = ROOT / "_build"
 HTML = OUT / "html"
 LOG = OUT / "build.log"
 STAMP = OUT / "build.stamp"
+LOCK = OUT / ".build.lock"
 COMMAND = ["-m", "sphinx", "-W", "-E", "-n", "--keep-going", "-b", "html", ".", "_build/html"]
 # Folders never part of the sources when git is not available (mirrors .gitignore).
 _IGNORED = {".git", ".venv", "_build", ".cache", "runs", "build", ".pytest_cache", "__pycache__",
@@ -64,8 +67,21 @@ def source_digest(root: pathlib.Path = ROOT) -> str:
   return h.hexdigest()
 
 
+@contextlib.contextmanager
+def exclusive():
+  """Holds the build lock (``_build/.build.lock``): one build, or one decision to reuse a build,
+  at a time, across processes (``make docs`` beside the suite's xdist workers)."""
+  OUT.mkdir(exist_ok=True)
+  with open(LOCK, "a") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def build(echo: bool = False, timeout: float | None = None) -> subprocess.CompletedProcess:
-  """Builds the site from scratch; writes the log and the stamp; returns the process.
+  """Builds the site from scratch, holding the build lock; writes the log and the stamp.
 
   Args:
     echo: also copy Sphinx's output to this process's stdout as it comes.
@@ -74,7 +90,36 @@ def build(echo: bool = False, timeout: float | None = None) -> subprocess.Comple
   Returns:
     The finished process, its combined output in ``stdout``.
   """
-  OUT.mkdir(exist_ok=True)
+  with exclusive():
+    return _build(echo, timeout)
+
+
+def site(fresh: bool = False, timeout: float | None = 5400) -> subprocess.CompletedProcess | None:
+  """The site in ``_build/html``, built at most once per state of the sources.
+
+  Waits for a build in progress (the lock), then reuses a build stamped with the digest of the
+  sources as they are now (its process is returned from its log). Otherwise ``fresh=True``
+  builds the site from scratch and ``fresh=False`` reuses whatever ``_build/html`` holds
+  (returning None), building only when there is none.
+
+  Args:
+    fresh: build unless the stamp matches the sources.
+    timeout: seconds before a build started here is killed.
+
+  Returns:
+    The build's process, or None when an unstamped ``_build/html`` was reused.
+  """
+  with exclusive():
+    current = current_build()
+    if current is not None:
+      return current
+    if not fresh and (HTML / "docs" / "index.html").exists():
+      return None
+    return _build(timeout=timeout)
+
+
+def _build(echo: bool = False, timeout: float | None = None) -> subprocess.CompletedProcess:
+  """:func:`build` without the lock (the caller holds it)."""
   STAMP.unlink(missing_ok=True)
   digest = source_digest()
   cmd = [sys.executable] + COMMAND

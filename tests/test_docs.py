@@ -2,12 +2,12 @@
 
 The build helper here is shared with ``test_site_browser.py``: one build of ``_build/html``
 per state of the sources (``docs/build.py`` stamps each build with their digest), serialized
-by a file lock so that pytest-xdist workers never build at once.
+by the build's file lock so that pytest-xdist workers, and CI's ``make docs`` beside them, never
+build at once.
 """
 
 from __future__ import annotations
 
-import fcntl
 import importlib.util
 import json
 import pathlib
@@ -44,27 +44,10 @@ site_build = _by_path("site_build", "docs/build.py")  # the one place that build
 
 
 def build_site(fresh: bool = False) -> subprocess.CompletedProcess | None:
-  """The site in _build/html, built at most once per state of the sources; returns the build.
-
-  A build stamped with the digest of the sources as they are now (`make docs`, which CI
-  runs first, or an earlier call here) is reused: its process is returned from its log.
-  Otherwise ``fresh=True`` builds the site from scratch (every page executed, every warning
-  seen) and ``fresh=False`` reuses whatever ``_build/html`` holds, building only when there
-  is none. A file lock serializes pytest-xdist workers.
-  """
-  lock_path = ROOT / "_build" / ".build.lock"
-  lock_path.parent.mkdir(exist_ok=True)
-  with open(lock_path, "w") as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    try:
-      current = site_build.current_build()
-      if current is not None:
-        return current
-      if not fresh and (HTML / "docs" / "index.html").exists():
-        return None
-      return site_build.build(timeout=5400)
-    finally:
-      fcntl.flock(lock, fcntl.LOCK_UN)
+  """The site in _build/html (``site`` of docs/build.py): waits for a build in progress
+  (CI's ``make docs`` runs beside the suite), reuses a build stamped with the sources as they
+  are now, else builds it (``fresh``) or reuses an unstamped one."""
+  return site_build.site(fresh=fresh)
 
 
 # ---- notebooks: pairs, badges, structure (fast) -----------------------------------------------
@@ -174,6 +157,37 @@ def test_source_digest_follows_contents_and_skips_build_outputs(tmp_path):
   (tmp_path / "docs" / "a.md").write_text("x")
   (tmp_path / "docs" / "b.md").write_text("")
   assert site_build.source_digest(tmp_path) != first  # a new (even empty) file counts
+
+
+def test_a_request_for_the_site_waits_for_a_build_in_progress(tmp_path, monkeypatch):
+  """CI runs `make docs` beside the suite: a site test that asks for the site while the build
+  holds the lock enters only after the build has let it go (then reuses its stamp)."""
+  import threading
+  monkeypatch.setattr(site_build, "OUT", tmp_path)
+  monkeypatch.setattr(site_build, "LOCK", tmp_path / ".build.lock")
+  order, held, release = [], threading.Event(), threading.Event()
+
+  def building():
+    with site_build.exclusive():
+      held.set()
+      release.wait(30)
+      order.append("build stamped")
+
+  def asking():
+    with site_build.exclusive():
+      order.append("site test enters")
+
+  builder = threading.Thread(target=building)
+  builder.start()
+  assert held.wait(30)
+  asker = threading.Thread(target=asking)
+  asker.start()
+  asker.join(0.5)
+  assert asker.is_alive() and order == []  # it waits on the lock
+  release.set()
+  asker.join(30)
+  builder.join(30)
+  assert order == ["build stamped", "site test enters"]
 
 
 # ---- the build (slow) ------------------------------------------------------------------------
