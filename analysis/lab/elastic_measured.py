@@ -49,14 +49,16 @@ def elastic_demo(workdir: str, *, kill: tuple[int, int] = (2, 10), steps: int = 
 
   Returns:
     ``{"out": the run's directory, "traces": rank -> trace rows, "metrics": the metrics rows
-    (DataFrame), **measure_failure(traces, kill[0])}`` (:func:`measure_failure`).
+    (DataFrame), "kill_step": kill[1], **measure_failure(traces, kill[0])}``
+    (:func:`measure_failure`).
   """
   out = os.path.join(workdir, "elastic")
   launch_run(out, [*DEMO_FLAGS, "--steps", str(steps)], processes=3,
              launcher_args=("--kill-at", f"{kill[0]}:{kill[1]}", "--restart"))
   traces = read_trace(out)
   metrics = pd.read_json(os.path.join(out, "metrics.jsonl"), lines=True)
-  return {"out": out, "traces": traces, "metrics": metrics, **measure_failure(traces, kill[0])}
+  return {"out": out, "traces": traces, "metrics": metrics, "kill_step": kill[1],
+          **measure_failure(traces, kill[0])}
 
 
 def measure_failure(traces: dict, killed: int, first_step: int = FIRST_STEP) -> dict:

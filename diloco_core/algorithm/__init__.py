@@ -10,7 +10,8 @@ Modules: :mod:`~diloco_core.algorithm.config` (``DiLoCoConfig`` and its checks),
 :mod:`~diloco_core.algorithm.hyperparams`, :mod:`~diloco_core.algorithm.optimizers`,
 :mod:`~diloco_core.algorithm.fragments`, :mod:`~diloco_core.algorithm.eager`,
 :mod:`~diloco_core.algorithm.phases`, :mod:`~diloco_core.algorithm.diloco`,
-:mod:`~diloco_core.algorithm.dp`.
+:mod:`~diloco_core.algorithm.dp`, :mod:`~diloco_core.algorithm.outer_apply` (a syncer round's outer
+update: merged or sequential, (Delayed) Nesterov; not wired into the runtimes yet).
 """
 
 from diloco_core.lazy import lazy_exports
@@ -39,6 +40,13 @@ _PUBLIC = {
     "CONFIG_HYPERPARAMS": "diloco_core.algorithm.diloco",
     "DataParallel": "diloco_core.algorithm.dp",
     "DPState": "diloco_core.algorithm.dp",
+    "DelayedNesterovState": "diloco_core.algorithm.outer_apply",
+    "delayed_nesterov_init": "diloco_core.algorithm.outer_apply",
+    "delayed_nesterov_step": "diloco_core.algorithm.outer_apply",
+    "optax_step": "diloco_core.algorithm.outer_apply",
+    "weighted_mean": "diloco_core.algorithm.outer_apply",
+    "radial_directional_mean": "diloco_core.algorithm.outer_apply",
+    "apply_round": "diloco_core.algorithm.outer_apply",
 }
 __all__ = list(_PUBLIC)
 

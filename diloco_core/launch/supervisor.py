@@ -66,6 +66,8 @@ DEFAULT_MODULE = "diloco_core.train"
 GRACE_S = 30.0
 #: Seconds the other processes get to end by themselves after one failed, before SIGKILL.
 FAILURE_GRACE_S = 10.0
+#: Seconds between two looks at the processes (exits, stop requests, ``--kill-at``'s trace).
+POLL_S = 0.1
 #: Lines of a failed process's output shown with its error.
 TAIL_LINES = 20
 #: Linux's prctl option that sends a process a signal when its parent dies.
@@ -304,7 +306,7 @@ def _supervise(children: list[_Child], kill_at: tuple[int, int, str] | None = No
     if stopping_since is not None and time.monotonic() - stopping_since > grace:
       for c in children:
         c.stop(signal.SIGKILL)
-    time.sleep(0.1)
+    time.sleep(POLL_S)
   for c in children:
     c.join()
   if service is not None and first_failure is service:

@@ -11,7 +11,10 @@ Modules: :mod:`~diloco_core.spec.validity` (the option checks and their one-line
 formats' table: bits per element), :mod:`~diloco_core.spec.schedule` (which fragment is sent and
 merged at a step), :mod:`~diloco_core.spec.fragment_layers` (layers dealt to fragments),
 :mod:`~diloco_core.spec.footprint` (bytes a replica holds, and the values an elastic run puts in the
-coordination service).
+coordination service), :mod:`~diloco_core.spec.syncer` (the syncer rule of stragglers and asynchronous
+replicas: its knobs and checks), :mod:`~diloco_core.spec.syncer_settings` (which setting is which
+published algorithm), :mod:`~diloco_core.spec.tape` (the rule played in simulated time, as a tape of
+events).
 """
 
 from diloco_core.lazy import lazy_exports
@@ -47,6 +50,24 @@ _PUBLIC = {
     "elastic_value_bytes": "diloco_core.spec.footprint",
     "elastic_max_params": "diloco_core.spec.footprint",
     "check_elastic_fits": "diloco_core.spec.footprint",
+    "SyncerConfig": "diloco_core.spec.syncer",
+    "APPLY_MODES": "diloco_core.spec.syncer",
+    "LATE_POLICIES": "diloco_core.spec.syncer",
+    "WEIGHTINGS": "diloco_core.spec.syncer",
+    "STALENESS_EXPONENT": "diloco_core.spec.syncer",
+    "dylu_inner_steps": "diloco_core.spec.syncer",
+    "round_weights": "diloco_core.spec.syncer",
+    "SYNCER_SETTINGS": "diloco_core.spec.syncer_settings",
+    "SyncerSetting": "diloco_core.spec.syncer_settings",
+    "syncer_preset": "diloco_core.spec.syncer_settings",
+    "simulate_tape": "diloco_core.spec.tape",
+    "Contribution": "diloco_core.spec.tape",
+    "Sent": "diloco_core.spec.tape",
+    "Dropped": "diloco_core.spec.tape",
+    "Committed": "diloco_core.spec.tape",
+    "Merged": "diloco_core.spec.tape",
+    "Lost": "diloco_core.spec.tape",
+    "Joined": "diloco_core.spec.tape",
 }
 __all__ = list(_PUBLIC)
 
