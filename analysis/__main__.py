@@ -153,7 +153,7 @@ def _plan(a) -> None:
                         seq_len=a.seq_len, global_batch_tokens=a.global_batch_tokens,
                         link_gbps=a.link_gbps, mfu=a.mfu, target=a.target, bits=a.bits,
                         sync_every=a.sync_every, eager=a.eager, topk=a.topk,
-                        topk_chunk=a.topk_chunk, **kw)
+                        topk_chunk=a.topk_chunk, min_sync_every=a.min_sync_every, **kw)
   print(f"model {a.model}: {p.params:,} parameters ({p.active_params:,} active), {p.layers} "
         f"layers; {p.hardware_name}, {p.slices} slices x {p.chips_per_slice} chips")
   print(f"run: {p.global_batch_tokens:,} tokens per step, {p.tokens_per_slice:,.0f} per slice, "
@@ -342,6 +342,10 @@ def _add_plan(sub) -> None:
   q.add_argument("--overlaps", type=int, nargs="+", default=None,
                  help=f"tau candidates for Streaming (default: "
                       f"{' '.join(map(str, plan_lib.OVERLAPS))})")
+  q.add_argument("--min-sync-every", type=int, default=plan_lib.MIN_SYNC_EVERY,
+                 help="quality floor: no H below it is suggested while a candidate at or above it "
+                      "fits (at one outer LR, a smaller H cost loss in the tuning sweep); 1: the "
+                      f"smallest H the link carries ({plan_lib.MIN_SYNC_EVERY})")
   q.add_argument("--eager", action="store_true",
                  help="also consider DiLoCo with eager updates (outer_overlap='eager') at each H")
   q.add_argument("--topk", type=int, default=None,

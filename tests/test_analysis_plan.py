@@ -85,8 +85,8 @@ def test_numbers_by_hand():
     (100.0, "Streaming H=1000 P=2 tau=0"),  # only H = 1000 fits; P = 2 beats DiLoCo's P = 1
     (10.0, None),
 ])
-def test_selection_rule(link, choice):
-  p = toy_plan(link * (1 + 1e-12))
+def test_selection_rule_without_the_floor(link, choice):
+  p = toy_plan(link * (1 + 1e-12), min_sync_every=1)  # the smallest H that fits, the bound
   assert p.choice == choice
   t = p.table
   fits = t[t["fits link"] & (t["method"] != "dp")]
@@ -104,6 +104,72 @@ def test_selection_rule(link, choice):
     assert row["tau"] == same_h["tau"].min()
     assert row["P"] == same_h[same_h["tau"] == row["tau"]]["P"].max()
     assert choice in p.reason and f"{row['Gbit/s per slice']:,.4g} Gbit/s" in p.reason
+
+
+# The toy's needs in B/s, by the closed forms of test_numbers_by_hand: DiLoCo H and Streaming
+# H P=2 tau=0 need V / (H slack + 1/3) (P = 2 puts both layers in fragment 1: the same transfer
+# as DiLoCo's, so the two tie and the larger P wins); Streaming H=20 P=2 tau=5 hides its
+# 2624-byte fragment behind 1/3 + 5 s: 492; Streaming H P=2 tau=1 (H >= 10): 2624 / (4/3) = 1968;
+# Streaming H=10 P=2 tau=5: 2624 / 5 = 524.8; Streaming H=3 P=3 tau=1: 1312.
+SLACK = (1 - U) / U
+
+
+@pytest.mark.parametrize("link, kw, choice, bound", [
+    # H = 20 at tau = 0 needs V / (20 slack + 1/3) = 2135.7 <= 3000; H = 3 (1312) fits too: the bound.
+    (3000.0, {}, "Streaming H=20 P=2 tau=0", 3),
+    # H = 20 fits only with tau = 5 (492); H = 10 with tau = 5 (524.8) is the bound; H = 3 needs 1312.
+    (1000.0, {}, "Streaming H=20 P=2 tau=5", 10),
+    (600.0, {}, "Streaming H=20 P=2 tau=5", 10),
+    # only H = 1000 fits: the floor does not bind.
+    (100.0, {}, "Streaming H=1000 P=2 tau=0", 1000),
+    # every H asked for is below the floor: the largest that fits, H = 10 (tau = 1: 1968 <= 2000).
+    (2000.0, dict(sync_every=(3, 10)), "Streaming H=10 P=2 tau=1", 3),
+    # a floor of 10: H = 10 at tau = 0 needs V / (10 slack + 1/3) = 3443 > 3000, at tau = 1 1968.
+    (3000.0, dict(min_sync_every=10), "Streaming H=10 P=2 tau=1", 3),
+])
+def test_selection_rule_with_the_quality_floor(link, kw, choice, bound):
+  p = toy_plan(link * (1 + 1e-12), **kw)
+  assert (p.choice, p.h_bound) == (choice, bound)
+  t = p.table
+  if "sync_every" not in kw:
+    assert t.loc["DiLoCo H=20", "Gbit/s per slice"] == pytest.approx(V / (20 * SLACK + 1 / 3) * GBPS)
+    assert t.loc["Streaming H=20 P=2 tau=5", "Gbit/s per slice"] == pytest.approx(4 * LAYER / (5 + 1 / 3) * GBPS)
+  floor = kw.get("min_sync_every", pl.MIN_SYNC_EVERY)
+  assert p.min_sync_every == floor
+  if t.loc[choice, "H"] < floor:
+    assert f"the largest H that fits, below the quality floor (H >= {floor})" in p.reason
+  elif bound < floor:
+    assert f"at or above the quality floor (H >= {floor})" in p.reason
+    assert f"The link carries H down to {bound} (" in p.reason
+  else:
+    assert "has the smallest H that fits (then the smallest tau, then the largest P)." in p.reason
+
+
+def test_the_floor_is_the_ladders_rung_below_the_tuning_sweeps_best_h():
+  """MIN_SYNC_EVERY is quality_floor of the H the stored H x M sweep found best at every M (one
+  outer learning rate for every H), so no H the sweep measured as best is below it, and every
+  measured H below it lost to one at or above it, at every M."""
+  from analysis.lab import stored
+  hm = stored.frame("h_m")
+  dl = hm[hm["algorithm"] == "diloco"]
+  assert dl["outer_lr"].nunique() == 1  # the reading holds at one η; with η tuned per H it may not
+  means = dl.groupby(["replicas", "sync_every"])["final_eval_loss"].mean()
+  best = {m: int(means.loc[m].idxmin()) for m in sorted(dl["replicas"].unique())}
+  assert pl.quality_floor(min(best.values())) == pl.MIN_SYNC_EVERY
+  for m in best:
+    below = means.loc[m][means.loc[m].index < pl.MIN_SYNC_EVERY]
+    assert len(below) and (below > means.loc[m].min()).all()
+
+
+def test_selection_order_by_hand():
+  import pandas as pd
+  rows = pd.DataFrame({"H": [3, 3, 10, 20, 20, 20, 50], "P": [3, 1, 2, 1, 2, 2, 2],
+                       "tau": [1, 0, 0, 0, 0, 1, 0], "outer overlap": ["none"] * 7},
+                      index=list("abcdefg"))
+  assert list(pl.selection_order(rows, 20).index) == ["e", "d", "f", "g", "c", "b", "a"]
+  assert list(pl.selection_order(rows, 1).index) == ["b", "a", "c", "e", "d", "f", "g"]
+  eager = rows.assign(**{"outer overlap": ["none", "none", "none", "eager", "none", "none", "none"]})
+  assert list(pl.selection_order(eager, 20).index)[:3] == ["e", "f", "d"]  # eager after the others of its H
 
 
 def test_huge_link_is_dp_and_tiny_link_is_none_for_the_recipes():
@@ -176,6 +242,12 @@ def test_command_round_trip(capsys):
   assert "--sync-every" not in default.command() and "--overlaps" not in default.command()
   assert cli.main(default.command()[3:]) == 0
   assert f"choice: {default.choice or 'none'}\n" in capsys.readouterr().out
+  floor = pl.plan_run("qwen3-8b", "v5p", slices=2, chips_per_slice=64, seq_len=4096,
+                      global_batch_tokens=2**21, link_gbps=20, min_sync_every=1)
+  assert floor.command()[-2:] == ["--min-sync-every", "1"]
+  assert "--min-sync-every" not in p.command()
+  assert cli.main(floor.command()[3:]) == 0
+  assert f"choice: {floor.choice}\n" in capsys.readouterr().out
   odd_bits = default.command()[3:]
   odd_bits[odd_bits.index("--bits") + 1] = "12"
   assert cli.main(odd_bits) == 0
@@ -204,6 +276,7 @@ def test_command_round_trip(capsys):
     (dict(sync_every=[]), "sync_every must not be empty."),
     (dict(overlaps=[0, -1]), "overlaps must be an integer >= 0, got -1."),
     (dict(overlaps=[1.5]), "overlaps must be an integer >= 0, got 1.5."),
+    (dict(min_sync_every=0), "min_sync_every must be an integer >= 1, got 0."),
 ])
 def test_bad_input_is_one_line_naming_the_option(change, message):
   args = dict(model="qwen3-8b", hardware="v5p", slices=2, chips_per_slice=64, seq_len=4096,
@@ -273,7 +346,7 @@ def test_moe_plan_computes_with_active_params_and_sends_total_params():
 ])
 def test_train_args_are_the_trainers_options_for_the_choice(link, expected):
   from diloco_core.run.cli import build_parser, config_from_args
-  p = toy_plan(link * (1 + 1e-12))
+  p = toy_plan(link * (1 + 1e-12), min_sync_every=1)
   argv = p.train_args()
   assert " ".join(argv) == expected
   # the trainer parses them into exactly the suggested schedule, valid for the model's L

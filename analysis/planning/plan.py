@@ -5,8 +5,9 @@
 and Streaming DiLoCo for a ladder of :math:`H`. It computes for each the cross-slice
 bandwidth it needs and its memory with the closed forms of :mod:`analysis.planning.bandwidth` and
 :mod:`analysis.planning.memory` (:func:`~analysis.planning.candidates.candidate_table`, which ``python -m analysis roofline`` uses too),
-and applies one documented selection rule against the bandwidth of the link. The result
-is a :class:`Plan`; ``python -m analysis plan`` prints it and :meth:`Plan.command`
+and applies one documented selection rule against the bandwidth of the link (:func:`plan_run`:
+DP if it fits, else the smallest :math:`H` that fits but not below a quality floor,
+:data:`MIN_SYNC_EVERY`). The result is a :class:`Plan`; ``python -m analysis plan`` prints it and :meth:`Plan.command`
 gives that command line.
 
 Bandwidth per slice, with :math:`T` the step time, :math:`u` the target utilization,
@@ -68,6 +69,14 @@ from diloco_core.spec.validity import check_bool
 from diloco_core.spec.validity import check_int
 from diloco_core.spec.validity import check_real
 
+#: The quality floor of the selection rule (``min_sync_every``, ``--min-sync-every``): no H below it
+#: is suggested while a candidate at or above it fits. It is :func:`quality_floor` of the H that
+#: the tuning guide's H × M sweep (stored experiment ``h_m``, one outer learning rate for every H)
+#: found best at every M: syncing more often than that cost loss there. A test checks it against
+#: the stored sweep. A run that retunes η for each H (the claims page tests the claim, from
+#: MaxText's guide and the scaling-law paper arXiv 2503.09799, that the best η grows with H) may
+#: pass 1 to plan down to the smallest H the link carries.
+MIN_SYNC_EVERY = 20
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -108,6 +117,8 @@ class Plan:
   eager: bool = False  # eager-update candidates ("DiLoCo H=… eager") were considered
   topk: int | None = None  # DiLoCo/Streaming send top-k sparse pseudo-gradients (None: dense)
   topk_chunk: int = DEFAULT_CHUNK  # elements per top-k chunk
+  min_sync_every: int = MIN_SYNC_EVERY  # the quality floor of the selection rule
+  h_bound: int | None = None  # the smallest H of a DiLoCo/Streaming candidate that fits (None: none)
 
   def train_args(self, label: str | None = None) -> list[str]:
     """The trainer options (``python -m diloco_core.train``) of the suggested candidate (or of
@@ -126,7 +137,7 @@ class Plan:
       >>> p = plan_run("qwen3-8b", "v5p", slices=2, chips_per_slice=64, seq_len=4096,
       ...              global_batch_tokens=2**21, link_gbps=20)
       >>> " ".join(p.train_args())
-      '--algorithm streaming --replicas 2 --sync-every 10 --fragments 10 --overlap 0 --compression bf16'
+      '--algorithm streaming --replicas 2 --sync-every 20 --fragments 10 --overlap 0 --compression bf16'
       >>> " ".join(p.train_args("DiLoCo H=20"))
       '--algorithm diloco --replicas 2 --sync-every 20 --compression bf16'
     """
@@ -172,6 +183,8 @@ class Plan:
       argv += ["--eager"]
     if self.topk is not None:
       argv += ["--topk", str(self.topk), "--topk-chunk", str(self.topk_chunk)]
+    if self.min_sync_every != MIN_SYNC_EVERY:
+      argv += ["--min-sync-every", str(self.min_sync_every)]
     return argv
 
 
@@ -223,7 +236,7 @@ def check_global_batch(global_batch_tokens, seq_len) -> int:
 def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_tokens,
              link_gbps, mfu=0.5, target=0.95, bits=16, sync_every=None,
              overlaps=OVERLAPS, eager: bool = False, topk: int | None = None,
-             topk_chunk: int = DEFAULT_CHUNK) -> Plan:
+             topk_chunk: int = DEFAULT_CHUNK, min_sync_every: int = MIN_SYNC_EVERY) -> Plan:
   """Candidates (H, P, τ) for M slices, their bandwidth and memory, and a suggestion.
 
   The step time of one slice of :math:`n` chips on :math:`B/M` tokens is
@@ -243,12 +256,16 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
   :math:`W` the link:
 
   1. if :math:`W_\\text{DP} \\le W`, choose DP (no reason to trade quality);
-  2. else, among the DiLoCo/Streaming candidates with :math:`W_c \\le W`, choose the
-     smallest :math:`H` (the most frequent sync the link carries; the tuning guide's H × M
-     sweep measures the loss against :math:`H`: this is a starting point to tune from, not a
-     measured optimum), then the smallest τ (a merge τ steps late brings staler global
-     parameters), then the largest :math:`P` (the lowest peak bandwidth):
-     :math:`\\arg\\min_{c:\\,W_c \\le W}\\,(H_c, \\tau_c, -P_c)`;
+  2. else, among the DiLoCo/Streaming candidates with :math:`W_c \\le W` and
+     :math:`H_c \\ge H_\\text{floor}` (``min_sync_every``), choose the smallest :math:`H`,
+     then the smallest τ (a merge τ steps late brings staler global parameters), then the
+     largest :math:`P` (the lowest peak bandwidth):
+     :math:`\\arg\\min_{c:\\,W_c \\le W,\\,H_c \\ge H_\\text{floor}}\\,(H_c, \\tau_c, -P_c)`
+     (:func:`selection_order`). The smallest :math:`H` that fits, :attr:`Plan.h_bound`, is a
+     bound set by the link, not a target: in the tuning guide's H × M sweep, at one outer
+     learning rate, syncing more often than the floor (:data:`MIN_SYNC_EVERY`) cost loss.
+     When only candidates below the floor fit, the largest of their :math:`H` (the nearest
+     to the floor);
   3. if none fits, no choice; the reason names the least bandwidth any candidate needs.
 
   Memory and HBM are reported, not used by the rule. Catalog names are resolved once, here,
@@ -276,6 +293,8 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
       DP's gradients stay dense at ``bits``. The payload is treated like a dense one of that
       size (an all-reduce); a sparse all-gather, as SparseLoCo runs, moves more as M grows.
     topk_chunk: elements per top-k chunk.
+    min_sync_every: :math:`H_\\text{floor}`, the quality floor of the selection rule (an integer
+      >= 1; 1: the smallest H that fits, the bound).
 
   Returns:
     A :class:`Plan`.
@@ -288,12 +307,18 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
     ...              global_batch_tokens=2**21, link_gbps=20)
     >>> round(p.step_time, 3), round(float(p.table.loc["DP", "Gbit/s per slice"]), 1)
     (3.759, 49.7)
-    >>> p.choice
-    'Streaming H=10 P=10 tau=0'
+    >>> p.choice, p.h_bound
+    ('Streaming H=20 P=10 tau=0', 10)
     >>> p.reason  # doctest: +NORMALIZE_WHITESPACE
-    'DP needs 49.75 Gbit/s per slice, more than the 20 Gbit/s link; Streaming H=10 P=10
-    tau=0 needs 13.46 Gbit/s and has the smallest H that fits (then the smallest tau, then
-    the largest P).'
+    'DP needs 49.75 Gbit/s per slice, more than the 20 Gbit/s link; Streaming H=20 P=10
+    tau=0 needs 7.686 Gbit/s and has the smallest H that fits at or above the quality floor
+    (H >= 20), then the smallest tau, then the largest P. The link carries H down to 10
+    (Streaming H=10 P=10 tau=0, 13.46 Gbit/s), a bound rather than a target: at one outer
+    learning rate, syncing more often than the floor cost loss in the tuning sweep (a floor
+    of 1 plans to the bound; then retune the outer learning rate for it).'
+    >>> plan_run("qwen3-8b", "v5p", slices=2, chips_per_slice=64, seq_len=4096,
+    ...          global_batch_tokens=2**21, link_gbps=20, min_sync_every=1).choice
+    'Streaming H=10 P=10 tau=0'
     >>> plan_run("qwen3-8b", "v5p", slices=2, chips_per_slice=64, seq_len=4096,
     ...          global_batch_tokens=2**21, link_gbps=100).choice
     'DP'
@@ -312,6 +337,7 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
     check_topk(topk, topk_chunk)
     wire_bits = topk_bits_per_element(k=topk, chunk=topk_chunk, name=wire_format(b))
   hs = None if sync_every is None else _ints("sync_every", sync_every, low=1)
+  floor = check_int("min_sync_every", min_sync_every, low=1)
   taus = _ints("overlaps", overlaps, low=0)
   check_overlaps(taus, cfg.n_layers, hs)
 
@@ -322,7 +348,9 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
   table = candidate_table(cfg, hw, cands, slices=m,
                           chips_per_slice=n, step_time=step, target=u, bits=wire_bits, dp_bits=b)
   table["fits link"] = table["Gbit/s per slice"] <= link
-  choice, reason = _select(table, link)
+  choice, reason = _select(table, link, floor)
+  fitting = table[(table["method"] != "dp") & table["fits link"]]
+  h_bound = int(fitting["H"].min()) if not fitting.empty else None
   return Plan(model=model, hardware=hardware, slices=m, chips_per_slice=n, seq_len=seq,
               global_batch_tokens=gbt, mfu=float(mfu), target=float(target),
               link_gbps=float(link_gbps), bits=bits, sync_every=hs, overlaps=taus,
@@ -332,7 +360,7 @@ def plan_run(model, hardware, *, slices, chips_per_slice, seq_len, global_batch_
               dp_critical_tokens=dp_critical_batch_per_slice(
                   hw, model=cfg, seq_len=seq, bits=b, replicas=m),
               table=table, choice=choice, reason=reason, eager=eager, topk=topk,
-              topk_chunk=topk_chunk)
+              topk_chunk=topk_chunk, min_sync_every=floor, h_bound=h_bound)
 
 
 def step_time(stats: ModelStats, hardware: HardwareSpec, tokens_per_slice: float,
@@ -349,8 +377,39 @@ def step_time(stats: ModelStats, hardware: HardwareSpec, tokens_per_slice: float
                 chips_per_slice * hardware.peak_flops * mfu)
 
 
-def _select(table: pd.DataFrame, link: float) -> tuple[str | None, str]:
-  """The selection rule of :func:`plan_run`: (label or None, one sentence)."""
+def quality_floor(best_sync_every: int, ladder=SYNC_EVERY_LADDER) -> int:
+  """The default quality floor for a measured best H: the largest rung of the H ladder not above
+  it (1 when every rung is above it), so that the floor never rules out the H measured best.
+
+  Examples:
+    >>> quality_floor(24), quality_floor(100), quality_floor(6)
+    (20, 100, 1)
+  """
+  return max((h for h in ladder if h <= best_sync_every), default=1)
+
+
+def selection_order(rows: pd.DataFrame, min_sync_every: int = MIN_SYNC_EVERY) -> pd.DataFrame:
+  """DiLoCo/Streaming rows of :attr:`Plan.table` (those that fit) in the order of the selection
+  rule of :func:`plan_run`; the first is the suggestion.
+
+  Rows with :math:`H \\ge` ``min_sync_every`` come first, by the smallest H; then those below it,
+  by the largest H. Within one H: eager updates last, then the smallest τ, then the largest P.
+
+  Examples:
+    >>> rows = pd.DataFrame({"H": [10, 10, 20, 50], "P": [1, 5, 1, 5], "tau": [0, 0, 0, 1],
+    ...                      "outer overlap": "none"}, index=["a", "b", "c", "d"])
+    >>> list(selection_order(rows).index), list(selection_order(rows, 1).index)
+    (['c', 'd', 'b', 'a'], ['b', 'a', 'c', 'd'])
+  """
+  below = rows["H"] < min_sync_every
+  return rows.assign(below=below, h_key=rows["H"].where(~below, -rows["H"]), neg_p=-rows["P"],
+                     eager=rows["outer overlap"] != "none").sort_values(
+      ["below", "h_key", "eager", "tau", "neg_p"], kind="stable").drop(
+      columns=["below", "h_key", "neg_p", "eager"])
+
+
+def _select(table: pd.DataFrame, link: float, floor: int) -> tuple[str | None, str]:
+  """The selection rule of :func:`plan_run`: (label or None, why)."""
   gbps = table["Gbit/s per slice"]
   dp = gbps["DP"]
   if table.loc["DP", "fits link"]:
@@ -363,9 +422,18 @@ def _select(table: pd.DataFrame, link: float) -> tuple[str | None, str]:
     return None, (f"No candidate fits the {link:,.4g} Gbit/s link: DP needs {dp:,.4g} Gbit/s "
                   f"per slice and the least demanding, {least}, needs "
                   f"{gbps[least]:,.4g} Gbit/s.")
-  order = fits.assign(neg_p=-fits["P"], eager=fits["outer overlap"] != "none").sort_values(
-      ["H", "eager", "tau", "neg_p"], kind="stable")
-  best = order.index[0]
-  return best, (f"DP needs {dp:,.4g} Gbit/s per slice, more than the {link:,.4g} Gbit/s link; "
-                f"{best} needs {gbps[best]:,.4g} Gbit/s and has the smallest H that fits "
-                f"(then the smallest tau, then the largest P).")
+  best = selection_order(fits, floor).index[0]
+  bound = selection_order(fits, 1).index[0]
+  head = (f"DP needs {dp:,.4g} Gbit/s per slice, more than the {link:,.4g} Gbit/s link; "
+          f"{best} needs {gbps[best]:,.4g} Gbit/s and has ")
+  tail = "then the smallest tau, then the largest P"
+  if table.loc[best, "H"] < floor:
+    return best, head + (f"the largest H that fits, below the quality floor (H >= {floor}): no candidate"
+                         f" at or above it fits; {tail}.")
+  if table.loc[bound, "H"] >= floor:
+    return best, head + f"the smallest H that fits ({tail})."
+  return best, head + (
+      f"the smallest H that fits at or above the quality floor (H >= {floor}), {tail}. The link carries"
+      f" H down to {table.loc[bound, 'H']} ({bound}, {gbps[bound]:,.4g} Gbit/s), a bound rather than"
+      " a target: at one outer learning rate, syncing more often than the floor cost loss in the tuning"
+      " sweep (a floor of 1 plans to the bound; then retune the outer learning rate for it).")

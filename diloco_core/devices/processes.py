@@ -87,15 +87,8 @@ def initialize_distributed(coordinator: str | None = None, num_processes: int | 
   if elastic_heartbeat is not None and (isinstance(elastic_heartbeat, bool) or int(elastic_heartbeat) != elastic_heartbeat
                                         or elastic_heartbeat < 1):
     raise ValueError(f"`elastic_heartbeat` must be a whole number of seconds >= 1, got {elastic_heartbeat!r}.")
-  if coordinator is None and num_processes is None:
+  if not check_process_options(coordinator, num_processes, process_id):
     return False
-  if coordinator is None or num_processes is None or process_id is None:
-    raise ValueError("multi-process runs need all of `coordinator`, `num_processes` and `process_id`"
-                     " (or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID).")
-  if isinstance(num_processes, bool) or num_processes < 1:
-    raise ValueError(f"num_processes must be an integer >= 1, got {num_processes}.")
-  if not 0 <= process_id < num_processes:
-    raise ValueError(f"process_id must be in [0, num_processes={num_processes}), got {process_id}.")
   if jax.config.jax_platforms in (None, "", "cpu") or os.environ.get("JAX_PLATFORMS") == "cpu":
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.config.update("jax_enable_recoverability", elastic_heartbeat is not None)
@@ -110,6 +103,47 @@ def initialize_distributed(coordinator: str | None = None, num_processes: int | 
                              heartbeat_timeout_seconds=int(elastic_heartbeat or HEARTBEAT_S),
                              shutdown_timeout_seconds=SHUTDOWN_S)
   joined.set()
+  return True
+
+
+def check_process_options(coordinator: str | None, num_processes: int | None, process_id: int | None) -> bool:
+  """Whether the process options ask for several processes; a one-line ``ValueError`` if they
+  are incomplete or out of range (:func:`initialize_distributed` and the trainer's up-front
+  check, :func:`diloco_core.run.cli.check_launch`, both apply it).
+
+  Args:
+    coordinator: ``host:port`` of process 0, or None.
+    num_processes: total processes, or None.
+    process_id: this process, or None.
+
+  Returns:
+    False when neither ``coordinator`` nor ``num_processes`` is given (a single process), True
+    when all three are given and consistent.
+
+  Examples:
+    >>> check_process_options(None, None, None), check_process_options("host0:1234", 2, 1)
+    (False, True)
+    >>> check_process_options("host0:1234", 2, 2)
+    Traceback (most recent call last):
+    ...
+    ValueError: process_id must be in [0, `num_processes`=2), got 2.
+    >>> check_process_options("host0", 2, 0)
+    Traceback (most recent call last):
+    ...
+    ValueError: `coordinator` must be host:port with a port in [1, 65535], got 'host0'.
+  """
+  if coordinator is None and num_processes is None:
+    return False
+  if coordinator is None or num_processes is None or process_id is None:
+    raise ValueError("multi-process runs need all of `coordinator`, `num_processes` and `process_id`"
+                     " (or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID).")
+  host, _, port = str(coordinator).rpartition(":")
+  if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+    raise ValueError(f"`coordinator` must be host:port with a port in [1, 65535], got {coordinator!r}.")
+  if isinstance(num_processes, bool) or num_processes < 1:
+    raise ValueError(f"num_processes must be an integer >= 1, got {num_processes}.")
+  if not 0 <= process_id < num_processes:
+    raise ValueError(f"process_id must be in [0, `num_processes`={num_processes}), got {process_id}.")
   return True
 
 

@@ -1,4 +1,5 @@
-"""Several processes on one machine: the supervisor, a shaped link, faults, the coordination service.
+"""Several processes on one machine: the supervisor, a shaped link, faults, the coordination service;
+and the commands for several hosts.
 
 Layer 6. ``python -m diloco_core.launch`` runs :func:`~diloco_core.launch.supervisor.main`.
 
@@ -8,7 +9,8 @@ Modules: :mod:`~diloco_core.launch.supervisor` (start, watch and stop the proces
 :mod:`~diloco_core.launch.shaped_link` (a link of given bandwidth and latency),
 :mod:`~diloco_core.launch.faults` (``--kill-at``), :mod:`~diloco_core.launch.coordination_service`
 (the service in a process of its own), :mod:`~diloco_core.launch.path_probe` (the coordination
-service's path and gloo's, timed).
+service's path and gloo's, timed), :mod:`~diloco_core.launch.cluster` (each host's command of a
+multi-host run, and a SLURM batch script, checked by the trainer).
 """
 
 from diloco_core.lazy import lazy_exports

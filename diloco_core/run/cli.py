@@ -24,8 +24,9 @@ from diloco_core.spec.fields import flag_names, option_name, spec, walk
 from diloco_core.devices.backend import configure_determinism
 from diloco_core.runtime.elastic import HEARTBEAT_S as ELASTIC_HEARTBEAT_S
 from diloco_core.runtime.membership import process_membership
-from diloco_core.devices.processes import (JOIN_TIMEOUT_S, SHUTDOWN_S, elastic_joined, exit_without_peers,
-                                           initialize_distributed, leave_elastic, leave_together, lost_process)
+from diloco_core.devices.processes import (JOIN_TIMEOUT_S, SHUTDOWN_S, check_process_options, elastic_joined,
+                                           exit_without_peers, initialize_distributed, leave_elastic,
+                                           leave_together, lost_process)
 from diloco_core.run.config import TrainConfig
 
 #: The ``--help`` groups, in order (a field's metadata names its group).
@@ -153,7 +154,10 @@ def check_launch(argv: list[str], processes: int, devices_per_process: int | Non
   The launcher (:mod:`diloco_core.launch`) calls it: a flag the trainer does not know, a value
   its config refuses (:meth:`~diloco_core.run.config.TrainConfig.validate`) and what the process
   count cannot hold (:func:`~diloco_core.run.preflight.check_processes`) are one line, instead of
-  the same line from every process after each one started.
+  the same line from every process after each one started. A command for one host of a
+  multi-host run carries the process options: they are checked as the trainer checks them
+  (:func:`~diloco_core.devices.processes.check_process_options`), and ``--num-processes`` must
+  be ``processes``.
 
   Args:
     argv: the trainer's flags.
@@ -170,6 +174,11 @@ def check_launch(argv: list[str], processes: int, devices_per_process: int | Non
     ...
     ValueError: unrecognized arguments: --coord h:1 (see python -m diloco_core.train --help).
     >>> check_launch(["--model", "tiny", "--replicas", "2", "--communication", "background"], 2)
+    >>> check_launch(["--model", "tiny", "--communication", "background", "--coordinator", "host0:1234",
+    ...               "--num-processes", "2", "--process-id", "2"], 2)
+    Traceback (most recent call last):
+    ...
+    ValueError: --process-id must be in [0, --num-processes=2), got 2.
   """
   from diloco_core.run.preflight import check_processes
   if any(x in ("-h", "--help") for x in argv):  # the trainer prints its help
@@ -181,7 +190,11 @@ def check_launch(argv: list[str], processes: int, devices_per_process: int | Non
 
   parser.error = refuse
   try:
-    cfg = config_from_args(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    if check_process_options(args.coordinator, args.num_processes, args.process_id) and args.num_processes != processes:
+      raise ValueError(f"`num_processes` ({args.num_processes}) is not the number of processes that run"
+                       f" this command ({processes}).")
+    cfg = config_from_args(args)
     cfg.validate()
     check_processes(cfg, processes, None if devices_per_process is None else processes * devices_per_process)
   except ValueError as e:
