@@ -126,7 +126,7 @@ class Committed:
 
   @property
   def replica(self) -> int:
-    """-1: a commit is the syncer's (it sorts before the replicas' events of its kind)."""
+    """A commit is the syncer's, so it sorts before the replicas' events of its kind (-1)."""
     return -1
 
 
