@@ -84,5 +84,6 @@ _MODULES = {**{m: f"analysis.planning.{m}" for m in (
     "hardware", "models", "roofline", "bandwidth", "memory", "simulate", "sim_events",
     "paper_tables", "plan", "candidates", "maxtext", "goodput")}, **{m: f"analysis.lab.{m}" for m in (
     "sweeps", "sweep_cache", "experiments", "live", "stored", "storing", "recheck", "realizations",
-    "cpu_kind", "claims", "headline", "measured", "wire_measured", "elastic_measured")}}
+    "cpu_kind", "claims", "arm_frames", "delay_stability", "overlap_eta", "headline", "measured",
+    "wire_measured", "elastic_measured")}}
 __getattr__, __dir__ = lazy_exports(__name__, _TRAINING, globals(), modules=_MODULES)

@@ -1,10 +1,10 @@
 """The papers' findings as tests: paired differences over seeds, 95% intervals, computed verdicts.
 
 Each :class:`Claim` is one published finding (the paper, its setting, its number) and a test
-on the stored ``claims`` experiment (:func:`analysis.lab.experiments.claims_arms`): every arm is
-trained with the same seeds, so each comparison is a **paired** difference (arm b minus arm a,
-seed by seed, in percent of arm a's loss), summarised by its mean and a 95% Student-t
-interval (:func:`paired`). A verdict is computed from the intervals, never typed in:
+on the stored ``claims`` experiment (:func:`analysis.lab.experiments.claims_arms`; claim 7: on
+``overlap_eta``): every arm is trained with the same seeds, so each comparison is a **paired**
+difference (arm b minus arm a, seed by seed, in percent of arm a's loss), summarised by its mean
+and a 95% Student-t interval (:func:`paired`). A verdict is computed from the intervals, never typed in:
 
 * a "costs nothing" finding (*b is no worse than a, within the paper's tolerance*)
   **agrees** when the whole interval lies below the tolerance, **disagrees** when the whole
@@ -19,12 +19,13 @@ not resolved otherwise; :func:`evaluate_all` returns one row per claim.
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 from scipy import stats as _stats
+
+from analysis.lab.arm_frames import arm_frame  # noqa: F401 (claims.arm_frame: the claims page's frame)
 
 AGREES, DISAGREES, NOT_RESOLVED = "agrees", "disagrees", "not resolved"
 #: The confidence level of every interval on the claims page.
@@ -178,18 +179,23 @@ class Claim:
   paper_result: str
   test: str
   check: Callable[[pd.DataFrame], Outcome]
+  experiment: str = "claims"  # the stored experiment whose runs it tests
 
 
-def _outcome(conditions, resolve: str) -> Outcome:
+#: What a diverged run is, and what would resolve a condition over it (unless a claim says).
+DIVERGED = ("a final loss at or above ln V", "a setting in which every arm trains (a diverged run measures nothing)")
+
+
+def _outcome(conditions, resolve: str, diverged: tuple[str, str] = DIVERGED) -> Outcome:
   """A claim's outcome; a condition over an arm whose runs diverged (:func:`did_not_train`) is
-  no measurement: it is not resolved, whatever its interval says, and says why."""
+  no measurement: it is not resolved, whatever its interval says, and says why (``diverged``)."""
   checked = []
   for description, p, verdict in conditions:
     if p.diverged:
       runs = ", ".join(f"{k} of the {arm} runs" for arm, k in p.diverged)
-      description = f"{description} [not a result: {runs} diverged, a final loss at or above ln V]"
+      description = f"{description} [not a result: {runs} diverged, {diverged[0]}]"
       verdict = NOT_RESOLVED
-      resolve = "a setting in which every arm trains (a diverged run measures nothing)"
+      resolve = diverged[1]
     checked.append((description, p, verdict))
   return Outcome(combine([v for _, _, v in checked]), tuple(checked), resolve)
 
@@ -270,25 +276,48 @@ def _c6(df):
   return _outcome([("the global params beat one replica", p, positive(p))], "more seeds")
 
 
-def _c7(df):
-  d = paired(df, {"delayed": 1, "diloco": -1}, "diloco", "delayed − none")
-  rec = paired(df, {"delayed": 0.5, "eager": -1, "diloco": 0.5}, "diloco",
-               "(delayed − eager) − ½(delayed − none)")
-  return _outcome([("the naive delayed outer gradient hurts", d, positive(d)),
-                   ("eager recovers more than half of it", rec, positive(rec))], "more seeds")
+def eta_arms(df: pd.DataFrame, grid: str) -> dict[float, str]:
+  """The arms of an outer-LR grid, named ``{grid}{η}`` (``"eta_h12_"``: the claims experiment's
+  at H = 12; :func:`~analysis.lab.experiments.overlap_grid`: a mode's in ``overlap_eta``): η -> arm."""
+  sel = df[df["arm"].str.startswith(grid)]
+  return {float(a[len(grid):]): a for a in sorted(sel["arm"].unique())}
 
 
-def eta_arms(df: pd.DataFrame, h: int) -> dict[float, str]:
-  """The arms of the outer-LR grid at sync interval ``h``: η -> arm name."""
-  sel = df[df["arm"].str.startswith(f"eta_h{h}_")]
-  return {float(a.split("_")[-1]): a for a in sorted(sel["arm"].unique())}
+def best_eta(df: pd.DataFrame, grid: str) -> float:
+  """The η of grid ``grid`` (:func:`eta_arms`) with the lowest mean final loss over seeds.
 
-
-def best_eta(df: pd.DataFrame, h: int) -> float:
-  """The grid η with the lowest mean final loss at sync interval ``h``."""
-  arms = eta_arms(df, h)
+  Examples:
+    >>> df = pd.DataFrame({"arm": ["g_0.1", "g_0.1", "g_0.3", "g_0.3"], "seed": [0, 1, 0, 1],
+    ...                    "final_eval_loss": [1.0, 1.2, 1.1, 1.0]})
+    >>> best_eta(df, "g_")  # means 1.1 and 1.05
+    0.3
+  """
+  arms = eta_arms(df, grid)
   means = {eta: per_seed(df, arm).mean() for eta, arm in arms.items()}
   return min(means, key=means.get)
+
+
+def overlap_best(df: pd.DataFrame) -> dict[str, str]:
+  """Each whole-outer-step overlap mode's arm at its own best η (:func:`best_eta` on its grid in
+  the ``overlap_eta`` experiment, :func:`~analysis.lab.experiments.overlap_eta_arms`): mode -> arm."""
+  from analysis.lab.experiments import OVERLAP_MODES, overlap_arm, overlap_grid  # here: it imports the trainer
+  return {mode: overlap_arm(mode, best_eta(df, overlap_grid(mode))) for mode in OVERLAP_MODES}
+
+
+#: Claim 7's reading of a diverged run: the instability of a one-sync-late momentum step.
+DELAY_DIVERGED = ("a final loss at or above ln V: the instability expected of an outer step one sync late at a "
+                  "large η·μ (analysis.lab.delay_stability), not a failed reproduction",
+                  "a smaller η or μ for that mode (a step one sync late is stable only below a bound on η·λ)")
+
+
+def _c7(df):
+  a = overlap_best(df)
+  name = {mode: f"{mode} η = {arm.rsplit('_', 1)[1]}" for mode, arm in a.items()}
+  d = paired(df, {a["delayed"]: 1, a["none"]: -1}, a["none"], f"{name['delayed']} − {name['none']}")
+  rec = paired(df, {a["delayed"]: 0.5, a["eager"]: -1, a["none"]: 0.5}, a["none"],
+               f"({name['delayed']} − {name['eager']}) − ½({name['delayed']} − {name['none']})")
+  return _outcome([("each mode at its own best η: the naive delayed outer gradient hurts", d, positive(d)),
+                   ("eager recovers more than half of it", rec, positive(rec))], "more seeds", DELAY_DIVERGED)
 
 
 def _c8(df):
@@ -296,8 +325,8 @@ def _c8(df):
   best = {}
   hs = sorted({int(a.split("_")[1][1:]) for a in df["arm"].unique() if a.startswith("eta_h")})
   for h in hs:
-    arms = eta_arms(df, h)
-    b = best[h] = best_eta(df, h)
+    arms = eta_arms(df, f"eta_h{h}_")
+    b = best[h] = best_eta(df, f"eta_h{h}_")
     if 0.3 <= b <= 0.9:
       for eta in (min(arms), max(arms)):
         if eta < 0.3 or eta > 0.9:
@@ -309,7 +338,7 @@ def _c8(df):
       conds.append((f"at H = {h}, the best η ({b:g}) is outside 0.3–0.9; the best inside ({inside:g}) "
                     "is worse", p, {AGREES: DISAGREES, DISAGREES: AGREES}.get(positive(p), NOT_RESOLVED)))
   lo, hi = hs[0], hs[-1]
-  a_hi = eta_arms(df, hi)
+  a_hi = eta_arms(df, f"eta_h{hi}_")
   p = paired(df, {a_hi[best[lo]]: 1, a_hi[best[hi]]: -1}, a_hi[best[hi]],
              f"H = {hi}: η = {best[lo]:g} − η = {best[hi]:g}")
   if best[hi] > best[lo]:
@@ -354,53 +383,27 @@ CLAIMS: tuple[Claim, ...] = (
              "eager updates recover most of it.",
           "eager updates, arXiv 2502.12996 (Table 2)", "500M params, H = 30",
           "loss 2.67 (no overlap), 3.01 (delayed), 2.69 (eager)",
-          "DiLoCo delayed and eager − no overlap", _c7),
+          "DiLoCo delayed and eager − no overlap, each at its own best outer LR (the overlap_eta "
+          "experiment)", _c7, experiment="overlap_eta"),
     Claim(8, "The best outer learning rate lies in 0.3–0.9 and grows with H.",
           "MaxText's DiLoCo guide; scaling laws, arXiv 2503.09799", "Nesterov μ = 0.9",
           "η ∈ [0.3, 0.9], larger for larger H", "grid of η at H = 12 and H = 48", _c8),
 )
 
 
-def arm_frame(stored, arms: Mapping[str, object]) -> pd.DataFrame:
-  """The stored claims runs with an ``arm`` column, one row per (arm, seed).
+def evaluate_all(frames: pd.DataFrame | Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+  """One row per claim: number, finding, verdict, the conditions' text, what would resolve it.
 
   Args:
-    stored: a :class:`~analysis.lab.stored.StoredExperiment` (or anything with ``runs``: dicts
-      holding ``config`` and ``row``).
-    arms: arm name -> TrainConfig (seed 0), e.g. :func:`analysis.lab.experiments.claims_arms`.
-      Arms with the same config share its runs.
-
-  Returns:
-    The rows of :func:`analysis.lab.sweeps.run_sweep`, plus ``arm`` and ``metrics`` (the run's
-    logged metrics, column -> values).
+    frames: the arms' runs (:func:`~analysis.lab.arm_frames.arm_frame`): one frame with every
+      claim's arms, or a frame per stored experiment by name, each claim tested on its
+      ``Claim.experiment``'s (a claim whose experiment is not given is left out).
   """
-  # here: analysis.lab.stored imports the trainer's config
-  from analysis.lab.stored import default_config, plain_config, with_defaults
-
-  def marker(cfg_dict):
-    d = dict(cfg_dict)
-    d.pop("seed", None)
-    return json.dumps(d, sort_keys=True, default=str)
-
-  by_marker: dict[str, list[str]] = {}
-  for name, cfg in arms.items():
-    plain = plain_config(dataclasses.replace(cfg, seed=0))
-    by_marker.setdefault(marker(plain), []).append(name)
-  rows = []
-  defaults = default_config()
-  for run in stored.runs:
-    for name in by_marker.get(marker(with_defaults(run["config"], defaults)), []):
-      rows.append({**run["row"], "arm": name, "metrics": run.get("metrics")})
-  missing = set(arms) - {r["arm"] for r in rows}
-  if missing:
-    raise ValueError(f"no stored run of arm(s) {sorted(missing)}.")
-  return pd.DataFrame(rows)
-
-
-def evaluate_all(df: pd.DataFrame) -> pd.DataFrame:
-  """One row per claim: number, finding, verdict, the conditions' text, what would resolve it."""
   rows = []
   for c in CLAIMS:
+    df = frames if isinstance(frames, pd.DataFrame) else frames.get(c.experiment)
+    if df is None:
+      continue
     o = c.check(df)
     rows.append({"claim": c.number, "finding": c.finding, "verdict": o.verdict,
                  "measured": "; ".join(f"{d}: {p.text()} ({v})" for d, p, v in o.conditions),
@@ -413,28 +416,32 @@ def across_realizations(results: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
 
   A realization is the same experiment trained on another kind of CPU (its rounding differs, so
   every run drifts to another trajectory: :mod:`analysis.lab.recheck`). A verdict that one
-  realization reaches and another does not is not a finding: it is **not resolved**.
+  realization reaches and another does not is not a finding: it is **not resolved**. A claim
+  whose experiment has no such realization is judged on the realizations that tested it.
 
   Args:
-    results: realization label -> :func:`evaluate_all` of its runs (the same claims, in order).
+    results: realization label -> :func:`evaluate_all` of its runs; the first holds every claim,
+      the others the same claims or fewer.
 
   Returns:
-    One row per claim: ``claim``, a column per realization with its verdict, and ``verdict``
-    (the common verdict, or ``"not resolved"`` when they differ).
+    One row per claim: ``claim``, a column per realization with its verdict (None where it did
+    not test the claim), and ``verdict`` (the common verdict, or ``"not resolved"`` when they differ).
 
   Examples:
     >>> a = pd.DataFrame({"claim": [1, 2], "verdict": [AGREES, AGREES]})
     >>> b = pd.DataFrame({"claim": [1, 2], "verdict": [AGREES, NOT_RESOLVED]})
     >>> across_realizations({"x": a, "y": b})["verdict"].tolist()
     ['agrees', 'not resolved']
+    >>> across_realizations({"x": a, "y": b[b["claim"] == 1]})["verdict"].tolist()  # y lacks claim 2
+    ['agrees', 'agrees']
   """
   labels = list(results)
-  first = results[labels[0]]
-  out = pd.DataFrame({"claim": first["claim"].tolist()})
+  out = pd.DataFrame({"claim": results[labels[0]]["claim"].tolist()})
   for label in labels:
-    if results[label]["claim"].tolist() != out["claim"].tolist():
-      raise ValueError(f"realization {label!r}: other claims than {labels[0]!r}.")
-    out[label] = results[label]["verdict"].tolist()
-  out["verdict"] = [row[0] if len(set(row)) == 1 else NOT_RESOLVED
-                    for row in out[labels].itertuples(index=False)]
+    verdicts = dict(zip(results[label]["claim"], results[label]["verdict"]))
+    if not set(verdicts) <= set(out["claim"]):
+      raise ValueError(f"realization {label!r}: claims that {labels[0]!r} lacks.")
+    out[label] = [verdicts.get(c) for c in out["claim"]]
+  tested = [{v for v in row if pd.notna(v)} for row in out[labels].itertuples(index=False)]
+  out["verdict"] = [v.pop() if len(v) == 1 else NOT_RESOLVED for v in tested]
   return out

@@ -253,6 +253,68 @@ def _outer_overlap(scale):
               sync_every=[10, 50], seed=seeds(scale, minimum=3))
 
 
+#: Seeds of the ``overlap_eta`` experiment: the same seeds in every arm (paired); five make a paired
+#: 95% interval half as wide as three do (t(0.975, 4)/√5 against t(0.975, 2)/√3), in 60 runs.
+OVERLAP_SEEDS = 5
+#: The outer LRs of the ``overlap_eta`` grid (at the base run's μ = 0.9); the μ = 0 control runs
+#: at the last (no overlap's tuned η, :func:`base_config`).
+OVERLAP_ETAS = (0.1, 0.3, 0.5)
+#: The whole-outer-step overlap modes (``--outer-overlap``), in the order the pages show them.
+OVERLAP_MODES = ("none", "delayed", "eager")
+
+
+def overlap_grid(mode: str, momentum: float = 0.9) -> str:
+  """The common start of the names of one mode's arms of :func:`overlap_eta_arms` at one outer
+  momentum (its outer-LR grid, :func:`analysis.lab.claims.eta_arms`).
+
+  Examples:
+    >>> overlap_grid("eager"), overlap_grid("delayed", momentum=0.0)
+    ('eager_eta_', 'delayed_mu0_eta_')
+  """
+  return f"{mode}{'' if momentum == 0.9 else f'_mu{momentum:g}'}_eta_"
+
+
+def overlap_arm(mode: str, eta: float, momentum: float = 0.9) -> str:
+  """The name of an arm of :func:`overlap_eta_arms`: :func:`overlap_grid`, then η.
+
+  Examples:
+    >>> overlap_arm("eager", 0.3), overlap_arm("delayed", 0.5, momentum=0.0)
+    ('eager_eta_0.3', 'delayed_mu0_eta_0.5')
+  """
+  return f"{overlap_grid(mode, momentum)}{eta:g}"
+
+
+def overlap_eta_arms(scale: str = "cpu") -> dict[str, Any]:
+  """The arms of the ``overlap_eta`` experiment by name (:func:`overlap_arm`): each overlap mode
+  (:data:`OVERLAP_MODES`) at every outer LR of :data:`OVERLAP_ETAS` with the base run's outer
+  momentum μ = 0.9, so that each mode can be compared at its own best η (no mode held to another
+  mode's tuning); and each mode with μ = 0 at η = 0.5, a control:
+  a one-sync-delayed outer step is stable on a quadratic for η·λ < 1 without momentum but only
+  below about 0.25 with μ = 0.9 (:func:`analysis.lab.delay_stability.stability_limit`), so at
+  no overlap's η the delayed mode should train without momentum and not with it.
+
+  Around :func:`base_config` (M = 4, 1,200 steps) with H = 30, the eager-updates paper's H
+  (40 outer steps).
+  """
+  base = base_config(scale, sync_every=30)
+  arms = {}
+  for mode in OVERLAP_MODES:
+    for eta in OVERLAP_ETAS:
+      arms[overlap_arm(mode, eta)] = with_values(base, {"outer_overlap": mode, "outer_lr": eta})
+    arms[overlap_arm(mode, OVERLAP_ETAS[-1], 0.0)] = with_values(
+        base, {"outer_overlap": mode, "outer_lr": OVERLAP_ETAS[-1], "outer_momentum": 0.0})
+  return arms
+
+
+@_register("overlap_eta")
+def _overlap_eta(scale):
+  """:func:`overlap_eta_arms` × :data:`OVERLAP_SEEDS` paired seeds."""
+  out = []
+  for cfg in overlap_eta_arms(scale).values():
+    out += grid(cfg, seed=list(range(OVERLAP_SEEDS)))
+  return out
+
+
 #: Seeds of the two paired comparisons of the methods of 2025-26 (the ``inner_optimizer`` and
 #: ``sparse`` experiments): the same seeds in every arm, so each difference is taken seed by seed.
 PAIRED_SEEDS = 6
