@@ -69,9 +69,9 @@ def pytest_configure(config):
       " reason when fewer are available, e.g. JAX_PLATFORMS=cuda on one GPU")
 
 
-#: Tests that check the built site: collected last, so that under CI, where ``make docs`` runs
-#: beside the suite (``.ci/run``), they reach the site when its build is done or nearly
-#: (they wait for a build in progress: ``docs/build.py``'s lock).
+#: Tests that check the built site: collected last, so that a ``make docs`` started beside the
+#: suite has the most time to finish first (they wait for a build in progress:
+#: ``docs/build.py``'s lock).
 SITE_TESTS = ("tests/test_site_browser.py::", "tests/test_docs.py::test_docs_build_has_no_warnings")
 
 

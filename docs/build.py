@@ -7,6 +7,9 @@ sources it was built from and its exit status. The site tests
 (``tests/test_docs.py``, ``tests/test_site_browser.py``) reuse a build whose stamp matches
 the sources as they are now, and build the site themselves otherwise: CI builds the docs
 first and the test suite checks that very build instead of executing every notebook twice.
+A build holds ``_build/.build.lock`` from start to stamp, and :func:`site` takes the same lock,
+so a test that asks for the site while ``make docs`` is building waits for that build instead
+of starting another.
 
 The digest covers every file git tracks or would track (``git ls-files -co
 --exclude-standard``; without git, every file outside the ignored folders), by path and

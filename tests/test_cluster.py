@@ -28,6 +28,17 @@ def test_a_command_the_trainer_refuses_is_not_written(args, hosts, devices, mess
     cluster.host_commands(args, [f"h{i}" for i in range(hosts)], devices_per_process=devices)
   with pytest.raises(ValueError, match=message):
     cluster.slurm_script(args, nodes=hosts, gpus_per_node=devices or 1)
+  if devices is None:  # a TPU VM's workers: the trainer's checks for that many processes
+    with pytest.raises(ValueError, match=message):
+      cluster.tpu_vm_command(args, "tpu", zone="z", workers=hosts)
+
+
+def test_a_tpu_vm_runs_the_same_flags_on_every_worker_without_process_options():
+  cmd = cluster.tpu_vm_command([*SCHEDULE, "--out", "runs/my run"], "tpu-a", zone="europe-west4-a", workers=2)
+  assert cmd[:8] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "tpu-a", "--zone=europe-west4-a", "--worker=all"]
+  assert cmd[8] == ("--command=cd ~/diloco && python -m diloco_core.train " + " ".join(SCHEDULE)
+                    + " --out 'runs/my run'")  # one shell word per flag on the worker
+  assert not any(flag in cmd[8] for flag in ("--coordinator", "--num-processes", "--process-id"))
 
 
 def test_check_commands_wants_one_run_in_process_order():

@@ -2,7 +2,7 @@
 
 The build helper here is shared with ``test_site_browser.py``: one build of ``_build/html``
 per state of the sources (``docs/build.py`` stamps each build with their digest), serialized
-by the build's file lock so that pytest-xdist workers, and CI's ``make docs`` beside them, never
+by the build's file lock so that pytest-xdist workers, and a ``make docs`` beside them, never
 build at once.
 """
 
@@ -45,7 +45,7 @@ site_build = _by_path("site_build", "docs/build.py")  # the one place that build
 
 def build_site(fresh: bool = False) -> subprocess.CompletedProcess | None:
   """The site in _build/html (``site`` of docs/build.py): waits for a build in progress
-  (CI's ``make docs`` runs beside the suite), reuses a build stamped with the sources as they
+  (a ``make docs`` started beside the suite), reuses a build stamped with the sources as they
   are now, else builds it (``fresh``) or reuses an unstamped one."""
   return site_build.site(fresh=fresh)
 
@@ -160,8 +160,8 @@ def test_source_digest_follows_contents_and_skips_build_outputs(tmp_path):
 
 
 def test_a_request_for_the_site_waits_for_a_build_in_progress(tmp_path, monkeypatch):
-  """CI runs `make docs` beside the suite: a site test that asks for the site while the build
-  holds the lock enters only after the build has let it go (then reuses its stamp)."""
+  """A site test that asks for the site while `make docs` holds the build lock enters only after
+  the build has let it go (then reuses its stamp) instead of starting a second build."""
   import threading
   monkeypatch.setattr(site_build, "OUT", tmp_path)
   monkeypatch.setattr(site_build, "LOCK", tmp_path / ".build.lock")

@@ -6,7 +6,8 @@ every process runs the same trainer flags plus the process options of
 ``--num-processes``, ``--process-id``). :func:`host_commands` writes each host's command;
 :func:`slurm_script` writes a batch script whose ``srun`` starts one task per node and takes the
 three values from SLURM's environment (the first node of ``SLURM_JOB_NODELIST``,
-``SLURM_NTASKS``, ``SLURM_PROCID``). Both build a process's options with one function,
+``SLURM_NTASKS``, ``SLURM_PROCID``); :func:`tpu_vm_command` writes the ``gcloud`` command for a
+Cloud TPU VM slice, where JAX reads them from the TPU's environment. Both build a process's options with one function,
 :func:`process_options`, and both are checked before they are returned: :func:`check_commands`
 runs the trainer's own up-front checks (:func:`~diloco_core.run.cli.check_launch`) on every
 command, and that they form one run. :func:`slurm_dry_run` runs a script under ``bash`` with
@@ -99,6 +100,37 @@ def host_commands(train_args: Sequence[str], hosts: Sequence[str], *, port: int 
   cmds = [[*TRAINER, *train_args, *process_options(coordinator, len(hosts), i)] for i in range(len(hosts))]
   check_commands(cmds, devices_per_process)
   return cmds
+
+
+def tpu_vm_command(train_args: Sequence[str], name: str, *, zone: str, workers: int,
+                   repo: str = "~/diloco") -> list[str]:
+  """The ``gcloud`` command that runs the trainer on every worker of a Cloud TPU VM slice.
+
+  On a TPU slice JAX reads the process layout (coordinator, count, id) from the TPU
+  environment, so every worker runs the same flags with no process options. The flags are
+  checked as :func:`host_commands` checks them for ``workers`` processes, so a command is only
+  written for a run the trainer accepts.
+
+  Args:
+    train_args: the trainer's flags, the same on every worker.
+    name: the TPU VM's name.
+    zone: its zone.
+    workers: its number of hosts (one trainer process each).
+    repo: where the repository (with its environment active) is on every worker.
+
+  Returns:
+    The argv of ``gcloud compute tpus tpu-vm ssh``, its remote command as one word.
+
+  Examples:
+    >>> cmd = tpu_vm_command(["--model", "tiny", "--communication", "background"], "my-tpu",
+    ...                      zone="us-east5-a", workers=2)
+    >>> cmd[-1]
+    '--command=cd ~/diloco && python -m diloco_core.train --model tiny --communication background'
+  """
+  host_commands(train_args, [f"worker{i}" for i in range(workers)])
+  remote = " ".join([f"cd {repo}", "&&", *TRAINER, *map(shlex.quote, train_args)])
+  return ["gcloud", "compute", "tpus", "tpu-vm", "ssh", name, f"--zone={zone}", "--worker=all",
+          f"--command={remote}"]
 
 
 def slurm_script(train_args: Sequence[str], *, nodes: int, gpus_per_node: int, port: int = PORT,
