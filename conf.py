@@ -133,7 +133,7 @@ intersphinx_timeout = 10
 # Names from other libraries that an inventory may not hold (or that are offline): leave
 # them as plain text instead of failing the nitpicky build. Our own names must resolve.
 nitpick_ignore_regex = [
-    (r"py:.*", r"(jax|jnp|jaxlib|flax|nnx|optax|np|numpy|pd|pandas|matplotlib|drjax|tqdm|ml_dtypes|typing|collections|argparse|os|pathlib|concurrent|queue|threading|logging)(\..*)?"),
+    (r"py:.*", r"(jax|jnp|jaxlib|flax|nnx|optax|np|numpy|pd|pandas|matplotlib|drjax|tqdm|ml_dtypes|typing|collections|argparse|os|pathlib|concurrent|queue|threading|logging|fractions)(\..*)?"),
     (r"py:.*", r"(Any|Callable|Iterable|Iterator|Sequence|Mapping|Figure|Axes|DataFrame|Array|ArrayLike|PyTree|LossFn|optional|callable)"),
     (r"py:.*", r"(int|float|str|bool|dict|list|tuple|None|object|type)\b.*"),
     (r"py:.*", r"diloco_core\.fragments\.(OTHER|LAYER|SHARED)"),

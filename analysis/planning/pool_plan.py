@@ -172,7 +172,7 @@ def _choose(table) -> tuple[str, str]:
 
 
 def recommend_syncer(speeds, *, sync_every: int, steps: int | None = None, latency_s=0, transfer_s=0,
-                     grace_s=None, late: str = "carry") -> tuple["pd.DataFrame", str, str]:
+                     grace_s=None, late: str = "carry") -> tuple[pd.DataFrame, str, str]:
   """The syncer settings for a pool of given speeds, side by side, and the one to use.
 
   Rows, each played by :func:`~analysis.planning.pool.pool_utilization` on the same budget of

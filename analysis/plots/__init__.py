@@ -5,7 +5,8 @@ Nothing here computes a result. Figures are closed in pyplot before they are ret
 notebook shows them only where they are displayed or glued (:func:`~analysis.plots.notebook.glue`: placed by the docs
 build, shown in the cell elsewhere). By figure family:
 :mod:`analysis.plots.results` (sweep results and calculator tables),
-:mod:`analysis.plots.timelines` (communication schedules and simulated runs) and
+:mod:`analysis.plots.timelines` (communication schedules and simulated runs),
+:mod:`analysis.plots.tape_timeline` (the syncer rule's simulated tapes, replica by replica),
 :mod:`analysis.plots.tables` (a paper's table beside ours, colored) and
 :mod:`analysis.plots.design` (the device mesh and its collectives).
 """
@@ -27,6 +28,8 @@ from analysis.plots.results import plot_metric
 from analysis.plots.results import plot_tradeoff
 from analysis.plots.tables import STEP_COLORS
 from analysis.plots.tables import side_by_side
+from analysis.plots.tape_timeline import plot_tapes
+from analysis.plots.tape_timeline import tape_spans
 from analysis.plots.timelines import plot_elastic
 from analysis.plots.timelines import plot_hiding
 from analysis.plots.timelines import plot_schedule

@@ -1,6 +1,6 @@
 """How a committed round of the syncer rule moves θ_g: merged or sequential, with (Delayed) Nesterov.
 
-Pure functions on pytrees (issue 52; the rule: :mod:`~diloco_core.spec.syncer`). A round's
+Pure functions on pytrees (the rule: :mod:`~diloco_core.spec.syncer`). A round's
 members :math:`\\Delta_1, \\dots, \\Delta_n` (pseudo-gradients, in the tape's arrival order) are
 applied by :func:`apply_round`:
 
@@ -43,7 +43,7 @@ exact arithmetic of the tests) everywhere but in the uniform mean and the radial
 mean. ``DelayedNesterovState.count`` is a Python int: the position in the buffer is host-side
 (the tape's), so a jitted caller closes over it.
 
-Not wired into the trainer yet: the runtimes adopt it in a following step (issue 52).
+The trainer's tape player (:mod:`~diloco_core.run.tape_play`) applies its rounds with :func:`apply_round`.
 
 Examples:
   Two contributions of 1 and 3 from θ = 0 (η = 1, β = 0.5): merged, one Nesterov step on their

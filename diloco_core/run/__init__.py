@@ -8,7 +8,9 @@ Modules: :mod:`~diloco_core.run.config` (``TrainConfig``), :mod:`~diloco_core.ru
 (the disk and device checks), :mod:`~diloco_core.run.loop`
 (``train``), :mod:`~diloco_core.run.programs` (the program cache), :mod:`~diloco_core.run.drops`,
 :mod:`~diloco_core.run.divergence`, :mod:`~diloco_core.run.metrics_log`,
-:mod:`~diloco_core.run.main_job` (DP vs DiLoCo vs Streaming), :mod:`~diloco_core.run.cli`.
+:mod:`~diloco_core.run.main_job` (DP vs DiLoCo vs Streaming), :mod:`~diloco_core.run.cli`,
+:mod:`~diloco_core.run.syncer_options` (the syncer's flags), :mod:`~diloco_core.run.tape_play`
+(the trainer plays a syncer tape) and :mod:`~diloco_core.run.tape_run` (``train`` from a tape).
 """
 
 from diloco_core.lazy import lazy_exports
@@ -21,6 +23,14 @@ _PUBLIC = {
     "clear_program_cache": "diloco_core.run.programs",
     "program_key": "diloco_core.run.programs",
     "compare": "diloco_core.run.main_job",
+    "SyncerOptions": "diloco_core.run.syncer_options",
+    "check_playable": "diloco_core.run.syncer_options",
+    "syncer_flags": "diloco_core.run.syncer_options",
+    "TapeResult": "diloco_core.run.tape_play",
+    "play_tape": "diloco_core.run.tape_play",
+    "speed_ticks": "diloco_core.run.tape_play",
+    "tape_for": "diloco_core.run.tape_play",
+    "play_run": "diloco_core.run.tape_run",
 }
 __all__ = list(_PUBLIC)
 

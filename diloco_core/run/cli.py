@@ -32,6 +32,7 @@ from diloco_core.run.config import TrainConfig
 #: The ``--help`` groups, in order (a field's metadata names its group).
 GROUPS = {
     "algorithm": "algorithm (symbols as on the semantics page, docs/semantics.md)",
+    "syncer": "syncer rule (any of these plays a tape: P = 1, τ = 0, diloco_core.run.tape_play)",
     "model": "model and inner optimizer",
     "data": "data",
     "run": "run",
@@ -134,7 +135,7 @@ def config_from_args(args: argparse.Namespace, base: TrainConfig | None = None) 
   """The :class:`~diloco_core.run.config.TrainConfig` of parsed arguments: ``base`` (default: the defaults) with every
   option that the parser offers set from ``args``."""
   base = TrainConfig() if base is None else base
-  values: dict[str, dict] = {"": {}, "algo": {}, "data": {}}
+  values: dict[str, dict] = {"": {}, "algo": {}, "data": {}, "syncer": {}}
   for path, f in walk(type(base)):
     if not hasattr(args, path):
       continue
@@ -144,8 +145,8 @@ def config_from_args(args: argparse.Namespace, base: TrainConfig | None = None) 
       value = _get(base, path) if value is None else parse(value)
     group, _, name = path.rpartition(".")
     values[group][name] = value
-  return dataclasses.replace(base, algo=dataclasses.replace(base.algo, **values["algo"]),
-                             data=dataclasses.replace(base.data, **values["data"]), **values[""])
+  nested = {g: dataclasses.replace(getattr(base, g), **values[g]) for g in ("algo", "data", "syncer")}
+  return dataclasses.replace(base, **nested, **values[""])
 
 
 def check_launch(argv: list[str], processes: int, devices_per_process: int | None = None) -> None:

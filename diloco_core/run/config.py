@@ -24,6 +24,7 @@ from diloco_core.algorithm.config import DiLoCoConfig
 from diloco_core.data.sources import DataConfig
 from diloco_core.spec.fields import field
 from diloco_core.devices.mesh import parse_mesh
+from diloco_core.run.syncer_options import SyncerOptions
 from diloco_core.spec.model_config import (ATTENTIONS, COMPUTE_DTYPES, POSITIONS, PRESETS, REMATS, ModelConfig,
                                            check_preset, get_preset, param_count)
 
@@ -85,6 +86,8 @@ class TrainConfig:
   # The trainer's default language: V = 32, order 2, 4 successors per context; the `small`
   # model gets within a few hundredths of a nat of its floor in 600 steps on a laptop CPU.
   data: DataConfig = field(default_factory=lambda: DataConfig(vocab_size=32))
+  # The syncer rule's knobs: at their defaults the lock step below; else train plays a tape.
+  syncer: SyncerOptions = field(default_factory=SyncerOptions)
   model: str = field("small", flag="model", group=_M, must_match=True,
                      help=f"model preset: one of {sorted(PRESETS)}")
   n_layers: int | None = field(None, flag="layers", group=_M, must_match=True, parse=int, symbol="L",
@@ -263,6 +266,7 @@ class TrainConfig:
     self._validate_checkpointing()
     self._validate_drops()
     self._validate_eval_replicas()
+    self.syncer.validate(self)  # the defaults: nothing; else what the tape player can play
 
   def _validate_experts(self) -> None:
     """E and k: positive integers (overrides or the preset's) with k <= E."""

@@ -41,6 +41,7 @@ from diloco_core.devices.processes import lost_process, stop_agreed
 from diloco_core.run.programs import PROGRAMS
 from diloco_core.run.config import TrainConfig, effective_config
 from diloco_core.run.preflight import preflight
+from diloco_core.run.tape_run import play_run
 from diloco_core.spec.schedule import sent_fragment
 from diloco_core.store.tree_io import one_line
 
@@ -168,6 +169,9 @@ def train(cfg: TrainConfig) -> TrainResult:
   # ---- set-up: data, model, the (possibly cached) program, the state ----
   cfg.validate()
   preflight(cfg)  # the disk and the devices, once
+  if not cfg.syncer.is_default():  # the syncer rule: the run played from its tape, P = 1, τ = 0
+    metrics, summary, params = play_run(cfg)
+    return TrainResult(metrics=metrics, summary=summary, params=params, state=None)
   # The data's fingerprint (file hashes) is only needed by checkpoints and resumes.
   data_identity = files.identity(cfg.data.source) if cfg.resume or cfg.checkpoint_every else None
   if cfg.resume:

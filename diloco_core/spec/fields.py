@@ -35,6 +35,8 @@ import dataclasses
 from typing import Any, Callable, Iterator, NamedTuple
 
 _KEY = "diloco"
+#: Nested configs whose fields errors name without the prefix (their names are unique in a run).
+FLAT_GROUPS = ("algo", "syncer")
 TRACED_DTYPES = ("int32", "float32")
 
 
@@ -89,8 +91,8 @@ def spec(f: dataclasses.Field) -> FieldSpec:
 
 
 def option_name(path: str) -> str:
-  """How errors name a field: its own name for top-level and outer-loop (``algo.``) fields, else
-  its dotted path.
+  """How errors name a field: its own name for top-level, outer-loop (``algo.``) and syncer
+  (``syncer.``) fields, else its dotted path.
 
   Args:
     path: the field's dotted path (:func:`walk`).
@@ -99,10 +101,13 @@ def option_name(path: str) -> str:
     The name the library's messages give it (in backticks).
 
   Examples:
-    >>> option_name("algo.sync_every"), option_name("data.seed"), option_name("out")
-    ('sync_every', 'data.seed', 'out')
+    >>> option_name("algo.sync_every"), option_name("data.seed"), option_name("syncer.quorum")
+    ('sync_every', 'data.seed', 'quorum')
   """
-  return path[len("algo."):] if path.startswith("algo.") else path
+  for group in FLAT_GROUPS:
+    if path.startswith(group + "."):
+      return path[len(group) + 1:]
+  return path
 
 
 def flag_names(cls) -> dict[str, str]:

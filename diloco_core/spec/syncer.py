@@ -1,5 +1,5 @@
 """The syncer rule: one rule from synchronous DiLoCo to a K-of-M quorum, stale contributions
-and per-replica inner steps (issue 52), as a frozen config and its checks.
+and per-replica inner steps, as a frozen config and its checks.
 
 The rule, per fragment (the simulated-time tape of :mod:`~diloco_core.spec.tape` plays it):
 
@@ -44,7 +44,8 @@ apply with Streaming fragments is allowed (each fragment is its own syncer, its 
 in turn to its own outer state), with ``reduction="reduce-scatter"`` it is refused (no process
 holds the separate contributions, only their re-quantized mean).
 
-Not wired into the trainer yet: the runtimes adopt it in a following step (issue 52). Which
+The trainer plays it from a tape (:mod:`~diloco_core.run.tape_play`: P = 1, τ = 0, the in-step
+runtime; the background runtime keeps the lock step). Which
 setting reproduces which published algorithm: :mod:`~diloco_core.spec.syncer_settings`.
 
 Examples:

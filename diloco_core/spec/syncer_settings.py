@@ -24,7 +24,8 @@ Nesterov's buffer N = M (one momentum update per M contributions, the equivalenc
 contributions carried to the next round, and its grace window a fixed G ticks (the paper's
 window adapts to the step and sync times).
 
-Not wired into the trainer yet: the runtimes adopt the rule in a following step (issue 52).
+The trainer plays a non-default setting from its tape (:mod:`~diloco_core.run.tape_play`, P = 1, τ = 0, the
+in-step runtime); the background runtime keeps the lock step.
 
 Examples:
   >>> syncer_preset("asynchronous Local-SGD, Delayed Nesterov", replicas=4)

@@ -32,8 +32,8 @@ contribution is committed or dropped.
 contributions, n the live replicas that can still contribute (with a period to run, or a
 contribution on the way or in the round): a lost or finished replica shrinks the quorum.
 
-Not wired into the trainer yet: the in-step runtime runs a tape, and the background runtime
-records one, in a following step (issue 52).
+The trainer plays a tape with the real model (:mod:`~diloco_core.run.tape_play`, through
+:func:`~diloco_core.run.tape_play.tape_for`); the background runtime does not record one yet.
 
 Examples:
   Two replicas, the second twice as slow, synchronous DiLoCo, H = 2, one round each:

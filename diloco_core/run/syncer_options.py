@@ -1,0 +1,205 @@
+"""The run's syncer options (``TrainConfig.syncer``): the syncer rule's knobs as trainer flags.
+
+:class:`SyncerOptions` declares each knob of :class:`~diloco_core.spec.syncer.SyncerConfig` as a
+field with its flag (``--quorum``, ``--grace``, ``--late``, ...), plus the replicas' speeds and
+the link of the simulated time (:func:`~diloco_core.run.tape_play.tape_for`). **At their
+defaults** :func:`~diloco_core.run.loop.train` runs exactly as before (the in-step runtime's
+lock step, every number unchanged); **any other value** makes ``train`` play the tape of the
+run's syncer on replicas of those speeds (:mod:`~diloco_core.run.tape_play`), which supports
+P = 1, τ = 0 only: :func:`check_playable` refuses the rest with one line before anything
+compiles.
+
+Examples:
+  >>> SyncerOptions().is_default(), SyncerOptions(quorum=1, late="carry").is_default()
+  (True, False)
+  >>> SyncerOptions(speeds=(1.0, 0.5), dylu=True).syncer_config(2).inner_steps_of(4, 2)
+  (4, 2)
+  >>> parse_speeds("1, 1, 0.5")
+  (1.0, 1.0, 0.5)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from diloco_core.spec import validity as v
+from diloco_core.spec.fields import field, flag_names
+from diloco_core.spec.syncer import APPLY_MODES, LATE_POLICIES, STALENESS_EXPONENT, WEIGHTINGS, SyncerConfig
+
+__all__ = ["SyncerOptions", "check_playable", "parse_inner_steps", "parse_speeds", "syncer_flags"]
+
+_G = "syncer"
+
+
+def _parse_list(text: str | None, name: str, kind, example: str) -> tuple | None:
+  if text is None or not str(text).strip():
+    return None
+  try:
+    return tuple(kind(x.strip()) for x in str(text).split(","))
+  except ValueError:
+    raise ValueError(f"`{name}` must be comma-separated {kind.__name__}s, one per replica, e.g. {example};"
+                     f" got {text!r}.") from None
+
+
+def parse_speeds(text: str | None) -> tuple | None:
+  """``"1,1,0.5"`` -> ``(1.0, 1.0, 0.5)`` (None for no text)."""
+  return _parse_list(text, "speeds", float, "1,1,0.5")
+
+
+def parse_inner_steps(text: str | None) -> tuple | None:
+  """``"4,4,2"`` -> ``(4, 4, 2)`` (None for no text)."""
+  return _parse_list(text, "inner_steps", int, "4,4,2")
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncerOptions:
+  """The syncer's knobs of one run (:class:`~diloco_core.spec.syncer.SyncerConfig`'s, same names)
+  and the simulated time of its tape; the defaults are today's synchronous trainer."""
+
+  speeds: tuple | None = field(
+      None, flag="speeds", group=_G, parse=parse_speeds, symbol="v_m",
+      help="each replica's speed, steps per unit of time, e.g. 1,1,0.5 (the tape's step times; with"
+           " --dylu also DyLU's inner steps); default: all equal")
+  inner_steps: tuple | None = field(
+      None, flag="inner-steps-per-replica", group=_G, parse=parse_inner_steps, symbol="H_m",
+      help="each replica's inner steps per contribution, e.g. 4,4,2 (default: H for every replica)")
+  dylu: bool = field(False, flag="dylu", group=_G,
+                     help="DyLU: H_m = max(1, floor(H v_m / max v)) from --speeds")
+  quorum: int | None = field(None, flag="quorum", group=_G, parse=int, symbol="K",
+                             help="contributions a round waits for (default: every live replica)")
+  grace: int = field(0, flag="grace", group=_G, symbol="G",
+                     help="ticks a round stays open after its K-th contribution")
+  late: str = field("drop", flag="late", group=_G, help=f"a late contribution: one of {LATE_POLICIES}")
+  max_staleness: int | None = field(None, flag="max-staleness", group=_G, parse=int, symbol="s",
+                                    help="late carry: the largest staleness admitted (default: any)")
+  apply: str = field("merged", flag="outer-apply", group=_G,
+                     help=f"a round's outer step: one of {APPLY_MODES} (sequential: one per contribution)")
+  buffer: int = field(1, flag="outer-buffer", group=_G, symbol="N",
+                      help="Delayed Nesterov's buffer (1: the outer optimizer as it is)")
+  activation: float = field(0.0, flag="momentum-activation", group=_G, symbol="c",
+                            help="Delayed Nesterov's momentum activation, in [0, 1/N]")
+  weights: str = field("uniform", flag="contribution-weights", group=_G,
+                       help=f"a round's contribution weights: one of {WEIGHTINGS}")
+  staleness_exponent: float = field(STALENESS_EXPONENT, flag="staleness-exponent", group=_G, symbol="a",
+                                    help="weights staleness: the discount (1 + s)^-a")
+  radial: bool = field(False, flag="radial", group=_G, help="radial-directional mean of a merged round")
+  latency: int = field(0, flag="link-latency", group=_G, help="the tape's link latency, ticks each way")
+  transfer: int = field(0, flag="link-transfer", group=_G, help="the tape's transfer time of one payload, ticks")
+
+  def is_default(self) -> bool:
+    """Every knob at its default: the trainer's own lock step (no tape)."""
+    return self == SyncerOptions()
+
+  def syncer_config(self, replicas: int) -> SyncerConfig:
+    """The :class:`~diloco_core.spec.syncer.SyncerConfig` of these options (not checked)."""
+    if self.dylu and self.speeds is None:
+      raise ValueError("`dylu` takes the inner steps from the replicas' speeds: pass `speeds`.")
+    return SyncerConfig(inner_steps=self.inner_steps, speeds=self.speeds if self.dylu else None,
+                        quorum=self.quorum, grace=self.grace, late=self.late, max_staleness=self.max_staleness,
+                        apply=self.apply, buffer=self.buffer, activation=self.activation, weights=self.weights,
+                        staleness_exponent=self.staleness_exponent, radial=self.radial)
+
+  def replica_speeds(self, replicas: int) -> tuple:
+    """``speeds``, or 1 for every replica."""
+    return (1.0,) * replicas if self.speeds is None else self.speeds
+
+  def validate(self, cfg) -> None:
+    """One-line ``ValueError`` for a bad knob, or a run the tape player cannot play (nothing for the defaults)."""
+    if self.is_default():
+      return
+    m = cfg.algo.replicas
+    v.check_bool("`dylu`", self.dylu)
+    v.check_bool("`radial`", self.radial)
+    if self.speeds is not None:
+      if not isinstance(self.speeds, tuple) or len(self.speeds) != m:
+        raise ValueError(f"`speeds` must be one speed per replica (M={m}), got {self.speeds!r}.")
+      for i, s in enumerate(self.speeds):
+        v.check_real(f"`speeds` (v_m) of replica {i}", s, low=0.0, low_open=True)
+    for name in ("latency", "transfer"):
+      v.check_int(f"`{name}`", getattr(self, name), low=0, what=" (ticks)")
+    check_playable(cfg, self.syncer_config(m))
+
+
+def _refuse(name: str, value, allowed: str) -> None:
+  raise ValueError(f"{name}={value!r} is not supported by the tape player yet (P = 1, τ = 0, float32"
+                   f" whole-model sync): use {allowed}.")
+
+
+def check_playable(cfg, syncer: SyncerConfig) -> None:
+  """Raises a one-line ``ValueError`` naming the option for a run the tape player cannot play
+  (:mod:`~diloco_core.run.tape_play`), and :meth:`~diloco_core.spec.syncer.SyncerConfig.check`'s
+  errors; before anything is compiled.
+
+  Args:
+    cfg: the run (a :class:`~diloco_core.run.config.TrainConfig`).
+    syncer: the syncer's knobs.
+
+  Examples:
+    >>> from diloco_core.run.config import TrainConfig
+    >>> from diloco_core.algorithm.config import DiLoCoConfig
+    >>> check_playable(TrainConfig(algo=DiLoCoConfig(overlap=1)), SyncerConfig())
+    Traceback (most recent call last):
+    ...
+    ValueError: `overlap`=1 is not supported by the tape player yet (P = 1, τ = 0, float32 whole-model sync): use 0.
+  """
+  a = cfg.algo
+  for name, value, ok, allowed in (
+      ("`algorithm`", a.algorithm, a.algorithm in ("diloco", "streaming"), "'diloco'"),
+      ("`fragments`", a.fragments, a.fragments == 1, "1"),
+      ("`overlap`", a.overlap, a.overlap == 0, "0"),
+      ("`outer_overlap`", a.outer_overlap, a.outer_overlap == "none", "'none'"),
+      ("`compression`", a.compression, a.compression == "none", "'none'"),
+      ("`topk`", a.topk, a.topk is None, "None (no top-k)"),
+      ("`error_feedback`", a.error_feedback, not a.error_feedback, "False"),
+      ("`reduction`", a.reduction, a.reduction == "all-gather", "'all-gather'"),
+      ("`communication`", cfg.communication, cfg.communication == "in-step", "'in-step'"),
+      ("`mesh`", cfg.mesh, cfg.mesh is None, "None (one device)"),
+      ("`drop_schedule`", cfg.drop_schedule, not cfg.drop_schedule, "() (a tape's losses instead)"),
+      ("`drop_prob`", cfg.drop_prob, not cfg.drop_prob, "0"),
+      ("`rejoin_schedule`", cfg.rejoin_schedule, not cfg.rejoin_schedule, "() (a tape's joins instead)"),
+      ("`elastic`", cfg.elastic, not cfg.elastic, "False"),
+      ("`checkpoint_every`", cfg.checkpoint_every, not cfg.checkpoint_every, "0"),
+      ("`resume`", cfg.resume, not cfg.resume, "False"),
+      ("`eval_replicas`", cfg.eval_replicas, not cfg.eval_replicas, "False")):
+    if not ok:
+      _refuse(name, value, allowed)
+  syncer.check(a.replicas, a.sync_every, fragments=a.fragments, overlap=a.overlap, reduction=a.reduction,
+               outer_optimizer=a.outer_optimizer, outer_overlap=a.outer_overlap)
+
+
+def _flag_value(value) -> str:
+  return ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in value) if isinstance(value, tuple) else (
+      f"{value:g}" if isinstance(value, float) else str(value))
+
+
+def syncer_flags(syncer: SyncerConfig, speeds: tuple | None = None) -> list[str]:
+  """The trainer's flags that give ``syncer`` on replicas of ``speeds``: its knobs that differ
+  from the defaults, by the flags :class:`SyncerOptions` declares (DyLU's speeds as ``--speeds``
+  and ``--dylu``).
+
+  Args:
+    syncer: the knobs (e.g. a row of :data:`~diloco_core.spec.syncer_settings.SYNCER_SETTINGS`
+      through :func:`~diloco_core.spec.syncer_settings.syncer_preset`).
+    speeds: the replicas' speeds of the tape (default: all equal, no flag); DyLU's own speeds
+      win where ``syncer.speeds`` is set.
+
+  Returns:
+    The flags, in :class:`SyncerOptions`' field order.
+
+  Examples:
+    >>> syncer_flags(SyncerConfig(quorum=1, late="carry", apply="sequential", buffer=4), (1.0, 1.0, 1.0, 0.5))
+    ['--speeds', '1,1,1,0.5', '--quorum', '1', '--late', 'carry', '--outer-apply', 'sequential', '--outer-buffer', '4']
+    >>> syncer_flags(SyncerConfig(speeds=(1.0, 0.5)))
+    ['--speeds', '1,0.5', '--dylu']
+  """
+  knobs = {f.name: getattr(syncer, f.name) for f in dataclasses.fields(SyncerConfig)}
+  dylu = knobs.pop("speeds")
+  options = SyncerOptions(speeds=dylu if dylu is not None else speeds, dylu=dylu is not None, **knobs)
+  flags, default = flag_names(SyncerOptions), SyncerOptions()
+  out: list[str] = []
+  for name, flag in flags.items():
+    value = getattr(options, name)
+    if value == getattr(default, name):
+      continue
+    out += [flag] if isinstance(value, bool) else [flag, _flag_value(value)]
+  return out

@@ -1,0 +1,398 @@
+"""The trainer plays a tape: the real model trained as a syncer tape says (P = 1, τ = 0).
+
+:func:`~diloco_core.spec.tape.simulate_tape` says, in integer ticks, when each replica sends,
+which contributions each round holds and when each replica merges which global version;
+:func:`play_tape` trains the run's model in that order. Each of the M replicas holds its own
+params :math:`\\theta_m` and inner optimizer state (float32), and the syncer holds the global
+versions :math:`\\theta_g^{(v)}` and the outer state. Events are played in tape order:
+
+* :class:`~diloco_core.spec.tape.Sent` (replica m, local step s, base b): m runs its inner
+  steps from its last local step to s (local step :math:`s'` on the batch the in-step runtime
+  gives replica m at step :math:`s'`, its inner optimizer's schedule at its own step count),
+  then its contribution :math:`\\Delta_m = \\theta_g^{(b)} - \\theta_m` (float32) is taken and
+  held (a replica waits for its round, τ = 0, so it is the same at the commit);
+* :class:`~diloco_core.spec.tape.Dropped`: the contribution is discarded;
+* :class:`~diloco_core.spec.tape.Committed` (version v, members): the members' contributions,
+  in member order (the tape's arrival order), weighted by
+  :func:`~diloco_core.spec.syncer.round_weights` (staleness :math:`s = v - 1 - b`), go through
+  :func:`~diloco_core.algorithm.outer_apply.apply_round` (merged or sequential; the run's outer
+  optimizer for N = 1, Delayed Nesterov with buffer N and activation c otherwise; radial
+  option) and make :math:`\\theta_g^{(v)}`;
+* :class:`~diloco_core.spec.tape.Merged` (replica m, version v): a member blends,
+  :math:`\\theta_m \\leftarrow \\alpha\\,\\theta_m + (1 - \\alpha)\\,\\theta_g^{(v)}` (α = 0:
+  replaced), a healed replica (dropped contribution, rejoin) is replaced by
+  :math:`\\theta_g^{(v)}`; its inner optimizer state is kept;
+* :class:`~diloco_core.spec.tape.Lost` / :class:`~diloco_core.spec.tape.Joined`: a lost
+  replica runs no step (the steps of a period it did not finish are never run); a joiner
+  keeps the inner optimizer state it had and is replaced by the version it downloads (the
+  heal merge that follows its join on the tape).
+
+Every global version a later event still reads (a send's base, a merge) is kept until that
+event. The replicas' states are stacked on a leading axis M and their inner steps run as one
+program over all M (``jax.vmap``, as the in-step runtime maps its replicas; a replica not due
+keeps its row, exactly): every replica whose period has started runs with the one that must
+reach its send (its steps depend on nothing else until its own send, τ = 0), so a synchronous
+tape runs in lock step and reproduces the in-step trainer bit for bit (one replica alone, or a
+vmap of size 1, rounds its reductions 1 to 4 ulp differently). Deterministic: no clock, every sum in tape order. **Bytes**: every sent contribution is
+one payload (float32, :math:`4\\,|\\theta|` bytes, as the trainer's byte counters count a
+replica's send); ``bytes_sent`` is their total over all replicas, the downloads not counted.
+
+**Not supported yet** (refused with one line before anything compiles, never approximated):
+fragments P > 1, overlap τ > 0, ``outer_overlap`` delayed / eager, compression other than
+``none``, top-k, error feedback, ``reduction="reduce-scatter"``, DP, replica drops and rejoin
+schedules, the background runtime, a mesh, checkpoints and resume, ``eval_replicas``.
+
+Examples:
+  Speeds to ticks (:func:`speed_ticks`): the fastest replica's step takes S ticks, S the smallest
+  scale that makes every step time a whole number of ticks:
+
+  >>> speed_ticks((1.0, 1.0, 0.5)), speed_ticks((1.0, 0.75)), speed_ticks((2, 3))
+  ((1, 1, 2), (3, 4), (3, 2))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from fractions import Fraction
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from diloco_core.algorithm.base import reported_loss
+from diloco_core.algorithm.hyperparams import resolve_optimizer
+from diloco_core.algorithm.outer_apply import (apply_round, delayed_nesterov_init, delayed_nesterov_step,
+                                               optax_step)
+from diloco_core.algorithm.phases import inner_update
+from diloco_core.data.sources import make_dataset
+from diloco_core.devices.backend import resolve_model_config
+from diloco_core.model.transformer import init_model, train_loss
+from diloco_core.spec import validity as v
+from diloco_core.spec.syncer import SyncerConfig, round_weights
+from diloco_core.run.syncer_options import check_playable
+from diloco_core.spec.tape import Committed, Dropped, Joined, Lost, Merged, Sent, simulate_tape
+from diloco_core.store import params_io
+
+__all__ = ["TapeResult", "make_setup", "play_tape", "speed_ticks", "tape_for"]
+
+
+@dataclasses.dataclass
+class TapeResult:
+  """What :func:`play_tape` returns.
+
+  Attributes:
+    params: the final global params :math:`\\theta_g` (the last committed version).
+    step_losses: ``(replica, local step, loss)`` of every inner step, in the order played (the
+      loss before the update, as the trainer reports it).
+    eval_loss: the eval loss of the final global params.
+    version_eval_losses: ``(version, eval loss)`` of version 0 and each committed version (empty
+      when ``eval_versions=False``).
+    local_steps: the inner steps run, all replicas together.
+    rounds: the committed rounds (the last version).
+    members: each committed round's members as replica ids, in member order.
+    round_marks: ``(version, local steps played, contributions sent)`` at each commit (the local
+      steps of replicas whose period had started count as played: module docstring).
+    contributions: the contributions sent (dropped ones included).
+    payload_bytes: the bytes of one contribution.
+    bytes_sent: ``contributions * payload_bytes``.
+    tape: the tape played.
+  """
+
+  params: Any
+  step_losses: list
+  eval_loss: float
+  version_eval_losses: list
+  local_steps: int
+  rounds: int
+  members: list
+  round_marks: list
+  contributions: int
+  payload_bytes: float
+  bytes_sent: float
+  tape: tuple
+
+
+def speed_ticks(speeds, scale: int | None = None) -> tuple[int, ...]:
+  """Each replica's inner-step time in ticks, from its speed (steps per unit of time).
+
+  .. math:: \\text{ticks}_m = S \\cdot \\max_k v_k / v_m
+
+  exactly, a float speed read as the decimal it prints as (0.3 is 3/10, as
+  :func:`~diloco_core.spec.syncer.dylu_inner_steps` reads it). ``scale=None`` takes the smallest
+  S >= 1 that makes every :math:`\\text{ticks}_m` an integer (the lcm of the ratios'
+  denominators): a tick is 1/S of the fastest replica's step time. A given S that does not is
+  refused, never rounded.
+
+  Args:
+    speeds: each replica's speed :math:`v_m > 0`.
+    scale: S, ticks per step of the fastest replica (None: the smallest exact one).
+
+  Returns:
+    The step ticks, one per replica.
+
+  Examples:
+    >>> speed_ticks((1.0, 0.3))  # ratio 10/3: S = 3
+    (3, 10)
+    >>> speed_ticks((1.0, 0.3), scale=4)
+    Traceback (most recent call last):
+    ...
+    ValueError: speeds (1.0, 0.3) with scale=4 give step times 4 * 10/3 ticks that are not whole: pass scale a multiple of 3 (or None).
+  """
+  if not isinstance(speeds, (tuple, list)) or not speeds:
+    raise ValueError(f"speeds must be a non-empty tuple of positive speeds, one per replica, got {speeds!r}.")
+  for i, s in enumerate(speeds):
+    v.check_real(f"speeds (v_m) of replica {i}", s, low=0.0, low_open=True)
+  exact = [Fraction(str(s)) if isinstance(s, (float, np.floating)) else Fraction(s) for s in speeds]
+  ratios = [max(exact) / s for s in exact]
+  need = functools.reduce(math.lcm, (r.denominator for r in ratios), 1)
+  if scale is None:
+    scale = need
+  v.check_int("scale", scale, what=" (None: the smallest exact one)")
+  for r in ratios:
+    if (scale * r).denominator != 1:
+      raise ValueError(f"speeds {tuple(speeds)!r} with scale={scale} give step times {scale} * {r} ticks that"
+                       f" are not whole: pass scale a multiple of {need} (or None).")
+  return tuple(int(scale * r) for r in ratios)
+
+
+def tape_for(cfg, syncer: SyncerConfig, speeds, *, latency: int = 0, transfer: int = 0, losses=(), joins=(),
+             scale: int | None = None) -> tuple:
+  """The tape of ``cfg``'s run on replicas of the given speeds: :func:`speed_ticks` and
+  :func:`~diloco_core.spec.tape.simulate_tape` with the run's H and equal total local steps
+  :math:`M \\times` ``cfg.steps``.
+
+  Args:
+    cfg: the run (its ``algo.replicas``, ``algo.sync_every``, ``steps``; checked by :func:`~diloco_core.run.syncer_options.check_playable`).
+    syncer: the syncer's knobs.
+    speeds: each replica's speed (steps per unit of time), M of them.
+    latency, transfer: the link's ticks (:func:`~diloco_core.spec.tape.simulate_tape`).
+    losses, joins: ``(tick, replica)`` pairs.
+    scale: ticks per step of the fastest replica (:func:`speed_ticks`).
+
+  Returns:
+    The tape.
+
+  Examples:
+    >>> from diloco_core.run.config import TrainConfig
+    >>> from diloco_core.algorithm.config import DiLoCoConfig
+    >>> cfg = TrainConfig(steps=4, algo=DiLoCoConfig(replicas=2, sync_every=2))
+    >>> tape = tape_for(cfg, SyncerConfig(quorum=1, late="carry"), (1.0, 0.5))
+    >>> [(e.tick, e.replica, e.step) for e in tape if isinstance(e, Sent)]
+    [(2, 0, 2), (4, 0, 4), (4, 1, 2), (6, 0, 6)]
+  """
+  check_playable(cfg, syncer)
+  m = cfg.algo.replicas
+  if not isinstance(speeds, (tuple, list)) or len(speeds) != m:
+    raise ValueError(f"speeds must be one positive speed per replica (M={m}), got {speeds!r}.")
+  return simulate_tape(syncer, speed_ticks(tuple(speeds), scale), cfg.algo.sync_every, m * cfg.steps,
+                       latency=latency, transfer=transfer, losses=losses, joins=joins)
+
+
+def make_setup(cfg):
+  """The run's data, model and algorithm object, as :func:`~diloco_core.run.loop.train` builds them.
+
+  Returns:
+    ``(data, model_cfg, params, loss_fn, algo)``.
+  """
+  from diloco_core.run.programs import make_algorithm  # the run layer's own module
+  m, b, t = cfg.algo.replicas, cfg.batch_size, cfg.seq_len
+  data = make_dataset(cfg.data, replicas=m, batch_size=b, seq_len=t, model_vocab_size=cfg.vocab_size)
+  model_cfg = resolve_model_config(cfg.model_config(vocab_size=data.vocab_size))
+  apply_fn, params = init_model(model_cfg, cfg.seed)
+  if cfg.init_from is not None:
+    try:
+      params = params_io.load_params(cfg.init_from, like=params)
+    except ValueError as e:
+      raise ValueError(f"init_from: {e}") from None
+  loss_fn = lambda p, tokens: train_loss(apply_fn, p, tokens)
+  return data, model_cfg, params, loss_fn, make_algorithm(cfg, loss_fn, params)
+
+
+def play_tape(cfg, syncer: SyncerConfig, tape, *, eval_versions: bool = True, setup=None,
+              observe=None) -> TapeResult:
+  """Trains ``cfg``'s model as ``tape`` says (module docstring).
+
+  Args:
+    cfg: the run (a :class:`~diloco_core.run.config.TrainConfig`; refused as
+      :func:`~diloco_core.run.syncer_options.check_playable` says, before anything compiles).
+    syncer: the syncer's knobs the tape was made with (weights, apply, buffer, activation, radial).
+    tape: :func:`~diloco_core.spec.tape.simulate_tape`'s (or :func:`tape_for`'s) tape.
+    eval_versions: also evaluate every committed version.
+    setup: :func:`make_setup`'s tuple, if already built.
+    observe: called at each commit as ``observe(event, contributions, params)``: the
+      :class:`~diloco_core.spec.tape.Committed` event, its members' pseudo-gradients (member
+      order) and the global params they are applied to (the version before); None: nothing.
+
+  Returns:
+    A :class:`TapeResult`.
+
+  Examples:
+    >>> from diloco_core import DataConfig, DiLoCoConfig
+    >>> from diloco_core.run.config import TrainConfig
+    >>> cfg = TrainConfig(model="tiny", data=DataConfig(vocab_size=16, order=1), batch_size=2, seq_len=8,
+    ...                   steps=4, warmup_steps=1, algo=DiLoCoConfig(replicas=2, sync_every=2))
+    >>> syncer = SyncerConfig(quorum=1, late="carry")
+    >>> result = play_tape(cfg, syncer, tape_for(cfg, syncer, (1.0, 0.5)))
+    >>> result.local_steps, result.rounds, result.members
+    (8, 3, [[0], [0, 1], [0]])
+  """
+  check_playable(cfg, syncer)
+  data, _, params, loss_fn, algo = make_setup(cfg) if setup is None else setup
+  return _Player(cfg, syncer, data, params, loss_fn, algo, eval_versions, observe).play(tape)
+
+
+class _Player:
+  """One play of a tape (:func:`play_tape`).
+
+  The replicas' params and inner optimizer states are stacked on a leading replica axis M, and
+  inner steps run as one program over all M (``jax.vmap``, as the in-step runtime maps its
+  replicas), each replica's row kept or left as it was (``where``, exact). Replicas whose
+  period has started run together: the period's steps depend on nothing but the replica's
+  own state and data until its send (τ = 0), so running them before another replica's send
+  changes no number, and a synchronous tape runs all M in lock step, as the trainer does.
+  (One replica alone, or a vmap of size 1, rounds its reductions differently: 1 to 4 ulp.)
+  """
+
+  def __init__(self, cfg, syncer: SyncerConfig, data, params, loss_fn, algo, eval_versions: bool, observe=None):
+    m = cfg.algo.replicas
+    self.observe = observe
+    self.syncer, self.data, self.eval_versions, self.m = syncer, data, eval_versions, m
+    self.hp = algo.typed_hyperparams()
+    inner_opt = algo.inner_optimizer
+    one = lambda hp, p, o, b: inner_update(loss_fn, resolve_optimizer(inner_opt, hp), p, o, b)[:3]
+
+    def advance(hp, p, o, batch, active):
+      new_p, new_o, loss = jax.vmap(one, in_axes=(None, 0, 0, 0))(hp, p, o, batch)
+      keep = lambda n, x: jnp.where(active.reshape(-1, *[1] * (x.ndim - 1)), n, x)
+      return jax.tree.map(keep, new_p, p), jax.tree.map(keep, new_o, o), loss
+
+    self.advance = jax.jit(advance)
+    self.set_row = jax.jit(lambda tree, i, row: jax.tree.map(lambda x, y: x.at[i].set(y), tree, row))
+    evaluate = jax.jit(reported_loss(loss_fn))
+    tokens = jnp.asarray(data.eval_batch())
+    self.evaluate = lambda p: float(evaluate(p, tokens))
+    algo.prepare(params)
+    self.payload = float(algo.fragment_bytes[0])
+    stack = lambda tree: jax.tree.map(lambda x: jnp.broadcast_to(x, (m, *jnp.shape(x))), tree)
+    self.params, self.opt = stack(params), stack(resolve_optimizer(inner_opt, self.hp).init(params))
+    self.count, self.target = [0] * m, [None] * m
+    self.versions, self.version = {0: params}, 0
+    outer_opt = resolve_optimizer(algo.outer_optimizer, self.hp)
+    if syncer.buffer == 1:  # the run's outer optimizer (Nesterov: Delayed Nesterov's N = 1, bit for bit)
+      self.step, self.outer = optax_step(outer_opt), outer_opt.init(params)
+    else:
+      self.step = functools.partial(delayed_nesterov_step, lr=self.hp["outer_lr"], beta=self.hp["outer_momentum"],
+                                    buffer=syncer.buffer, activation=syncer.activation)
+      self.outer = delayed_nesterov_init(params)
+    self.alpha = self.hp["alpha"]
+    self.blend = jax.jit(lambda a, g, al: jax.tree.map(lambda x, y: (al * x + (1 - al) * y).astype(x.dtype), a, g))
+    # jitted as the trainer's step is (op by op, XLA rounds the outer step 1 ulp differently);
+    # Delayed Nesterov's count is host-side, so N > 1 runs op by op
+    self.apply = jax.jit(functools.partial(apply_round, step=self.step, apply=syncer.apply, radial=syncer.radial),
+                         static_argnames="weights") if syncer.buffer == 1 else functools.partial(
+                             apply_round, step=self.step, apply=syncer.apply, radial=syncer.radial)
+    self.pending: dict = {}
+    self.losses: list = []
+    self.batches: dict = {}
+    self.members: list = []
+    self.marks: list = []
+    self.sent = 0
+
+  def row(self, tree, i: int):
+    return jax.tree.map(lambda x: x[i], tree)
+
+  def batch(self, active: list[bool]):
+    """The stacked batch: replica k's of data step ``count[k]`` (its next local step) where active."""
+    rows = []
+    for k, on in enumerate(active):
+      if on and self.count[k] not in self.batches:
+        self.batches[self.count[k]] = self.data.train_batch(self.count[k])
+      rows.append(self.batches[self.count[k]][k] if on else None)
+    like = next(r for r in rows if r is not None)
+    low = min(self.count[k] for k, on in enumerate(active) if on)
+    for s in [s for s in self.batches if s < low]:
+      del self.batches[s]
+    return jnp.asarray(np.stack([np.zeros_like(like) if r is None else r for r in rows]))
+
+  def run_to(self, m: int, step: int) -> None:
+    """Runs replica m's inner steps up to local step ``step``, with every other started period."""
+    if self.target[m] != step:
+      raise ValueError(f"tape: replica {m} sends after local step {step}, but its period ends at {self.target[m]}"
+                       " (not a tape of simulate_tape for this run).")
+    while self.count[m] < step:
+      active = [t is not None and c < t for c, t in zip(self.count, self.target)]
+      self.params, self.opt, loss = self.advance(self.hp, self.params, self.opt, self.batch(active),
+                                                 jnp.asarray(active))
+      for k in range(self.m):
+        if active[k]:
+          self.count[k] += 1
+          self.losses.append((k, self.count[k], loss, k))
+
+  def start(self, tape, i: int, m: int) -> None:
+    """Replica m starts a period after event i: its target is the step of its next send (None
+    if it is lost first or sends no more)."""
+    self.target[m] = None
+    for e in tape[i + 1:]:
+      if e.replica == m and isinstance(e, (Sent, Lost)):
+        self.target[m] = e.step if isinstance(e, Sent) else None
+        return
+
+  def play(self, tape) -> TapeResult:
+    tape = tuple(tape)
+    last_use = {}
+    for i, e in enumerate(tape):
+      if isinstance(e, Sent):
+        last_use[e.base] = i
+      elif isinstance(e, Merged):
+        last_use[e.version] = i
+    evals = [(0, self.evaluate(self.versions[0]))] if self.eval_versions else []
+    for m in range(self.m):
+      self.start(tape, -1, m)
+    for i, e in enumerate(tape):
+      if isinstance(e, Sent):
+        self.run_to(e.replica, e.step)
+        self.target[e.replica] = None
+        base = self.versions[e.base]
+        self.pending[e.replica, e.step] = jax.tree.map(lambda g, r: (g - r).astype(jnp.float32), base,
+                                                       self.row(self.params, e.replica))
+        self.sent += 1
+      elif isinstance(e, Dropped):
+        del self.pending[e.replica, e.step]
+      elif isinstance(e, Committed):
+        self.commit(e)
+        if self.eval_versions:
+          evals.append((e.version, self.evaluate(self.versions[e.version])))
+      elif isinstance(e, Merged):
+        target, mine = self.versions[e.version], self.row(self.params, e.replica)
+        new = target if e.heal else self.blend(mine, target, self.alpha)
+        self.params = self.set_row(self.params, e.replica, new)
+        self.start(tape, i, e.replica)
+      elif isinstance(e, Lost):
+        self.target[e.replica] = None
+      elif isinstance(e, Joined):
+        self.count[e.replica] = e.step
+      else:
+        raise ValueError(f"tape events must be those of simulate_tape, got {e!r}.")
+      for old in [u for u in self.versions if u != self.version and last_use.get(u, -1) <= i]:
+        del self.versions[old]
+    final = self.versions[self.version]
+    fetched = jax.device_get([x for _, _, x, _ in self.losses])
+    losses = [(m, s, float(x[k])) for (m, s, _, k), x in zip(self.losses, fetched)]
+    return TapeResult(params=final, step_losses=losses, eval_loss=self.evaluate(final), version_eval_losses=evals,
+                      local_steps=len(losses), rounds=self.version, members=self.members, round_marks=self.marks, contributions=self.sent,
+                      payload_bytes=self.payload, bytes_sent=self.sent * self.payload, tape=tape)
+
+  def commit(self, e: Committed) -> None:
+    s = self.syncer
+    grads = [self.pending.pop((c.replica, c.step)) for c in e.members]
+    weights = round_weights(s, [c.inner_steps for c in e.members], [e.version - 1 - c.base for c in e.members])
+    if self.observe is not None:
+      self.observe(e, grads, self.versions[self.version])
+    g, self.outer = self.apply(self.versions[self.version], self.outer, grads, weights=weights)
+    self.version = e.version
+    self.versions[e.version] = g
+    self.members.append([c.replica for c in e.members])
+    self.marks.append((e.version, len(self.losses), self.sent))
