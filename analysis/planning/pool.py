@@ -49,7 +49,7 @@ import dataclasses
 import math
 from fractions import Fraction
 
-from diloco_core.spec.syncer import SyncerConfig, dylu_inner_steps
+from diloco_core.spec.syncer import SyncerConfig, dylu_inner_steps, exact_decimal
 from diloco_core.spec.tape import Committed, Dropped, Sent, simulate_tape
 from diloco_core.spec.validity import check_bool, check_choice, check_int, is_real
 
@@ -69,7 +69,7 @@ def exact_seconds(name: str, value, *, positive: bool = False) -> Fraction:
   if isinstance(value, Fraction):
     exact = value
   elif is_real(value):
-    exact = Fraction(str(value)) if isinstance(value, float) or hasattr(value, "dtype") else Fraction(value)
+    exact = exact_decimal(value)
   else:
     raise ValueError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}.")
   if exact < 0 or (positive and exact == 0):

@@ -71,7 +71,7 @@ from diloco_core.data.sources import make_dataset
 from diloco_core.devices.backend import resolve_model_config
 from diloco_core.model.transformer import init_model, train_loss
 from diloco_core.spec import validity as v
-from diloco_core.spec.syncer import SyncerConfig, round_weights
+from diloco_core.spec.syncer import SyncerConfig, exact_decimal, round_weights
 from diloco_core.run.syncer_options import check_playable
 from diloco_core.spec.tape import Committed, Dropped, Joined, Lost, Merged, Sent, simulate_tape
 from diloco_core.store import params_io
@@ -145,7 +145,7 @@ def speed_ticks(speeds, scale: int | None = None) -> tuple[int, ...]:
     raise ValueError(f"speeds must be a non-empty tuple of positive speeds, one per replica, got {speeds!r}.")
   for i, s in enumerate(speeds):
     v.check_real(f"speeds (v_m) of replica {i}", s, low=0.0, low_open=True)
-  exact = [Fraction(str(s)) if isinstance(s, (float, np.floating)) else Fraction(s) for s in speeds]
+  exact = [exact_decimal(s) for s in speeds]
   ratios = [max(exact) / s for s in exact]
   need = functools.reduce(math.lcm, (r.denominator for r in ratios), 1)
   if scale is None:

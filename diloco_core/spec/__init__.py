@@ -56,6 +56,7 @@ _PUBLIC = {
     "WEIGHTINGS": "diloco_core.spec.syncer",
     "STALENESS_EXPONENT": "diloco_core.spec.syncer",
     "dylu_inner_steps": "diloco_core.spec.syncer",
+    "exact_decimal": "diloco_core.spec.syncer",
     "round_weights": "diloco_core.spec.syncer",
     "SYNCER_SETTINGS": "diloco_core.spec.syncer_settings",
     "SyncerSetting": "diloco_core.spec.syncer_settings",

@@ -66,7 +66,6 @@ import dataclasses
 import math
 from fractions import Fraction
 
-import numpy as np
 
 from diloco_core.spec import validity as v
 
@@ -80,7 +79,28 @@ WEIGHTINGS = ("uniform", "tokens", "staleness")
 STALENESS_EXPONENT = 0.5
 
 __all__ = ["APPLY_MODES", "LATE_POLICIES", "STALENESS_EXPONENT", "SyncerConfig", "WEIGHTINGS",
-           "dylu_inner_steps", "round_weights"]
+           "dylu_inner_steps", "exact_decimal", "round_weights"]
+
+
+def exact_decimal(value) -> Fraction:
+  """``value`` as an exact rational, a float (or NumPy float) read as the decimal it prints as.
+
+  The one rule by which speeds and seconds become exact numbers (DyLU's floor, a tape's ticks,
+  the planner's seconds): 0.3 is 3/10, not the binary fraction just below it.
+
+  Args:
+    value: an int, a float, a NumPy scalar or a Fraction.
+
+  Returns:
+    The Fraction.
+
+  Examples:
+    >>> exact_decimal(0.3), exact_decimal(2), exact_decimal(Fraction(1, 3))
+    (Fraction(3, 10), Fraction(2, 1), Fraction(1, 3))
+  """
+  if isinstance(value, Fraction):
+    return value
+  return Fraction(str(value)) if isinstance(value, float) or hasattr(value, "dtype") else Fraction(value)
 
 
 def dylu_inner_steps(speeds, sync_every: int) -> tuple[int, ...]:
@@ -101,7 +121,7 @@ def dylu_inner_steps(speeds, sync_every: int) -> tuple[int, ...]:
     >>> dylu_inner_steps((1.0, 0.3), 10)
     (10, 3)
   """
-  exact = [Fraction(str(s)) if isinstance(s, (float, np.floating)) else Fraction(s) for s in speeds]
+  exact = [exact_decimal(s) for s in speeds]
   fastest = max(exact)
   return tuple(max(1, math.floor(sync_every * s / fastest)) for s in exact)
 
