@@ -40,10 +40,11 @@ _DOCTESTS_NEEDING_DEVICES = {"diloco_core.devices.mesh.make_mesh": 8}
 #: ``--dist loadgroup`` with ``xdist_group`` marks would say this per test, but with pytest 9.2
 #: it silently stops grouping: pytest-xdist issue 1386.)
 ONE_WORKER_FILES = ("tests/test_launch.py", "tests/test_background.py", "tests/test_stored.py",
-                    "tests/test_installed.py", "tests/test_membership.py", "tests/test_elastic.py")
+                    "tests/test_installed.py", "tests/test_membership.py", "tests/test_elastic.py",
+                    "tests/test_quorum.py")
 #: Files that launch several processes (3 at once, timing their heartbeats and joins): one unit
 #: together, so that two of them never load the machine at the same time.
-PROCESS_FILES = ("tests/test_launch.py", "tests/test_membership.py", "tests/test_elastic.py")
+PROCESS_FILES = ("tests/test_launch.py", "tests/test_membership.py", "tests/test_elastic.py", "tests/test_quorum.py")
 
 
 def pytest_xdist_make_scheduler(config, log):

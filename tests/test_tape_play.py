@@ -117,7 +117,7 @@ def _cli_error(argv) -> str:
     (["--replicas", "2", "--speeds", "1,x"], "--speeds must be comma-separated floats"),
     (["--replicas", "2", "--quorum", "1", "--outer-buffer", "0"], "--outer-buffer (N) must be an integer >= 1"),
     (["--replicas", "2", "--outer-apply", "sequential", "--reduction", "reduce-scatter",
-      "--communication", "background"], "--reduction='reduce-scatter' is not supported by the tape player"),
+      "--communication", "background"], "--outer-apply='sequential' is not built on real processes"),
     (["--algorithm", "streaming", "--fragments", "2", "--quorum", "1"], "--fragments=2 is not supported by the tape player yet"),
     (["--overlap", "1", "--quorum", "1"], "--overlap=1 is not supported by the tape player yet"),
     (["--outer-overlap", "eager", "--quorum", "1"], "--outer-overlap='eager' is not supported"),
@@ -155,3 +155,14 @@ def test_default_knobs_keep_trains_path_and_a_non_default_syncer_plays_the_tape(
   assert [r["step"] for r in rows] == [1, 2] and [r["members"] for r in rows] == [[0, 1]] * 2
   assert rows[-1]["local_steps"] == 16 and rows[-1]["eval_loss"] == a.summary["final_eval_loss"]
   assert json.load(open(out / "summary.json"))["tape"]["rounds"] == 2 and (out / "final_params").is_dir()
+
+
+def test_each_row_of_a_tape_run_carries_its_commit_tick(tmp_path):
+  """A synchronous round on replicas of speeds (1, 0.5) with H = 2 waits for the slow replica:
+  2 steps of 2 ticks, so round v commits at tick 4 v; the file's rows and the summary say so."""
+  cfg = dataclasses.replace(tiny(replicas=2, steps=8, sync_every=2), out=str(tmp_path / "run"))
+  run = train(dataclasses.replace(cfg, syncer=SyncerOptions(speeds=(1.0, 0.5))))
+  rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+  tape = json.load(open(tmp_path / "run" / "summary.json"))["tape"]
+  assert tape["step_ticks"] == [1, 2] and tape["ticks"] == rows[-1]["tick"] == 4 * tape["rounds"]
+  assert [r["tick"] for r in rows] == [4 * r["step"] for r in rows] and run.metrics["tick"].iloc[0] == 0

@@ -353,6 +353,7 @@ def _c8(df):
                          "when neighbouring η differ by less than the noise)")
 
 
+#: The papers' claims tested on the stored experiments, in the claims page's order.
 CLAIMS: tuple[Claim, ...] = (
     Claim(1, "Streaming DiLoCo (P fragments, same H) reaches about vanilla DiLoCo's loss while it "
              "sends one fragment at a time (a peak per sync P times smaller for equal fragments).",
@@ -391,16 +392,17 @@ CLAIMS: tuple[Claim, ...] = (
 )
 
 
-def evaluate_all(frames: pd.DataFrame | Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+def evaluate_all(frames: pd.DataFrame | Mapping[str, pd.DataFrame], claims: Sequence[Claim] = ()) -> pd.DataFrame:
   """One row per claim: number, finding, verdict, the conditions' text, what would resolve it.
 
   Args:
     frames: the arms' runs (:func:`~analysis.lab.arm_frames.arm_frame`): one frame with every
       claim's arms, or a frame per stored experiment by name, each claim tested on its
       ``Claim.experiment``'s (a claim whose experiment is not given is left out).
+    claims: more claims after :data:`CLAIMS` (e.g. :data:`analysis.lab.stragglers.CLAIMS`).
   """
   rows = []
-  for c in CLAIMS:
+  for c in CLAIMS + tuple(claims):
     df = frames if isinstance(frames, pd.DataFrame) else frames.get(c.experiment)
     if df is None:
       continue

@@ -359,6 +359,19 @@ def _sparse(scale):
   return out
 
 
+@_register("stragglers")
+def _stragglers(scale):
+  """One replica two times slower, the syncer's settings at equal total local steps
+  (:mod:`analysis.lab.straggler_arms`) × its paired seeds; ``K=4`` is ``sync``'s runs."""
+  from analysis.lab.straggler_arms import STRAGGLER_SEEDS, straggler_arms  # here: it imports the trainer's config
+  out, seen = [], set()
+  for cfg in straggler_arms(base_config(scale)).values():
+    if repr(cfg) not in seen:
+      seen.add(repr(cfg))
+      out += grid(cfg, seed=list(range(STRAGGLER_SEEDS)))
+  return out
+
+
 def named_sweep(name: str, scale: str = "cpu") -> list:
   """The configs of one docs sweep (see :data:`SWEEPS`) at a scale.
 

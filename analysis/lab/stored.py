@@ -50,7 +50,8 @@ RESULTS_DIR = pathlib.Path(__file__).resolve().parents[1] / "results"
 #: The format of the stored files; :func:`load` refuses any other.
 FORMAT = 1
 #: The logged metrics kept per run (wall time stays out: it is the machine's, not the run's).
-METRIC_COLUMNS = ("step", "train_loss", "eval_loss", "tokens", "bytes_sent", "total_bytes_sent")
+METRIC_COLUMNS = ("step", "train_loss", "eval_loss", "tokens", "bytes_sent", "total_bytes_sent",
+                  "tick")  # tick: a tape run's simulated time of the commit (diloco_core.run.tape_run)
 
 
 class StoredResultError(ValueError):

@@ -32,7 +32,8 @@ from diloco_core.run.config import TrainConfig
 #: The ``--help`` groups, in order (a field's metadata names its group).
 GROUPS = {
     "algorithm": "algorithm (symbols as on the semantics page, docs/semantics.md)",
-    "syncer": "syncer rule (any of these plays a tape: P = 1, τ = 0, diloco_core.run.tape_play)",
+    "syncer": ("syncer rule (in-step, any of these plays a tape: P = 1, τ = 0, diloco_core.run.tape_play;"
+               " background: --quorum with --elastic, --grace-s, --step-delay act on the real processes)"),
     "model": "model and inner optimizer",
     "data": "data",
     "run": "run",

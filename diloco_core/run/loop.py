@@ -169,7 +169,7 @@ def train(cfg: TrainConfig) -> TrainResult:
   # ---- set-up: data, model, the (possibly cached) program, the state ----
   cfg.validate()
   preflight(cfg)  # the disk and the devices, once
-  if not cfg.syncer.is_default():  # the syncer rule: the run played from its tape, P = 1, τ = 0
+  if cfg.syncer.plays_tape(cfg):  # the syncer rule: the run played from its tape, P = 1, τ = 0
     metrics, summary, params = play_run(cfg)
     return TrainResult(metrics=metrics, summary=summary, params=params, state=None)
   # The data's fingerprint (file hashes) is only needed by checkpoints and resumes.

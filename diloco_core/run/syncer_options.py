@@ -9,6 +9,12 @@ run's syncer on replicas of those speeds (:mod:`~diloco_core.run.tape_play`), wh
 P = 1, τ = 0 only: :func:`check_playable` refuses the rest with one line before anything
 compiles.
 
+**On real processes** (``communication="background"``) nothing is played: ``quorum`` with
+``elastic`` makes each sync a K-of-M vote in wall-clock time, open ``grace_s`` seconds after its
+K-th replica (:mod:`~diloco_core.runtime.quorum`; a late process is dropped from that sync and
+healed), and ``step_delay`` slows named processes (a straggler for tests and demos);
+:func:`check_on_processes` refuses the tape's other knobs there in one line.
+
 Examples:
   >>> SyncerOptions().is_default(), SyncerOptions(quorum=1, late="carry").is_default()
   (True, False)
@@ -16,6 +22,8 @@ Examples:
   (4, 2)
   >>> parse_speeds("1, 1, 0.5")
   (1.0, 1.0, 0.5)
+  >>> parse_step_delay("2:0.5, 1:0.1")
+  ((2, 0.5), (1, 0.1))
 """
 
 from __future__ import annotations
@@ -26,7 +34,8 @@ from diloco_core.spec import validity as v
 from diloco_core.spec.fields import field, flag_names
 from diloco_core.spec.syncer import APPLY_MODES, LATE_POLICIES, STALENESS_EXPONENT, WEIGHTINGS, SyncerConfig
 
-__all__ = ["SyncerOptions", "check_playable", "parse_inner_steps", "parse_speeds", "syncer_flags"]
+__all__ = ["SyncerOptions", "check_on_processes", "check_playable", "parse_inner_steps", "parse_speeds",
+           "parse_step_delay", "syncer_flags"]
 
 _G = "syncer"
 
@@ -49,6 +58,20 @@ def parse_speeds(text: str | None) -> tuple | None:
 def parse_inner_steps(text: str | None) -> tuple | None:
   """``"4,4,2"`` -> ``(4, 4, 2)`` (None for no text)."""
   return _parse_list(text, "inner_steps", int, "4,4,2")
+
+
+def parse_step_delay(text: str | None) -> tuple | None:
+  """``"2:0.5,1:0.1"`` -> ``((2, 0.5), (1, 0.1))``: (process, seconds) pairs (None for no text)."""
+  if text is None or not str(text).strip():
+    return None
+  try:
+    return tuple((int(p), float(d)) for p, d in (x.strip().split(":") for x in str(text).split(",")))
+  except ValueError:
+    raise ValueError(f"`step_delay` must be comma-separated PROCESS:SECONDS pairs, e.g. 2:0.5; got {text!r}.") from None
+
+
+#: The knobs that act on real processes only (``communication`` background), not in a tape.
+PROCESS_KNOBS = ("quorum", "grace_s", "step_delay")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,10 +108,21 @@ class SyncerOptions:
   radial: bool = field(False, flag="radial", group=_G, help="radial-directional mean of a merged round")
   latency: int = field(0, flag="link-latency", group=_G, help="the tape's link latency, ticks each way")
   transfer: int = field(0, flag="link-transfer", group=_G, help="the tape's transfer time of one payload, ticks")
+  grace_s: float = field(0.0, flag="grace-s", group=_G,
+                         help="real processes (background, elastic, --quorum): seconds a sync stays open"
+                              " after its K-th replica (--grace is the tape's, in ticks)")
+  step_delay: tuple | None = field(
+      None, flag="step-delay", group=_G, parse=parse_step_delay,
+      help="real processes (background): PROCESS:SECONDS[,...], the named process sleeps that long"
+           " after each inner step (a straggler: slower, same numbers)")
 
   def is_default(self) -> bool:
     """Every knob at its default: the trainer's own lock step (no tape)."""
     return self == SyncerOptions()
+
+  def plays_tape(self, cfg) -> bool:
+    """Whether ``train`` plays the tape: a knob off its default, in-step (background: real processes)."""
+    return not self.is_default() and cfg.communication != "background"
 
   def syncer_config(self, replicas: int) -> SyncerConfig:
     """The :class:`~diloco_core.spec.syncer.SyncerConfig` of these options (not checked)."""
@@ -117,7 +151,53 @@ class SyncerOptions:
         v.check_real(f"`speeds` (v_m) of replica {i}", s, low=0.0, low_open=True)
     for name in ("latency", "transfer"):
       v.check_int(f"`{name}`", getattr(self, name), low=0, what=" (ticks)")
+    if cfg.communication == "background":
+      check_on_processes(cfg, self)
+      return
+    for name in PROCESS_KNOBS[1:]:
+      if getattr(self, name) != getattr(SyncerOptions(), name):
+        raise ValueError(f"`{name}` acts on real processes: use `communication` background (the tape's"
+                         f" {'grace is `grace`, in ticks' if name == 'grace_s' else 'speeds are `speeds`'}).")
     check_playable(cfg, self.syncer_config(m))
+
+
+def check_on_processes(cfg, opts: SyncerOptions) -> None:
+  """One-line ``ValueError`` for syncer options a run over real processes (``communication``
+  background) cannot take: there ``quorum`` K (with ``elastic``; a K-of-M vote, late drop,
+  merged apply, N = 1: :mod:`~diloco_core.runtime.quorum`), ``grace_s`` (with a quorum below M)
+  and ``step_delay`` act; every other knob is the tape's and must stay at its default.
+
+  Examples:
+    >>> from diloco_core.run.config import TrainConfig
+    >>> from diloco_core.algorithm.config import DiLoCoConfig
+    >>> run = TrainConfig(algo=DiLoCoConfig(replicas=3), communication="background", elastic=True)
+    >>> check_on_processes(run, SyncerOptions(quorum=2, grace_s=1.5, step_delay=((2, 0.5),)))
+    >>> check_on_processes(run, SyncerOptions(quorum=2, late="carry"))
+    Traceback (most recent call last):
+    ...
+    ValueError: `late`='carry' is not built on real processes (`communication` background: a K-of-M `quorum` with `grace_s`, late drop, merged apply, N = 1): use 'drop', or `communication` in-step (the tape).
+  """
+  m, default = cfg.algo.replicas, SyncerOptions()
+  for f in dataclasses.fields(SyncerOptions):
+    value = getattr(opts, f.name)
+    if f.name not in PROCESS_KNOBS and value != getattr(default, f.name):
+      raise ValueError(f"`{f.name}`={value!r} is not built on real processes (`communication` background: a"
+                       f" K-of-M `quorum` with `grace_s`, late drop, merged apply, N = 1): use"
+                       f" {getattr(default, f.name)!r}, or `communication` in-step (the tape).")
+  for process, seconds in opts.step_delay or ():
+    if not v.is_int(process) or not 0 <= process < m:
+      raise ValueError(f"`step_delay` names process {process!r}: a process of the run, in [0, replicas={m}).")
+    v.check_real(f"`step_delay` of process {process}", seconds, low=0.0)
+  v.check_real("`grace_s`", opts.grace_s, low=0.0)
+  if opts.quorum is None or opts.quorum == m:
+    if opts.grace_s:
+      raise ValueError(f"`grace_s` keeps a quorum's sync open: pass `quorum` K < replicas={m}, or drop `grace_s`.")
+    return
+  if not v.is_int(opts.quorum) or not 1 <= opts.quorum <= m:
+    raise ValueError(f"`quorum` (K) must be an integer in [1, replicas={m}], got {opts.quorum!r}.")
+  if not cfg.elastic:
+    raise ValueError("`quorum` on real processes leaves a late process out of a sync, as an elastic run"
+                     " leaves a lost one: add `elastic`, or use `communication` in-step (the tape).")
 
 
 def _refuse(name: str, value, allowed: str) -> None:

@@ -10,11 +10,13 @@ What differs from a lock-step run's files: ``metrics.jsonl`` has **one row per c
 round** (``step`` is the round's version; ``local_steps`` the inner steps played by then, all
 replicas together; ``tokens`` theirs; ``train_loss`` / ``replica_loss`` the means of the steps
 played since the previous row, null for a replica that played none; ``eval_loss`` the round's
-version's; ``members`` the round's replicas in member order; bytes per replica as the mean
+version's; ``members`` the round's replicas in member order; ``tick`` the simulated time of the
+commit, in ticks of the tape (the :class:`~diloco_core.spec.tape.Committed` event's; the fastest
+replica's step is ``min(summary["tape"]["step_ticks"])`` ticks); bytes per replica as the mean
 over the M replicas of the contributions sent; ``wall_time_s`` the whole play's). ``log_every``
 and ``eval_every`` do not apply: every round is a row, every version is evaluated. ``summary.json`` has the usual keys (no
 compile time, no per-replica eval) and a ``tape`` item: its step ticks, rounds, local steps,
-contributions and the rounds' members. No checkpoint is written (refused up front).
+contributions, the rounds' members and the tick of the last commit (``ticks``). No checkpoint is written (refused up front).
 """
 
 from __future__ import annotations
@@ -29,20 +31,29 @@ import pandas as pd
 
 from diloco_core.run.tape_play import make_setup, play_tape, speed_ticks, tape_for
 from diloco_core.spec.model_config import param_count
+from diloco_core.spec.tape import Committed
 from diloco_core.store import checkpoint as ckpt
 from diloco_core.store import params_io, run_files
 
-__all__ = ["play_run"]
+__all__ = ["commit_ticks", "play_run"]
+
+
+def commit_ticks(tape) -> list[int]:
+  """The tick of each :class:`~diloco_core.spec.tape.Committed` event of ``tape``, in tape order."""
+  return [e.tick for e in tape if isinstance(e, Committed)]
 
 
 def _rows(cfg, result, wall: float) -> list[dict]:
   m, per_step = cfg.algo.replicas, cfg.batch_size * cfg.seq_len
+  ticks = commit_ticks(result.tape)
+  if len(ticks) != len(result.round_marks):
+    raise AssertionError(f"{len(ticks)} commits on the tape, {len(result.round_marks)} rounds played.")
   rows = [{"step": 0, "local_steps": 0, "train_loss": None, "replica_loss": None,
            "eval_loss": result.version_eval_losses[0][1], "tokens": 0, "bytes_sent": 0.0, "total_bytes_sent": 0.0,
-           "members": [], "wall_time_s": 0.0}]
+           "members": [], "tick": 0, "wall_time_s": 0.0}]
   done, sent = 0, 0
   evals = dict(result.version_eval_losses)
-  for (version, played, contributions), members in zip(result.round_marks, result.members):
+  for (version, played, contributions), members, tick in zip(result.round_marks, result.members, ticks):
     mine = [[x for r, _, x in result.step_losses[done:played] if r == k] for k in range(m)]
     means = [float(np.mean(x)) if x else None for x in mine]
     seen = [x for x in means if x is not None]
@@ -50,7 +61,7 @@ def _rows(cfg, result, wall: float) -> list[dict]:
                  "replica_loss": means, "eval_loss": evals[version], "tokens": played * per_step,
                  "bytes_sent": (contributions - sent) * result.payload_bytes / m,
                  "total_bytes_sent": contributions * result.payload_bytes / m, "members": members,
-                 "wall_time_s": wall})
+                 "tick": tick, "wall_time_s": wall})
     done, sent = played, contributions
   return rows
 
@@ -97,7 +108,8 @@ def play_run(cfg) -> tuple[pd.DataFrame, dict, object]:
       "warnings": cfg.schedule_warnings(),
       "tape": {"step_ticks": list(speed_ticks(tuple(speeds))), "inner_steps": list(syncer.inner_steps_of(
           cfg.algo.sync_every, m)), "rounds": result.rounds, "local_steps": result.local_steps,
-               "contributions": result.contributions, "members": result.members},
+               "contributions": result.contributions, "members": result.members,
+               "ticks": commit_ticks(result.tape)[-1] if result.rounds else 0},
   }
   if cfg.out is not None:
     with open(os.path.join(cfg.out, "summary.json"), "w") as f:

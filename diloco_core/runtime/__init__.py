@@ -9,7 +9,8 @@ Modules: :mod:`~diloco_core.runtime.communication` (``Runtime``, ``InStep``),
 :mod:`~diloco_core.runtime.background` with :mod:`~diloco_core.runtime.background_programs` and
 :mod:`~diloco_core.runtime.background_mesh`, :mod:`~diloco_core.runtime.link` (payloads between
 processes), :mod:`~diloco_core.runtime.membership` (agreements over the coordination service),
-:mod:`~diloco_core.runtime.elastic` and :mod:`~diloco_core.runtime.elastic_runtime`.
+:mod:`~diloco_core.runtime.elastic` and :mod:`~diloco_core.runtime.elastic_runtime`,
+:mod:`~diloco_core.runtime.quorum` (a K-of-M quorum deciding an elastic run's syncs in wall-clock time).
 """
 
 from diloco_core.lazy import lazy_exports
@@ -24,6 +25,9 @@ _PUBLIC = {
     "Membership": "diloco_core.runtime.membership",
     "Link": "diloco_core.runtime.link",
     "LostProcessError": "diloco_core.runtime.link",
+    "QuorumRule": "diloco_core.runtime.quorum",
+    "decide": "diloco_core.runtime.quorum",
+    "vote_exchange": "diloco_core.runtime.quorum",
 }
 __all__ = list(_PUBLIC)
 

@@ -131,6 +131,10 @@ class Background(PhasePrograms, MeshPlacement, ElasticRuntime):
     heal_every: elastic: a replacement is healed after a step that is a multiple of this (the
       log interval: every process's log rows then cover the same steps).
     heal_wait: elastic: seconds the leader may wait there for a replacement still compiling.
+    quorum: elastic: a :class:`~diloco_core.runtime.quorum.QuorumRule` deciding each fragment
+      sync (a late process is left out); None: each sync waits for every live process.
+    step_delay: seconds this process sleeps after each inner step (a straggler for tests and
+      demos; its numbers do not change; the ``compute`` rows record it).
 
   The loop calls it as its runtime (:class:`~diloco_core.runtime.communication.Runtime`): the same
   calls as :class:`~diloco_core.runtime.communication.InStep`.
@@ -140,7 +144,7 @@ class Background(PhasePrograms, MeshPlacement, ElasticRuntime):
 
   def __init__(self, algo: DiLoCo, params, mesh: str | None = None, out: str | None = None,
                resumed: bool = False, min_replicas: int | None = None, heal_every: int = 1,
-               heal_wait: float = 0.0):
+               heal_wait: float = 0.0, quorum=None, step_delay: float = 0.0):
     self.algo, self.config = algo, algo.config
     cfg = self.config
     self.processes, self.rank = jax.process_count(), jax.process_index()
@@ -158,7 +162,8 @@ class Background(PhasePrograms, MeshPlacement, ElasticRuntime):
       path = os.path.join(out, TRACE_FILE.format(rank=self.rank))
       os.makedirs(os.path.dirname(path), exist_ok=True)
       self._trace_file = open(path, "a" if resumed or (membership and membership.rejoined) else "w")
-    self.link = Link(on_transfer=self._transferred, membership=membership)
+    self.link = Link(on_transfer=self._transferred, membership=membership, quorum=quorum)
+    self.step_delay = step_delay
     if cfg.reduction == "reduce-scatter":  # its all-to-all's gloo context, set up while all are here
       wait(self.link.connect(), "connecting to the other processes")
     self._in_flight: dict[int, _InFlight] = {}
@@ -263,6 +268,9 @@ class Background(PhasePrograms, MeshPlacement, ElasticRuntime):
     cfg, hp = self.config, self.placed_hyperparams(last)
     start, self._step = time.time(), t
     state, loss, metrics = self.inner_program(state, batch, hp)
+    if self.step_delay:  # a straggler: late at its send, same numbers
+      jax.block_until_ready(loss)
+      time.sleep(self.step_delay)
     is_send, p = sent_fragment(t, cfg.sync_every, cfg.fragments, cfg.fragment_order)
     if is_send:
       if p in self._in_flight:  # delayed / eager: the previous sync of p arrives now (H steps on)
@@ -278,7 +286,7 @@ class Background(PhasePrograms, MeshPlacement, ElasticRuntime):
         if cfg.reduction == "reduce-scatter":
           future = self.link.reduce(flat, what, ChunkPlan(self._layout(state, p), self.processes))
         else:
-          future = self.link.gather(flat, what, self._layout(state, p))
+          future = self.link.gather(flat, what, self._layout(state, p), vote=True)  # a quorum decides it
         self._in_flight[p] = _InFlight(t, future, time.time(), mask)
         if cfg.outer_overlap == "eager":
           self._stale_global.add(p)
@@ -289,7 +297,8 @@ class Background(PhasePrograms, MeshPlacement, ElasticRuntime):
       state = self.merge_program(state, q, hp)
     jax.block_until_ready(loss)
     jax.block_until_ready(state.params)
-    self.record({"kind": "compute", "step": t, "start": start, "end": time.time()})
+    self.record({"kind": "compute", "step": t, "start": start, "end": time.time(),
+                 **({"delay": self.step_delay} if self.step_delay else {})})
     return state, {"loss": loss, "loss_metrics": metrics, "sent": is_send, "merged": is_merge}
 
   def _settle(self, state, p: int, t: int):

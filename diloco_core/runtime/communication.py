@@ -25,6 +25,7 @@ import numpy as np
 
 from diloco_core.algorithm.state import heal_replicas
 from diloco_core.runtime.background import Background
+from diloco_core.runtime.quorum import QuorumRule
 from diloco_core.devices.mesh import fetch, local_replicas, make_mesh, parse_mesh
 
 
@@ -215,5 +216,7 @@ def make_communication(cfg, algo, params, resumed: bool = False) -> Runtime:
   if cfg.communication == "background":
     return Background(algo, params, mesh=cfg.mesh, out=cfg.out, resumed=resumed,
                       min_replicas=cfg.min_replicas if cfg.elastic else None, heal_every=cfg.log_every,
-                      heal_wait=cfg.heal_wait)
+                      heal_wait=cfg.heal_wait,
+                      quorum=QuorumRule.of(cfg, jax.process_count()) if cfg.elastic else None,
+                      step_delay=dict(cfg.syncer.step_delay or ()).get(jax.process_index(), 0.0))
   return InStep(algo)

@@ -49,6 +49,7 @@ import time
 import jax
 import numpy as np
 
+from diloco_core.runtime.quorum import vote_exchange
 from diloco_core.wire import reduce_scatter
 
 from diloco_core.wire import packing as wire_packing
@@ -95,10 +96,11 @@ class Link:
       only); the run's trace records them.
   """
 
-  def __init__(self, on_transfer=None, membership=None):
+  def __init__(self, on_transfer=None, membership=None, quorum=None):
     self.processes, self.rank = jax.process_count(), jax.process_index()
     self._on_transfer = on_transfer
     self.membership = membership
+    self.quorum = quorum  # elastic: a QuorumRule decides the syncs gathered with vote=True
     self.last = None  # elastic: the link thread's last Agreement
     self.events: list[dict] = []  # elastic: the losses and joins the agreements saw, for the trace
     self.replaced: set[int] = set()  # elastic: the processes an agreement saw join as a replacement
@@ -130,7 +132,8 @@ class Link:
     self._jobs.put((future, what, work))
     return future
 
-  def gather(self, x: np.ndarray, what: str, layout: wire_packing.WireLayout | None = None) -> concurrent.futures.Future:
+  def gather(self, x: np.ndarray, what: str, layout: wire_packing.WireLayout | None = None,
+             vote: bool = False) -> concurrent.futures.Future:
     """Starts gathering ``x`` ``[n, ...]`` of every process along axis 0, in process order.
 
     Args:
@@ -138,6 +141,8 @@ class Link:
       what: a label for the trace (e.g. ``"fragment 1 @ step 6"``).
       layout: the payload's wire layout: the rows (float32 ``[n, elements]``) cross packed to
         its bits and come back as float32, bit for bit; None: ``x`` crosses as it is.
+      vote: elastic with a ``quorum``: the members are decided by it
+        (:func:`~diloco_core.runtime.quorum.vote_exchange`), not by a barrier over every live process.
 
     Returns:
       A future of the ``[processes * n, ...]`` array; it raises what the collective raised.
@@ -148,9 +153,9 @@ class Link:
     def work():
       sent = x if layout is None else wire_packing.pack_payload(x, layout)
       if self.membership is not None:
-        rows, received = self._agree(what, sent, 0)
+        rows, received, agreement = self._agree(what, sent, 0, vote and self.quorum is not None)
         out = rows if layout is None else wire_packing.unpack_payload(rows, layout)
-        return (out, self.last), sent.nbytes, received, 0
+        return (out, agreement), sent.nbytes, received, 0
       got = sent if self.processes == 1 else _allgather(sent)
       out = got if layout is None else wire_packing.unpack_payload(got, layout)
       return out, sent.nbytes, got.nbytes - sent.nbytes, 0
@@ -204,22 +209,29 @@ class Link:
       return reduce_scatter.assemble(reduced, plan), sent, received_bytes, padding
     return self._submit(what, work)
 
-  def _agree(self, what: str, x: np.ndarray, fill) -> tuple[np.ndarray, int]:
+  def _agree(self, what: str, x: np.ndarray, fill, vote: bool = False) -> tuple[np.ndarray, int, object]:
     """Elastic, on the link thread: every process's ``x`` ``[n, ...]`` through one agreement
-    (:meth:`~diloco_core.runtime.membership.Membership.exchange`), as ``[processes * n, ...]`` with
-    ``fill`` in the rows of the processes left out; and the bytes received."""
-    agreement = self.membership.exchange(what.replace("/", "-"), x.tobytes())
+    (:meth:`~diloco_core.runtime.membership.Membership.exchange`; ``vote``: decided by the
+    ``quorum``, its trace row among :attr:`events`), as ``[processes * n, ...]`` with
+    ``fill`` in the rows of the processes left out; the bytes received; the agreement."""
+    if vote:
+      agreement, row = vote_exchange(self.membership, what.replace("/", "-"), x.tobytes(), self.quorum)
+      self.events.append(row)
+    else:
+      agreement = self.membership.exchange(what.replace("/", "-"), x.tobytes())
     rows = np.full((self.processes, *x.shape), fill, x.dtype)
     for r, raw in agreement.payloads.items():
       rows[r] = np.frombuffer(raw, x.dtype).reshape(x.shape)
+    received = sum(len(raw) for r, raw in agreement.payloads.items() if r != self.rank)
+    if vote:  # no loss or join is seen by a vote: `last` stays the last barrier's
+      return rows.reshape(-1, *x.shape[1:]), received, agreement
     self.last = agreement
     self.replaced.update(agreement.joined)
     for kind in ("lost", "joined"):
       if getattr(agreement, kind):
         self.events.append({"kind": kind, "processes": list(getattr(agreement, kind)), "at": agreement.key,
                             "time": time.time()})
-    received = sum(len(raw) for r, raw in agreement.payloads.items() if r != self.rank)
-    return rows.reshape(-1, *x.shape[1:]), received
+    return rows.reshape(-1, *x.shape[1:]), received, agreement
 
   def exchange(self, key: str, x: np.ndarray, timeout_s: float = PEER_TIMEOUT_S, fill=np.nan) -> np.ndarray:
     """Every process's ``x`` (small: a log row's values) as ``[processes, ...]``, through the

@@ -132,12 +132,27 @@ class Membership:
     self._known: dict[int, int] | None = None  # {process: incarnation} of the last agreement
     self.incarnation: int | None = None  # this process's, from enter()
     self._last_key: str | None = None
+    self._to_free: list[str] = []  # keys of this process's votes, freed at the next barrier
     #: Whether :meth:`enter` found the run started: this process is a replacement.
     self.rejoined = False
     #: The leader's replacements waiting for their heal: ``{process: [incarnation, statuses told]}``.
     self.pending: dict[int, list[int]] = {}
     self._heals: dict[int, bytes] = {}
     self._heal_wait: tuple[threading.Thread, list] | None = None  # start_waiting_for_heal's thread, result
+
+  @property
+  def client(self):
+    """The coordination service's client."""
+    return self._client
+
+  @property
+  def live(self) -> dict[int, int]:
+    """``{process: incarnation}`` of the processes live at the last agreement."""
+    return dict(self._known or {})
+
+  def free_later(self, *keys: str) -> None:
+    """Keys (a vote's, :mod:`~diloco_core.runtime.quorum`) deleted after the next barrier."""
+    self._to_free.extend(keys)
 
   def _barrier(self) -> dict[int, int]:
     try:
@@ -197,6 +212,9 @@ class Membership:
         payloads[r] = raw
     if self._last_key is not None:  # everyone has read it: they all passed this barrier
       _delete(client, f"{self.prefix}/{self._last_key}/{self.rank}")
+    for k in self._to_free:  # the votes before this barrier: every process read them before it
+      _delete(client, k)
+    self._to_free = []
     self._known, self._last_key = live, key
     agreement = Agreement(key, tuple(sorted(payloads)), joined, lost, payloads, dict(live))
     if joined and payloads and self.rank == agreement.leader:  # the leader heals them (send_heal)
