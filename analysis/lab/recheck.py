@@ -117,28 +117,45 @@ def sample_indices(costs: Sequence[float], k: int = SAMPLE,
   return [order[j] for j in sorted({round(i * (len(order) - 1) / (k - 1)) for i in range(k)})]
 
 
-def prefix_diff(was: dict, now: dict, steps: int = PREFIX_STEPS) -> float:
+def prefix_diff(was: dict, now: dict, steps: int = PREFIX_STEPS, replica_step_tokens: int | None = None) -> float:
   """Largest relative difference of the logged train and eval losses at steps ``<= steps``.
+
+  A row's step is its ``step``, except in a run played from a syncer tape (its rows carry
+  ``tick``: one row per committed round, ``step`` the round's version), where it is the local
+  steps per replica played by then, ``tokens / replica_step_tokens``.
 
   Args:
     was: stored metrics (column -> values, with ``step``).
     now: the same columns of the run trained again.
     steps: the last step compared.
+    replica_step_tokens: a tape run's tokens of one local step of all M replicas
+      (:math:`M \\cdot b \\cdot T`); None for a lock-step run.
 
   Examples:
     >>> was = {"step": [0, 20, 40, 60], "train_loss": [None, 2.0, 1.5, 1.2], "eval_loss": [3.0, None, 1.6, 1.3]}
     >>> now = {"step": [0, 20, 40, 60], "train_loss": [None, 2.0, 1.5003, 1.0], "eval_loss": [3.0, None, 1.6, 1.0]}
     >>> round(prefix_diff(was, now), 6)
     0.0002
+    >>> tape = {"step": [0, 1, 2], "tick": [0, 24, 48], "tokens": [0, 96, 192], "eval_loss": [3.0, 2.0, 1.0]}
+    >>> prefix_diff(tape, {**tape, "eval_loss": [3.0, 2.0, 1.1]}, steps=40, replica_step_tokens=4)  # rows at 0, 24 of 48
+    0.0
   """
   if list(was.get("step", [])) != list(now.get("step", [])):
     return math.inf
+  position = was["step"]
+  if replica_step_tokens is not None and "tick" in was:
+    position = [t / replica_step_tokens for t in was["tokens"]]
   worst = 0.0
   for col in ("train_loss", "eval_loss"):
-    for step, a, b in zip(was["step"], was.get(col, []), now.get(col, [])):
+    for step, a, b in zip(position, was.get(col, []), now.get(col, [])):
       if step <= steps:
         worst = max(worst, rel(a, b))
   return worst
+
+
+def _replica_step_tokens(config: dict) -> int:
+  """:math:`M \\cdot b \\cdot T` of a stored run's config (:func:`prefix_diff`)."""
+  return int(config["algo"]["replicas"]) * int(config["batch_size"]) * int(config["seq_len"])
 
 
 def same_kind(provenance: dict) -> bool:
@@ -222,7 +239,7 @@ def verify(name: str, *, k: int = SAMPLE, scale: str = "cpu", rtol: float = RTOL
       z = abs(float(now_row["final_eval_loss"]) - float(first["row"]["final_eval_loss"])) / (math.sqrt(2) * scales[i])
     row = {"experiment": name, "index": i, "key": first["key"], "against": exact_ref.path.name,
            "check": "exact", "max_rel_diff": diffs[worst], "worst": worst,
-           "prefix_rel_diff": prefix_diff(first["metrics"], now_metrics), "final_rel_diff": final,
+           "prefix_rel_diff": prefix_diff(first["metrics"], now_metrics, replica_step_tokens=_replica_step_tokens(first["config"])), "final_rel_diff": final,
            "spread_z": z, "ok": diffs[worst] <= rtol}
     if not row["ok"] and ref is None:
       counts_equal = all(rel(first["row"].get(c), now_row.get(c)) == 0.0 for c in COUNTS)
