@@ -170,6 +170,7 @@ def train(cfg: TrainConfig) -> TrainResult:
   cfg.validate()
   preflight(cfg)  # the disk and the devices, once
   if cfg.syncer.plays_tape(cfg):  # the syncer rule: the run played from its tape, P = 1, τ = 0
+    _prepare_out(cfg)
     metrics, summary, params = play_run(cfg)
     return TrainResult(metrics=metrics, summary=summary, params=params, state=None)
   # The data's fingerprint (file hashes) is only needed by checkpoints and resumes.

@@ -33,7 +33,7 @@ from diloco_core.run.tape_play import make_setup, play_tape, speed_ticks, tape_f
 from diloco_core.spec.model_config import param_count
 from diloco_core.spec.tape import Committed
 from diloco_core.store import checkpoint as ckpt
-from diloco_core.store import params_io, run_files
+from diloco_core.store import params_io
 
 __all__ = ["commit_ticks", "play_run"]
 
@@ -67,7 +67,8 @@ def _rows(cfg, result, wall: float) -> list[dict]:
 
 
 def play_run(cfg) -> tuple[pd.DataFrame, dict, object]:
-  """Plays ``cfg``'s run from its syncer's tape and writes its files under ``cfg.out``.
+  """Plays ``cfg``'s run from its syncer's tape and writes its files under ``cfg.out`` (prepared by
+  :func:`~diloco_core.run.loop.train`).
 
   Args:
     cfg: a validated :class:`~diloco_core.run.config.TrainConfig` whose ``syncer`` is not at its defaults.
@@ -87,10 +88,7 @@ def play_run(cfg) -> tuple[pd.DataFrame, dict, object]:
   wall = time.perf_counter() - start
   rows = _rows(cfg, result, wall)
   final_params = None
-  if cfg.out is not None:
-    os.makedirs(cfg.out, exist_ok=True)
-    if cfg.overwrite:
-      run_files.remove_run_files(cfg.out)
+  if cfg.out is not None:  # train() prepared it (created; an old run cleared on overwrite)
     with open(os.path.join(cfg.out, "metrics.jsonl"), "w") as f:
       f.writelines(json.dumps(r, allow_nan=False) + "\n" for r in rows[1:])  # the step-0 row is not in the file
     final_params = params_io.export_params(result.params, os.path.join(cfg.out, ckpt.FINAL_PARAMS))
