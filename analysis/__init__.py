@@ -54,6 +54,7 @@ from analysis.planning.pool import pool_utilization
 from analysis.planning.pool_plan import pool_goodput
 from analysis.planning.pool_plan import pool_goodput_curves
 from analysis.planning.pool_plan import recommend_syncer
+from analysis.planning.published_goodput import comparison as published_goodput_comparison
 from analysis.planning.roofline import arithmetic_intensity
 from analysis.planning.roofline import critical_batch
 from analysis.planning.roofline import critical_intensity
@@ -87,7 +88,7 @@ _TRAINING = {"named_sweep": "analysis.lab.experiments", "grid": "analysis.lab.sw
 #: Every module of the two halves by its short name (``from analysis import roofline, stored``).
 _MODULES = {**{m: f"analysis.planning.{m}" for m in (
     "hardware", "models", "roofline", "bandwidth", "memory", "simulate", "sim_events",
-    "paper_tables", "plan", "candidates", "maxtext", "goodput", "pool", "pool_plan")}, **{m: f"analysis.lab.{m}" for m in (
+    "paper_tables", "plan", "candidates", "maxtext", "goodput", "pool", "pool_plan", "published_goodput")}, **{m: f"analysis.lab.{m}" for m in (
     "sweeps", "sweep_cache", "experiments", "live", "stored", "storing", "recheck", "realizations",
     "cpu_kind", "claims", "arm_frames", "delay_stability", "overlap_eta", "headline", "measured",
     "straggler_arms", "stragglers",
