@@ -201,8 +201,8 @@ def test_a_killed_process_stops_the_other_and_the_job_resumes(launched, tmp_path
   killed = subprocess.run([sys.executable, "-m", "diloco_core.launch", *flags, "--module", "kill_child", "--",
                            *train_flags], env=dict(ENV, KILL_STAMP=str(stamp)), capture_output=True,
                           text=True, timeout=300)
+  assert stamp.exists() and killed.returncode == 128 + signal.SIGKILL, (killed.returncode, killed.stderr[-3000:])
   stopped_after = time.time() - float(stamp.read_text())
-  assert killed.returncode == 128 + signal.SIGKILL, killed.stderr[-2000:]
   line = killed.stderr.strip().splitlines()[-1]
   assert line.startswith("launch: process 1 of 2 was lost (killed by SIGKILL); the others were stopped")
   newest = max(finalized_steps(out))
@@ -276,8 +276,8 @@ def test_one_of_four_processes_killed_ends_the_job_in_one_line(tmp_path):
                            "--checkpoint-every", "3", "--communication", "background", "--out", out],
                           env=dict(ENV, KILL_STAMP=str(stamp), KILL_RANK="2", KILL_AT_STEP="4"),
                           capture_output=True, text=True, timeout=400)
+  assert stamp.exists() and killed.returncode == 128 + signal.SIGKILL, (killed.returncode, killed.stderr[-3000:])
   stopped_after = time.time() - float(stamp.read_text())
-  assert killed.returncode == 128 + signal.SIGKILL, killed.stderr[-2000:]
   line = killed.stderr.strip().splitlines()[-1]
   assert line.startswith("launch: process 2 of 4 was lost (killed by SIGKILL); the others were stopped"), line
   assert os.path.join(out, "checkpoints", "3") in line and "--resume" in line

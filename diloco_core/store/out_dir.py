@@ -39,7 +39,8 @@ def check_out_dir(out: str, overwrite: bool, resume: bool = False, *, resumable:
     probe: whether a missing ``out`` is created and removed again to learn that it can be
       made. Only the process that writes the files probes: the other processes of a
       multi-process run check it at the same moment, and one's removal would race another's
-      look (they see the checks on an existing ``out`` only).
+      look (they see the checks on an existing ``out`` only, and ask the OS whether it is
+      writable rather than write a file of their own in it).
   """
   if not isinstance(out, str) or not out.strip():
     raise ValueError(f"`out` must be a directory path, got {out!r}.")
@@ -57,7 +58,9 @@ def check_out_dir(out: str, overwrite: bool, resume: bool = False, *, resumable:
     if probe:
       _probe_create(out)
     return
-  if not os.access(out, os.W_OK) or not _can_write_in(out):
+  # A process that does not write only asks the OS: a file of its own in `out` could land between
+  # the writer's probe listing `out` and removing it, and keep the probed `out` alive.
+  if not os.access(out, os.W_OK) or (probe and not _can_write_in(out)):
     if not os.path.isdir(out):  # removed meanwhile by process 0's probe (multi-process run)
       return check_out_dir(out, overwrite, resume, resumable=resumable, probe=probe)
     raise ValueError(f"out={out!r} is not writable; choose another directory.")
