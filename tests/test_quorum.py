@@ -3,6 +3,7 @@ time (diloco_core.runtime.quorum), a late process is left out of it and healed, 
 its own trace replayed in-step as a drop schedule, bit for bit; a grace longer than the delay
 waits for it (every process counts, the plain run's numbers); one-line errors for the rest."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -95,6 +96,38 @@ def test_a_late_process_is_dropped_by_the_quorum_and_the_run_equals_its_replay(t
     assert votes[2][key]["start"] >= decider[0]["end"] - 0.05  # it arrived after the decision
   assert schedule_from_trace(traces[0], replicas=3) == tuple((s, 2) for s in sorted(late))
   _same_numbers(out, tmp_path / "replay")
+  _tape_replay(out, tmp_path / "tape-replay", traces[0])
+
+
+def _tape_replay(out, replay, trace):
+  """The tape the run recorded (``out/tape.json``, from the writer's trace) played in-process by
+  ``train`` with ``--tape``: the members of its rounds are the trace's, and the numbers equal the
+  in-step run of the trace's drop schedule on one device bit for bit (``present_mean``'s masked
+  mean over M and the tape's mean over the members give the same bits here). Against the
+  real run (one replica per process, as the mesh ``diloco=3`` replay) the one-device programs
+  round 1 ulp differently (measured: final params 1.2e-7 apart, eval losses 2.4e-7): the
+  tolerance of test_mesh.py's one device against a mesh, not bit for bit."""
+  from diloco_core.run.cli import build_parser, config_from_args
+  from diloco_core.run.loop import train
+  tape = json.load(open(os.path.join(out, "tape.json")))
+  commits = [e for e in tape["events"] if e["event"] == "Committed"]
+  assert [[c[0] for c in e["members"]] for e in commits] == [
+      [m for m, on in enumerate(x["present"] or [1.0] * 3) if on > 0] for x in trace if x["kind"] == "settle"]
+  flags = [x for x in FLAGS if x not in ("--communication", "background")]
+  played = train(config_from_args(build_parser().parse_args(
+      [*flags, "--tape", os.path.join(out, "tape.json"), "--out", str(replay)])))
+  cfg = config_from_args(build_parser().parse_args(flags))
+  in_step = train(dataclasses.replace(cfg, drop_schedule=schedule_from_trace(trace, replicas=3)))
+  for a, b in zip(jax.tree.leaves(played.params), jax.tree.leaves(in_step.params), strict=True):
+    assert np.array_equal(np.asarray(a), np.asarray(b))
+  from diloco_core.store.params_io import load_params
+  for a, b in zip(jax.tree.leaves(played.params), jax.tree.leaves(load_params(os.path.join(out, "final_params"))),
+                  strict=True):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-6)
+  real = {x["step"]: x["eval_loss"] for x in metrics_rows(os.path.join(out, "metrics.jsonl")) if x.get("eval_loss") is not None}
+  tape_evals = {4 * v: x for v, x in zip(played.metrics["step"], played.metrics["eval_loss"])}
+  assert set(real) <= set(tape_evals)
+  np.testing.assert_allclose([tape_evals[s] for s in sorted(real)], [real[s] for s in sorted(real)], rtol=2e-5, atol=2e-6)
 
 
 @pytest.mark.slow

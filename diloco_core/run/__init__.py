@@ -10,7 +10,8 @@ Modules: :mod:`~diloco_core.run.config` (``TrainConfig``), :mod:`~diloco_core.ru
 :mod:`~diloco_core.run.divergence`, :mod:`~diloco_core.run.metrics_log`,
 :mod:`~diloco_core.run.main_job` (DP vs DiLoCo vs Streaming), :mod:`~diloco_core.run.cli`,
 :mod:`~diloco_core.run.syncer_options` (the syncer's flags), :mod:`~diloco_core.run.tape_play`
-(the trainer plays a syncer tape) and :mod:`~diloco_core.run.tape_run` (``train`` from a tape).
+(the trainer plays a syncer tape), :mod:`~diloco_core.run.tape_run` (``train`` from a tape) and
+:mod:`~diloco_core.run.trace_tape` (a real quorum run's trace as a tape).
 """
 
 from diloco_core.lazy import lazy_exports
@@ -31,6 +32,10 @@ _PUBLIC = {
     "speed_ticks": "diloco_core.run.tape_play",
     "tape_for": "diloco_core.run.tape_play",
     "play_run": "diloco_core.run.tape_run",
+    "read_tape": "diloco_core.run.trace_tape",
+    "record_tape": "diloco_core.run.trace_tape",
+    "tape_from_trace": "diloco_core.run.trace_tape",
+    "write_tape": "diloco_core.run.trace_tape",
 }
 __all__ = list(_PUBLIC)
 

@@ -42,6 +42,7 @@ from diloco_core.run.programs import PROGRAMS
 from diloco_core.run.config import TrainConfig, effective_config
 from diloco_core.run.preflight import preflight
 from diloco_core.run.tape_run import play_run
+from diloco_core.run.trace_tape import record_tape
 from diloco_core.spec.schedule import sent_fragment
 from diloco_core.store.tree_io import one_line
 
@@ -363,5 +364,9 @@ def train(cfg: TrainConfig) -> TrainResult:
       why = full_disk_message(cfg.out) if disk_full(e) else one_line(e)
       raise RunFileError(f"{cfg.out}/summary.json could not be written ({why}); the run trained all"
                          f" {cfg.steps} steps: {_finish_advice(watch)}.") from None
+    if cfg.communication == "background" and cfg.syncer.quorum is not None:  # a quorum run records its tape
+      why = record_tape(cfg.out, jax.process_index(), M, cfg.algo.sync_every)
+      if why is not None:
+        warnings.warn(why, RunWarning, stacklevel=2)
   return TrainResult(metrics=metrics, summary=summary, params=algo.eval_params(state),
                      state=comm.global_state(state))

@@ -34,7 +34,7 @@ from diloco_core.spec import validity as v
 from diloco_core.spec.fields import field, flag_names
 from diloco_core.spec.syncer import APPLY_MODES, LATE_POLICIES, STALENESS_EXPONENT, WEIGHTINGS, SyncerConfig
 
-__all__ = ["SyncerOptions", "check_on_processes", "check_playable", "parse_inner_steps", "parse_speeds",
+__all__ = ["SyncerOptions", "check_on_processes", "check_playable", "check_tape", "parse_inner_steps", "parse_speeds",
            "parse_step_delay", "syncer_flags"]
 
 _G = "syncer"
@@ -115,6 +115,10 @@ class SyncerOptions:
       None, flag="step-delay", group=_G, parse=parse_step_delay,
       help="real processes (background): PROCESS:SECONDS[,...], the named process sleeps that long"
            " after each inner step (a straggler: slower, same numbers)")
+  tape: str | None = field(
+      None, flag="tape", group=_G,
+      help="in-step: replay the tape a real quorum run recorded (its <out>/tape.json) instead of"
+           " simulating one; every other syncer knob at its default")
 
   def is_default(self) -> bool:
     """Every knob at its default: the trainer's own lock step (no tape)."""
@@ -154,11 +158,32 @@ class SyncerOptions:
     if cfg.communication == "background":
       check_on_processes(cfg, self)
       return
+    if self.tape is not None:
+      check_tape(cfg, self)
+      return
     for name in PROCESS_KNOBS[1:]:
       if getattr(self, name) != getattr(SyncerOptions(), name):
         raise ValueError(f"`{name}` acts on real processes: use `communication` background (the tape's"
                          f" {'grace is `grace`, in ticks' if name == 'grace_s' else 'speeds are `speeds`'}).")
     check_playable(cfg, self.syncer_config(m))
+
+
+def check_tape(cfg, opts: SyncerOptions) -> None:
+  """One-line ``ValueError`` for a ``tape`` replay the player cannot make: another syncer knob set
+  (the tape decided the rounds), a missing or unreadable file, a tape of another M, H or number
+  of syncs (:func:`~diloco_core.run.trace_tape.read_tape`), or a run
+  :func:`check_playable` refuses; before anything compiles."""
+  from diloco_core.run.trace_tape import read_tape  # loaded when a tape is replayed (it imports the runtime)
+  default = SyncerOptions()
+  for f in dataclasses.fields(SyncerOptions):
+    value = getattr(opts, f.name)
+    if f.name != "tape" and value != getattr(default, f.name):
+      raise ValueError(f"`{f.name}`={value!r} with `tape`: a recorded tape already says who synced when; leave"
+                       f" `{f.name}` at its default ({getattr(default, f.name)!r}), or drop `tape`.")
+  if not isinstance(opts.tape, str) or not opts.tape:
+    raise ValueError(f"`tape` must be the path of a recorded tape (<out>/tape.json), got {opts.tape!r}.")
+  read_tape(opts.tape, cfg.algo.replicas, cfg.algo.sync_every, cfg.steps)
+  check_playable(cfg, SyncerConfig())
 
 
 def check_on_processes(cfg, opts: SyncerOptions) -> None:

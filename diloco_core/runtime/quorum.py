@@ -28,6 +28,11 @@ process's ``settle`` row records the decision (``present``), so
 :func:`~diloco_core.run.drops.schedule_from_trace` replays the run in-step, bit for bit; a
 ``quorum`` row records who arrived when, and who decided.
 
+**The run's tape.** At the end of a quorum run the process that writes the run's files writes
+``<out>/tape.json``, its own trace's settles as a syncer tape in ticks of local steps
+(:mod:`~diloco_core.run.trace_tape`: a JSON object ``{"replicas", "sync_every", "events"}``);
+the trainer's ``--tape`` plays it in-step (:func:`~diloco_core.run.tape_play.play_tape`).
+
 Log rows, checkpoints and the heals of replacements stay agreements over every live process
 (a log row needs every replica's losses): a late process holds the others there. The keys a
 vote puts are freed at the next such agreement (every process has read them by then).

@@ -33,7 +33,8 @@ contributions, n the live replicas that can still contribute (with a period to r
 contribution on the way or in the round): a lost or finished replica shrinks the quorum.
 
 The trainer plays a tape with the real model (:mod:`~diloco_core.run.tape_play`, through
-:func:`~diloco_core.run.tape_play.tape_for`); the background runtime does not record one yet.
+:func:`~diloco_core.run.tape_play.tape_for`); a quorum run over real processes records its own,
+in ticks of local steps, from its trace (:mod:`~diloco_core.run.trace_tape`).
 
 Examples:
   Two replicas, the second twice as slow, synchronous DiLoCo, H = 2, one round each:
