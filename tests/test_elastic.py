@@ -272,7 +272,7 @@ def test_a_stop_request_ends_an_elastic_run_cleanly_and_it_resumes_exactly(signu
     time.sleep(0.1)
   p.send_signal(signum)
   stdout, stderr = p.communicate(timeout=120)
-  assert p.returncode == 130, (stdout[-2000:], stderr[-3000:])
+  assert p.returncode == 130, f"{stdout[-2000:]}\n{stderr[-3000:]}"  # a string: shown whole when it fails
   assert stderr.strip().splitlines()[-1] == "launch: stopped on request; every process ended (130, 130, 130)."
   for bad in ("Traceback", "Check failure", "Terminating process", "client.h", "was lost", "SIGABRT"):
     assert bad not in stdout + stderr, (bad, stdout[-2000:], stderr[-3000:])

@@ -53,6 +53,10 @@ SHUTDOWN_S = 10
 #: params long after the last collective (process 0 hosts the coordination service and must
 #: outlive it). As long as the heartbeat, past which JAX would call the peer lost anyway.
 END_WAIT_S = HEARTBEAT_S
+#: The longest process 0 (the coordination service's host) waits at the end of an elastic run for
+#: a peer that is still alive to say it leaves: a loaded machine can hold a peer's exit past
+#: :data:`SHUTDOWN_S`, and leaving first would take the service from under it (it aborts).
+LEAVE_WAIT_S = 6 * SHUTDOWN_S
 
 
 def initialize_distributed(coordinator: str | None = None, num_processes: int | None = None,
@@ -281,8 +285,9 @@ def elastic_joined() -> bool:
 def leave_elastic(code: int) -> None:
   """The end of an elastic run's process (:mod:`diloco_core.runtime.elastic`): it says it leaves and
   exits; process 0, when it hosts the coordination service, once the live others said they
-  leave (at most :data:`SHUTDOWN_S` each). A service of its own (:func:`own_coordinator`)
-  outlives every trainer: nobody waits."""
+  leave: it waits for each as long as the service still counts it alive (a lost one is left
+  out after the heartbeat), at most :data:`LEAVE_WAIT_S` in all. A service of its own
+  (:func:`own_coordinator`) outlives every trainer: nobody waits."""
   from jax._src import distributed  # the coordination service's client (no public accessor)
   client, rank = distributed.global_state.client, jax.process_index()
   try:
@@ -290,8 +295,15 @@ def leave_elastic(code: int) -> None:
     if rank != 0 or own_coordinator():
       client.key_value_set(f"diloco/left/{rank}", str(code))
     else:
+      deadline = time.monotonic() + LEAVE_WAIT_S
       for other in sorted(set(live) - {0}):
-        client.blocking_key_value_get(f"diloco/left/{other}", SHUTDOWN_S * 1000)
+        while True:
+          try:
+            client.blocking_key_value_get(f"diloco/left/{other}", SHUTDOWN_S * 1000)
+            break
+          except Exception:  # noqa: BLE001 - not yet: wait on while it is alive (slow, not lost)
+            if time.monotonic() > deadline or other not in client.get_live_nodes(list(range(jax.process_count()))):
+              break
   except Exception:  # noqa: BLE001 - a peer lost on the way out, or the service gone: leave anyway
     pass
   exit_without_peers(code)
