@@ -15,12 +15,8 @@ import pytest
 
 from diloco_core.run.drops import rejoins_from_trace, schedule_from_trace
 from diloco_core.runtime.elastic import HEARTBEAT_S
-from tiny_run import metrics_rows, xla_flags
+from tiny_run import ENV, metrics_rows, THREE, trace_rows as _trace, xla_flags
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TESTS = os.path.dirname(os.path.abspath(__file__))
-ENV = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([ROOT, TESTS]))
-THREE = ["--processes", "3", "--devices-per-process", "1"]
 FLAGS = ["--model", "tiny", "--replicas", "3", "--sync-every", "4", "--steps", "16", "--batch-size", "2",
          "--seq-len", "8", "--eval-every", "8", "--log-every", "4", "--warmup-steps", "1", "--no-progress",
          "--algorithm", "streaming", "--fragments", "2", "--compression", "fp4", "--error-feedback",
@@ -31,10 +27,6 @@ KILLED_AT = 6  # process 2 dies as it hands over the fragment sent at step 6
 def _launch(*args, env=ENV):
   return subprocess.run([sys.executable, "-m", "diloco_core.launch", *args], env=env, capture_output=True,
                         text=True, timeout=400)
-
-
-def _trace(out, rank):
-  return [json.loads(line) for line in open(os.path.join(out, "trace", f"process-{rank}.jsonl"))]
 
 
 @pytest.mark.slow

@@ -2,7 +2,6 @@
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,11 +14,8 @@ import pytest
 from diloco_core.launch import supervisor as launch
 
 from diloco_core.launch import shaped_link
-from tiny_run import metrics_rows
+from tiny_run import ENV, metrics_rows
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TESTS = os.path.dirname(os.path.abspath(__file__))
-ENV = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([ROOT, TESTS]))
 
 
 def run_launcher(*args, timeout=240):

@@ -17,10 +17,8 @@ import pytest
 from diloco_core.launch import supervisor as launch
 from diloco_core.runtime.membership import Agreement
 from elastic_child import HEAL_DELAY
+from tiny_run import ENV, TESTS
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TESTS = os.path.dirname(os.path.abspath(__file__))
-ENV = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([ROOT, TESTS]))
 HEARTBEAT_S = 5
 DIE_AT = 3
 

@@ -1,10 +1,8 @@
 """Stragglers on real processes: a K-of-M quorum decides each sync of an elastic run in wall-clock
 time (diloco_core.runtime.quorum), a late process is left out of it and healed, and the run equals
-its own trace replayed in-step as a drop schedule, bit for bit; a grace longer than the delay
+the tape it recorded replayed in-step (``--tape``: its drops) on a mesh, bit for bit; a grace longer than the delay
 waits for it (every process counts, the plain run's numbers); one-line errors for the rest."""
 
-import dataclasses
-import json
 import os
 import subprocess
 import sys
@@ -21,12 +19,8 @@ from diloco_core.run.config import TrainConfig
 from diloco_core.run.drops import schedule_from_trace
 from diloco_core.run.syncer_options import SyncerOptions, parse_step_delay
 from diloco_core.runtime.quorum import QuorumRule, vote_exchange
-from tiny_run import metrics_rows, xla_flags
+from tiny_run import ENV, metrics_rows, THREE, trace_rows as _trace, xla_flags
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TESTS = os.path.dirname(os.path.abspath(__file__))
-ENV = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([ROOT, TESTS]))
-THREE = ["--processes", "3", "--devices-per-process", "1"]
 FLAGS = ["--model", "tiny", "--replicas", "3", "--sync-every", "4", "--steps", "16", "--batch-size", "2",
          "--seq-len", "8", "--eval-every", "8", "--log-every", "8", "--warmup-steps", "1", "--no-progress",
          "--algorithm", "diloco", "--communication", "background"]
@@ -39,17 +33,16 @@ def _launch(*args):
                          "--step-delay", f"2:{DELAY}", *args], env=ENV, capture_output=True, text=True, timeout=500)
 
 
-def _trace(out, rank):
-  return [json.loads(line) for line in open(os.path.join(out, "trace", f"process-{rank}.jsonl"))]
-
-
 def _replay(out, replay) -> list[dict]:
-  """The run in ``out`` replayed in-step on three devices from process 0's trace (its drops): checks
-  the final params are equal bit for bit; the metrics rows."""
-  drops = ",".join(f"{s}:{m}" for s, m in schedule_from_trace(_trace(out, 0), replicas=3))
+  """The run in ``out`` replayed in-step on three devices from the tape it recorded (``--tape``: its
+  rounds' drops, which are process 0's trace's): checks the final params are equal bit for bit;
+  the metrics rows."""
+  from diloco_core.run.trace_tape import drops_of_tape, read_tape
+  tape = os.path.join(out, "tape.json")
+  assert drops_of_tape(read_tape(tape, 3, 4), 3, 4) == schedule_from_trace(_trace(out, 0), replicas=3)
   flags = [x for x in FLAGS if x not in ("--communication", "background")]
   r = subprocess.run([sys.executable, "-m", "diloco_core.train", *flags, "--mesh", "diloco=3,data=1",
-                      *(["--drop-schedule", drops] if drops else []), "--out", str(replay)],
+                      "--tape", tape, "--out", str(replay)],
                      env=dict(ENV, XLA_FLAGS=xla_flags(3)), capture_output=True, text=True, timeout=300)
   assert r.returncode == 0, r.stderr[-3000:]
   from diloco_core.store.params_io import load_params
@@ -95,39 +88,42 @@ def test_a_late_process_is_dropped_by_the_quorum_and_the_run_equals_its_replay(t
     assert len(decider) == 1 and decider[0]["members"] == [0, 1]  # one decision, written once
     assert votes[2][key]["start"] >= decider[0]["end"] - 0.05  # it arrived after the decision
   assert schedule_from_trace(traces[0], replicas=3) == tuple((s, 2) for s in sorted(late))
-  _same_numbers(out, tmp_path / "replay")
-  _tape_replay(out, tmp_path / "tape-replay", traces[0])
+  _same_numbers(out, tmp_path / "replay")  # its tape.json, replayed on a mesh of three devices
+  _player_plays(out, traces[0])
 
 
-def _tape_replay(out, replay, trace):
-  """The tape the run recorded (``out/tape.json``, from the writer's trace) played in-process by
-  ``train`` with ``--tape``: the members of its rounds are the trace's, and the numbers equal the
-  in-step run of the trace's drop schedule on one device bit for bit (``present_mean``'s masked
-  mean over M and the tape's mean over the members give the same bits here). Against the
-  real run (one replica per process, as the mesh ``diloco=3`` replay) the one-device programs
-  round 1 ulp differently (measured: final params 1.2e-7 apart, eval losses 2.4e-7): the
-  tolerance of test_mesh.py's one device against a mesh, not bit for bit."""
+def _player_plays(out, trace):
+  """The tape player (diloco_core.run.tape_play: one device, the M replicas in one vmap, the
+  program of simulated tapes) plays the recorded tape: the members of its rounds are the
+  trace's, and the params equal the in-step run of its drops on one device bit for bit
+  (``present_mean``'s masked mean over M and the player's mean over the members give the same
+  bits here); against the real run (one replica per process, as the mesh replay) the
+  one-device programs round 1 ulp differently (measured: final params 1.2e-7 apart, eval losses
+  2.4e-7): the tolerance of test_mesh.py's one device against a mesh, not bit for bit."""
   from diloco_core.run.cli import build_parser, config_from_args
   from diloco_core.run.loop import train
-  tape = json.load(open(os.path.join(out, "tape.json")))
-  commits = [e for e in tape["events"] if e["event"] == "Committed"]
-  assert [[c[0] for c in e["members"]] for e in commits] == [
+  from diloco_core.run.tape_play import play_tape
+  from diloco_core.run.trace_tape import read_tape
+  from diloco_core.spec.syncer import SyncerConfig
+  from diloco_core.spec.tape import Committed
+  from diloco_core.store.params_io import load_params
+  path = os.path.join(out, "tape.json")
+  tape = read_tape(path, 3, 4, 16)
+  assert [[c.replica for c in e.members] for e in tape if isinstance(e, Committed)] == [
       [m for m, on in enumerate(x["present"] or [1.0] * 3) if on > 0] for x in trace if x["kind"] == "settle"]
   flags = [x for x in FLAGS if x not in ("--communication", "background")]
-  played = train(config_from_args(build_parser().parse_args(
-      [*flags, "--tape", os.path.join(out, "tape.json"), "--out", str(replay)])))
-  cfg = config_from_args(build_parser().parse_args(flags))
-  in_step = train(dataclasses.replace(cfg, drop_schedule=schedule_from_trace(trace, replicas=3)))
+  cfg = config_from_args(build_parser().parse_args([*flags, "--tape", path]))
+  played = play_tape(cfg, SyncerConfig(), tape)
+  in_step = train(cfg)  # one device, the tape's drops
   for a, b in zip(jax.tree.leaves(played.params), jax.tree.leaves(in_step.params), strict=True):
     assert np.array_equal(np.asarray(a), np.asarray(b))
-  from diloco_core.store.params_io import load_params
   for a, b in zip(jax.tree.leaves(played.params), jax.tree.leaves(load_params(os.path.join(out, "final_params"))),
                   strict=True):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-6)
   real = {x["step"]: x["eval_loss"] for x in metrics_rows(os.path.join(out, "metrics.jsonl")) if x.get("eval_loss") is not None}
-  tape_evals = {4 * v: x for v, x in zip(played.metrics["step"], played.metrics["eval_loss"])}
-  assert set(real) <= set(tape_evals)
-  np.testing.assert_allclose([tape_evals[s] for s in sorted(real)], [real[s] for s in sorted(real)], rtol=2e-5, atol=2e-6)
+  played_evals = {4 * v: x for v, x in played.version_eval_losses}
+  assert real and set(real) <= set(played_evals)
+  np.testing.assert_allclose([played_evals[s] for s in sorted(real)], [real[s] for s in sorted(real)], rtol=2e-5, atol=2e-6)
 
 
 @pytest.mark.slow
@@ -146,6 +142,32 @@ def test_a_grace_longer_than_the_delay_waits_for_the_straggler(tmp_path):
   assert max(x["end"] - x["start"] for x in votes) > DELAY  # the grace held a sync open for process 2
   assert schedule_from_trace(trace, replicas=3) == ()
   _same_numbers(out, tmp_path / "plain")
+
+
+@pytest.mark.slow
+def test_a_lost_process_is_one_more_event_on_the_tape_and_its_replay_is_bit_for_bit(tmp_path):
+  """K = 2 of 3, process 2 SIGKILLed as it hands over the sync of step 8 (no delay): the run goes on
+  with processes 0 and 1; its tape has replica 2 Lost and silent after, every later round of
+  replicas 0 and 1; replayed from the tape (``--tape``: its drops) on three devices, the final
+  params, the eval losses and the survivors' losses are the run's, bit for bit (the lost
+  replica's own losses are null in the run, computed in the replay)."""
+  out = str(tmp_path / "lost")
+  r = subprocess.run([sys.executable, "-m", "diloco_core.launch", *THREE, "--module", "kill_child", "--", *FLAGS,
+                      "--elastic", "--quorum", "2", "--out", out],
+                     env=dict(ENV, KILL_RANK="2", KILL_AT_STEP="8"), capture_output=True, text=True, timeout=500)
+  assert r.returncode == 0, r.stderr[-3000:]
+  from diloco_core.run.trace_tape import drops_of_tape, read_tape
+  from diloco_core.spec.tape import Committed, Lost
+  tape = read_tape(os.path.join(out, "tape.json"), 3, 4, 16)
+  [lost] = [e for e in tape if isinstance(e, Lost)]
+  assert lost.replica == 2 and lost.tick >= 8, lost
+  assert [[c.replica for c in e.members] for e in tape if isinstance(e, Committed)][2:] == [[0, 1], [0, 1]]
+  assert not any(e.replica == 2 for e in tape if e.tick > lost.tick)
+  assert drops_of_tape(tape, 3, 4) == schedule_from_trace(_trace(out, 0), replicas=3)
+  rows, rows2 = metrics_rows(os.path.join(out, "metrics.jsonl")), _replay(out, tmp_path / "replay")
+  assert [x["eval_loss"] for x in rows] == [x["eval_loss"] for x in rows2]
+  assert [x["replica_loss"][:2] for x in rows] == [x["replica_loss"][:2] for x in rows2]
+  assert rows[-1]["replica_loss"][2] is None
 
 
 class _Service:

@@ -1,4 +1,5 @@
-"""The tiny training run the trainer and checkpoint tests share (a few seconds on CPU)."""
+"""The tiny training run the trainer and checkpoint tests share (a few seconds on CPU), and what the
+tests that start processes share (their environment, three processes of one device, a trace)."""
 
 import json
 import os
@@ -33,3 +34,16 @@ def xla_flags(devices: int, extra: str = "") -> str:
   older CPU) runs its subprocesses under it too."""
   kept = re.sub(r"--xla_force_host_platform_device_count=\S+", "", os.environ.get("XLA_FLAGS", ""))
   return " ".join(f for f in (kept, extra, f"--xla_force_host_platform_device_count={devices}") if f.strip())
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.dirname(os.path.abspath(__file__))
+#: A subprocess's environment: CPU, and the repository and the tests (``kill_child``) importable.
+ENV = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([ROOT, TESTS]))
+#: ``diloco_core.launch``'s flags for three processes of one device each.
+THREE = ["--processes", "3", "--devices-per-process", "1"]
+
+
+def trace_rows(out, rank):
+  """The rows of process ``rank``'s trace of the run in ``out`` (``<out>/trace/process-<rank>.jsonl``)."""
+  return [json.loads(line) for line in open(os.path.join(out, "trace", f"process-{rank}.jsonl"))]

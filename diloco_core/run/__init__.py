@@ -11,7 +11,7 @@ Modules: :mod:`~diloco_core.run.config` (``TrainConfig``), :mod:`~diloco_core.ru
 :mod:`~diloco_core.run.main_job` (DP vs DiLoCo vs Streaming), :mod:`~diloco_core.run.cli`,
 :mod:`~diloco_core.run.syncer_options` (the syncer's flags), :mod:`~diloco_core.run.tape_play`
 (the trainer plays a syncer tape), :mod:`~diloco_core.run.tape_run` (``train`` from a tape) and
-:mod:`~diloco_core.run.trace_tape` (a real quorum run's trace as a tape).
+:mod:`~diloco_core.run.trace_tape` (a real elastic run's trace as a tape, replayed by ``--tape``).
 """
 
 from diloco_core.lazy import lazy_exports
@@ -27,11 +27,13 @@ _PUBLIC = {
     "SyncerOptions": "diloco_core.run.syncer_options",
     "check_playable": "diloco_core.run.syncer_options",
     "syncer_flags": "diloco_core.run.syncer_options",
+    "tape_drops": "diloco_core.run.syncer_options",
     "TapeResult": "diloco_core.run.tape_play",
     "play_tape": "diloco_core.run.tape_play",
     "speed_ticks": "diloco_core.run.tape_play",
     "tape_for": "diloco_core.run.tape_play",
     "play_run": "diloco_core.run.tape_run",
+    "drops_of_tape": "diloco_core.run.trace_tape",
     "read_tape": "diloco_core.run.trace_tape",
     "record_tape": "diloco_core.run.trace_tape",
     "tape_from_trace": "diloco_core.run.trace_tape",

@@ -41,6 +41,7 @@ from diloco_core.devices.processes import lost_process, stop_agreed
 from diloco_core.run.programs import PROGRAMS
 from diloco_core.run.config import TrainConfig, effective_config
 from diloco_core.run.preflight import preflight
+from diloco_core.run.syncer_options import tape_drops
 from diloco_core.run.tape_run import play_run
 from diloco_core.run.trace_tape import record_tape
 from diloco_core.spec.schedule import sent_fragment
@@ -174,6 +175,8 @@ def train(cfg: TrainConfig) -> TrainResult:
     _prepare_out(cfg)
     metrics, summary, params = play_run(cfg)
     return TrainResult(metrics=metrics, summary=summary, params=params, state=None)
+  if cfg.syncer.tape is not None:  # a recorded tape: this run with its drops (checked by validate)
+    cfg = dataclasses.replace(cfg, drop_schedule=tape_drops(cfg))
   # The data's fingerprint (file hashes) is only needed by checkpoints and resumes.
   data_identity = files.identity(cfg.data.source) if cfg.resume or cfg.checkpoint_every else None
   if cfg.resume:
@@ -364,9 +367,9 @@ def train(cfg: TrainConfig) -> TrainResult:
       why = full_disk_message(cfg.out) if disk_full(e) else one_line(e)
       raise RunFileError(f"{cfg.out}/summary.json could not be written ({why}); the run trained all"
                          f" {cfg.steps} steps: {_finish_advice(watch)}.") from None
-    if cfg.communication == "background" and cfg.syncer.quorum is not None:  # a quorum run records its tape
-      why = record_tape(cfg.out, jax.process_index(), M, cfg.algo.sync_every)
-      if why is not None:
+    if cfg.communication == "background" and cfg.elastic:  # an elastic run records its tape
+      why = record_tape(cfg.out, jax.process_index(), M, cfg.algo.sync_every, jax.process_count())
+      if why is not None and cfg.syncer.quorum is not None:  # (a quorum run says why it has none)
         warnings.warn(why, RunWarning, stacklevel=2)
   return TrainResult(metrics=metrics, summary=summary, params=algo.eval_params(state),
                      state=comm.global_state(state))

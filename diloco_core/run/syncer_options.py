@@ -13,7 +13,9 @@ compiles.
 ``elastic`` makes each sync a K-of-M vote in wall-clock time, open ``grace_s`` seconds after its
 K-th replica (:mod:`~diloco_core.runtime.quorum`; a late process is dropped from that sync and
 healed), and ``step_delay`` slows named processes (a straggler for tests and demos);
-:func:`check_on_processes` refuses the tape's other knobs there in one line.
+:func:`check_on_processes` refuses the tape's other knobs there in one line. A quorum run
+records its rounds (``<out>/tape.json``); ``tape`` replays that file with the in-step trainer,
+its drops as ``drop_schedule`` (:func:`check_tape`).
 
 Examples:
   >>> SyncerOptions().is_default(), SyncerOptions(quorum=1, late="carry").is_default()
@@ -35,7 +37,7 @@ from diloco_core.spec.fields import field, flag_names
 from diloco_core.spec.syncer import APPLY_MODES, LATE_POLICIES, STALENESS_EXPONENT, WEIGHTINGS, SyncerConfig
 
 __all__ = ["SyncerOptions", "check_on_processes", "check_playable", "check_tape", "parse_inner_steps", "parse_speeds",
-           "parse_step_delay", "syncer_flags"]
+           "parse_step_delay", "syncer_flags", "tape_drops"]
 
 _G = "syncer"
 
@@ -117,16 +119,17 @@ class SyncerOptions:
            " after each inner step (a straggler: slower, same numbers)")
   tape: str | None = field(
       None, flag="tape", group=_G,
-      help="in-step: replay the tape a real quorum run recorded (its <out>/tape.json) instead of"
-           " simulating one; every other syncer knob at its default")
+      help="in-step: replay the rounds an elastic run over real processes recorded (its <out>/tape.json)"
+           " as its drops, on any mesh; every other syncer knob at its default")
 
   def is_default(self) -> bool:
     """Every knob at its default: the trainer's own lock step (no tape)."""
     return self == SyncerOptions()
 
   def plays_tape(self, cfg) -> bool:
-    """Whether ``train`` plays the tape: a knob off its default, in-step (background: real processes)."""
-    return not self.is_default() and cfg.communication != "background"
+    """Whether ``train`` plays the tape of a simulated syncer: a knob off its default, in-step, no
+    recorded ``tape`` (replayed by the trainer itself: :func:`check_tape`; background: real processes)."""
+    return not self.is_default() and self.tape is None and cfg.communication != "background"
 
   def syncer_config(self, replicas: int) -> SyncerConfig:
     """The :class:`~diloco_core.spec.syncer.SyncerConfig` of these options (not checked)."""
@@ -168,12 +171,24 @@ class SyncerOptions:
     check_playable(cfg, self.syncer_config(m))
 
 
+def tape_drops(cfg) -> tuple[tuple[int, int], ...]:
+  """The ``drop_schedule`` that replays ``cfg.syncer.tape`` (the file, checked against the run's
+  M, H and steps: :func:`~diloco_core.run.trace_tape.read_tape`,
+  :func:`~diloco_core.run.trace_tape.drops_of_tape`)."""
+  from diloco_core.run.trace_tape import drops_of_tape, read_tape  # loaded when a tape is replayed (it imports the runtime)
+  m, h = cfg.algo.replicas, cfg.algo.sync_every
+  return drops_of_tape(read_tape(cfg.syncer.tape, m, h, cfg.steps), m, h)
+
+
 def check_tape(cfg, opts: SyncerOptions) -> None:
-  """One-line ``ValueError`` for a ``tape`` replay the player cannot make: another syncer knob set
-  (the tape decided the rounds), a missing or unreadable file, a tape of another M, H or number
-  of syncs (:func:`~diloco_core.run.trace_tape.read_tape`), or a run
-  :func:`check_playable` refuses; before anything compiles."""
-  from diloco_core.run.trace_tape import read_tape  # loaded when a tape is replayed (it imports the runtime)
+  """One-line ``ValueError`` for a ``tape`` replay the trainer cannot make, before anything compiles:
+  another syncer knob set (the tape decided the rounds), a run the recorded one cannot have been
+  (P > 1, τ > 0, ``communication`` background), drops of its own, a missing or unreadable file,
+  a tape of another M, H or number of syncs or not of the recorded shape (:func:`tape_drops`),
+  and what ``drop_schedule`` refuses (:meth:`~diloco_core.run.config.TrainConfig.validate`).
+
+  The replay is the in-step trainer with the tape's drops as ``drop_schedule``, on any mesh
+  (``train`` sets it): on a mesh of one replica per device it is the recorded run bit for bit."""
   default = SyncerOptions()
   for f in dataclasses.fields(SyncerOptions):
     value = getattr(opts, f.name)
@@ -182,8 +197,22 @@ def check_tape(cfg, opts: SyncerOptions) -> None:
                        f" `{f.name}` at its default ({getattr(default, f.name)!r}), or drop `tape`.")
   if not isinstance(opts.tape, str) or not opts.tape:
     raise ValueError(f"`tape` must be the path of a recorded tape (<out>/tape.json), got {opts.tape!r}.")
-  read_tape(opts.tape, cfg.algo.replicas, cfg.algo.sync_every, cfg.steps)
-  check_playable(cfg, SyncerConfig())
+  a = cfg.algo
+  for name, value, ok, allowed in (("`fragments`", a.fragments, a.fragments == 1, "1"),
+                                   ("`overlap`", a.overlap, a.overlap == 0, "0"),
+                                   ("`communication`", cfg.communication, cfg.communication == "in-step", "'in-step'"),
+                                   ("`drop_prob`", cfg.drop_prob, not cfg.drop_prob, "0")):
+    if not ok:
+      raise ValueError(f"{name}={value!r} with `tape`: a recorded tape is replayed in-step, as the whole-model"
+                       f" rounds (P = 1, τ = 0) and drops it records; use {allowed}.")
+  drops = tape_drops(cfg)
+  if cfg.drop_schedule and cfg.drop_schedule != drops:
+    raise ValueError(f"`drop_schedule`={cfg.drop_schedule!r} with `tape`: the replay's drops are the tape's,"
+                     f" {drops!r}; leave `drop_schedule` empty.")
+  try:
+    dataclasses.replace(cfg, drop_schedule=drops, syncer=SyncerOptions()).validate()
+  except ValueError as e:
+    raise ValueError(f"`tape` replays as drop_schedule={drops!r}: {e}") from None
 
 
 def check_on_processes(cfg, opts: SyncerOptions) -> None:

@@ -4,8 +4,9 @@
 its defaults (:meth:`~diloco_core.run.syncer_options.SyncerOptions.is_default`): the tape of
 the run's syncer on replicas of speeds ``syncer.speeds``
 (:func:`~diloco_core.run.tape_play.tape_for`, equal total local steps :math:`M \\times`
-``steps``), or with ``syncer.tape`` the tape a real quorum run recorded
-(:func:`~diloco_core.run.trace_tape.read_tape`), played by :func:`~diloco_core.run.tape_play.play_tape`.
+``steps``), played by :func:`~diloco_core.run.tape_play.play_tape`. (A tape a real elastic run
+recorded, ``syncer.tape``, is not played here: ``train`` runs it in lock step with its drops,
+:func:`~diloco_core.run.syncer_options.check_tape`.)
 
 What differs from a lock-step run's files: ``metrics.jsonl`` has **one row per committed
 round** (``step`` is the round's version; ``local_steps`` the inner steps played by then, all
@@ -13,8 +14,7 @@ replicas together; ``tokens`` theirs; ``train_loss`` / ``replica_loss`` the mean
 played since the previous row, null for a replica that played none; ``eval_loss`` the round's
 version's; ``members`` the round's replicas in member order; ``tick`` the simulated time of the
 commit, in ticks of the tape (the :class:`~diloco_core.spec.tape.Committed` event's; the fastest
-replica's step is ``min(summary["tape"]["step_ticks"])`` ticks; with ``tape``, a real run's recorded
-tape, ticks are local steps); bytes per replica as the mean
+replica's step is ``min(summary["tape"]["step_ticks"])`` ticks); bytes per replica as the mean
 over the M replicas of the contributions sent; ``wall_time_s`` the whole play's). ``log_every``
 and ``eval_every`` do not apply: every round is a row, every version is evaluated. ``summary.json`` has the usual keys (no
 compile time, no per-replica eval) and a ``tape`` item: its step ticks, rounds, local steps,
@@ -32,7 +32,6 @@ import numpy as np
 import pandas as pd
 
 from diloco_core.run.tape_play import make_setup, play_tape, speed_ticks, tape_for
-from diloco_core.run.trace_tape import read_tape
 from diloco_core.spec.model_config import param_count
 from diloco_core.spec.tape import Committed
 from diloco_core.store import checkpoint as ckpt
@@ -86,8 +85,7 @@ def play_run(cfg) -> tuple[pd.DataFrame, dict, object]:
   speeds = opts.replica_speeds(m)
   setup = make_setup(cfg)
   data, model_cfg = setup[0], setup[1]
-  tape = (read_tape(opts.tape, m, cfg.algo.sync_every, cfg.steps) if opts.tape is not None
-          else tape_for(cfg, syncer, speeds, latency=opts.latency, transfer=opts.transfer))
+  tape = tape_for(cfg, syncer, speeds, latency=opts.latency, transfer=opts.transfer)
   result = play_tape(cfg, syncer, tape, setup=setup)
   wall = time.perf_counter() - start
   rows = _rows(cfg, result, wall)

@@ -1,24 +1,31 @@
-"""A real run's tape: the trace of a background quorum run turned into a syncer tape.
+"""A real run's tape: the trace of an elastic run over real processes turned into a syncer tape.
 
-A run over real processes (``communication`` background, ``elastic``, ``quorum`` K:
+A run over real processes (``communication`` background, ``elastic``; with ``quorum`` K,
 :mod:`~diloco_core.runtime.quorum`) records, on each process, one ``settle`` row per sync
 (``sent_at``: the step that sent it; ``present``: the [M] mask of the replicas whose
-contributions the vote kept, or None for all). :func:`tape_from_trace` writes that record as a
-tape of :mod:`~diloco_core.spec.tape` events, in **ticks = local steps** (a background run
-steps every replica once per tick, in lock step), which
-:func:`~diloco_core.run.tape_play.play_tape` plays with the real model; the trace stays the
-source of truth. At the end of a quorum run the process that writes the run's files writes its
-own trace's tape to ``<out>/tape.json`` (:func:`record_tape`; :func:`read_tape` reads it back),
-and ``--tape FILE`` replays it in-step.
+contributions counted, or None for all) and one ``lost`` row per process it lost.
+:func:`tape_from_trace` writes that record as a tape of :mod:`~diloco_core.spec.tape` events,
+in **ticks = local steps** (a background run steps every replica once per tick, in lock step):
+a late contribution ``Dropped`` and its replica healed, a lost process's replicas ``Lost``
+(they send nothing after). :func:`~diloco_core.run.tape_play.play_tape` can play it with the
+real model; the trace stays the source of truth. At the end of an elastic run the process that
+writes the run's files writes its own trace's tape to ``<out>/tape.json`` (:func:`record_tape`;
+:func:`read_tape` reads it back), and ``--tape FILE`` replays it: the in-step trainer with the
+tape's drops (:func:`drops_of_tape`: every replica that is not a member of a round, late or
+lost) as ``drop_schedule``, on any mesh; on a mesh of one replica per device (``--mesh
+diloco=M,data=1``), the final params and eval losses of the real run bit for bit (each process
+computed its replica alone, as each device does; a lost replica's own losses are the
+replay's, not null).
 
 **The file.** One JSON object: ``{"replicas": M, "sync_every": H, "events": [...]}``, each event
-an object with its ``"event"`` name (``"Sent"``, ``"Dropped"``, ``"Committed"``, ``"Merged"``)
-and its fields; a :class:`~diloco_core.spec.tape.Committed` event's ``members`` are
-``[replica, step, base, inner_steps]`` lists.
+an object with its ``"event"`` name (``"Lost"``, ``"Sent"``, ``"Dropped"``, ``"Committed"``,
+``"Merged"``) and its fields; a :class:`~diloco_core.spec.tape.Committed` event's ``members``
+are ``[replica, step, base, inner_steps]`` lists.
 
-Not played (one-line ``ValueError``): a trace of more than one fragment or with overlap
-(Streaming: P = 1, τ = 0 only), a skipped sync, and the losses, heals and resumes of an elastic
-run (``lost``, ``heal``, ``resumed`` rows).
+Not recorded (one-line ``ValueError``): a trace of more than one fragment or with overlap
+(Streaming: P = 1, τ = 0 only), a skipped sync, and the heals and resumes of an elastic run
+(``heal``, ``resumed`` rows: a replacement takes a source replica's inner optimizer state,
+which a tape's ``Joined`` does not say).
 """
 
 from __future__ import annotations
@@ -30,40 +37,42 @@ import os
 from diloco_core.runtime.background import TRACE_FILE
 from diloco_core.spec.tape import Committed, Contribution, Dropped, Joined, Lost, Merged, Sent
 
-__all__ = ["TAPE_FILE", "read_tape", "record_tape", "tape_from_trace", "write_tape"]
+__all__ = ["TAPE_FILE", "drops_of_tape", "read_tape", "record_tape", "tape_from_trace", "write_tape"]
 
 #: The recorded tape of a run, under its ``out``.
 TAPE_FILE = "tape.json"
 
 _EVENTS = {cls.__name__: cls for cls in (Lost, Joined, Sent, Dropped, Committed, Merged)}
-_REFUSED = {"skip": "a skipped sync (nobody took part)", "lost": "a lost process (elastic)",
-            "heal": "a healed replacement (elastic)", "resumed": "a resumed run"}
+_REFUSED = {"skip": "a skipped sync (nobody took part)", "heal": "a healed replacement (elastic)",
+            "resumed": "a resumed run"}
 
 
-def tape_from_trace(rows, replicas: int, sync_every: int) -> tuple:
-  """The tape of a background quorum run, from one process's trace (module docstring).
+def tape_from_trace(rows, replicas: int, sync_every: int, processes: int | None = None) -> tuple:
+  """The tape of an elastic run over real processes, from one process's trace (module docstring).
 
   The v-th sync, sent after local step :math:`s = vH` with the replicas :math:`S_v` present
-  (all M when ``present`` is None), is, at tick s: every replica m sends
+  (all M when ``present`` is None), is, at tick s: every live replica m sends
   (``Sent(s, m, s, base=v-1)``); each absent one is ``Dropped`` (staleness 1: it arrived after
   the decision); round v commits with the members :math:`S_v` **in replica order**, each
-  :math:`H` steps from base v - 1; every replica merges version v, an absent one healed
-  (replaced by it). Events are sorted by ``(tick, kind, replica)``, as
-  :func:`~diloco_core.spec.tape.simulate_tape`'s.
+  :math:`H` steps from base v - 1; every live replica merges version v, an absent one healed
+  (replaced by it). A ``lost`` row at step t makes each replica of the lost processes ``Lost``
+  at tick t (a process holds M / ``processes`` consecutive replicas); it sends nothing after.
+  Events are sorted by ``(tick, kind, replica)``, as :func:`~diloco_core.spec.tape.simulate_tape`'s.
 
   Args:
-    rows: the trace's rows (dicts; ``settle`` rows make the tape, ``quorum``, ``compute``,
-      ``wait``, ``transfer`` rows are ignored).
+    rows: the trace's rows (dicts; ``settle`` and ``lost`` rows make the tape, ``quorum``,
+      ``compute``, ``wait``, ``transfer`` rows are ignored).
     replicas: M.
     sync_every: H.
+    processes: the run's processes (needed by a ``lost`` row).
 
   Returns:
-    The tape: a tuple of :class:`~diloco_core.spec.tape.Sent`,
-    :class:`~diloco_core.spec.tape.Dropped`, :class:`~diloco_core.spec.tape.Committed` and
-    :class:`~diloco_core.spec.tape.Merged` events.
+    The tape: a tuple of :class:`~diloco_core.spec.tape.Lost`,
+    :class:`~diloco_core.spec.tape.Sent`, :class:`~diloco_core.spec.tape.Dropped`,
+    :class:`~diloco_core.spec.tape.Committed` and :class:`~diloco_core.spec.tape.Merged` events.
 
   Raises:
-    ValueError: one line naming what the tape player cannot play.
+    ValueError: one line naming what a tape cannot record.
 
   Examples:
     >>> tape = tape_from_trace([{"kind": "settle", "step": 2, "fragment": 0, "sent_at": 2,
@@ -72,22 +81,37 @@ def tape_from_trace(rows, replicas: int, sync_every: int) -> tuple:
     ['Sent', 'Sent', 'Dropped', 'Committed', 'Merged', 'Merged']
     >>> tape[3].members, tape[5]
     ((Contribution(replica=0, step=2, base=0, inner_steps=2),), Merged(tick=2, replica=1, step=2, version=1, heal=True))
+    >>> lost = tape_from_trace([{"kind": "settle", "sent_at": 2, "step": 2, "present": None},
+    ...                         {"kind": "lost", "step": 3, "processes": [1]},
+    ...                         {"kind": "settle", "sent_at": 4, "step": 4, "present": [1.0, 0.0]}], 2, 2, processes=2)
+    >>> [type(e).__name__ for e in lost[5:]]
+    ['Lost', 'Sent', 'Committed', 'Merged']
   """
   syncs: list[tuple[int, tuple[int, ...]]] = []
+  lost: dict[int, int] = {}
   for row in rows:
     kind = row.get("kind")
     if kind in _REFUSED:
-      raise ValueError(f"the trace holds {_REFUSED[kind]} (a {kind!r} row at step {row.get('step')}): the tape"
-                       " player plays the settles of a run without losses, heals or resumes only.")
+      raise ValueError(f"the trace holds {_REFUSED[kind]} (a {kind!r} row at step {row.get('step')}): a tape"
+                       " records the settles and losses of a run without heals, resumes or skipped syncs only.")
+    if kind == "lost":
+      if not processes or replicas % processes:
+        raise ValueError(f"the trace's lost row at step {row.get('step')} names processes: pass `processes`"
+                         f" (a divisor of replicas={replicas}), got {processes!r}.")
+      per = replicas // processes
+      for p in row["processes"]:
+        for m in range(p * per, (p + 1) * per):
+          lost.setdefault(m, row["step"])
+      continue
     if kind != "settle":
       continue
     step, sent = row["step"], row["sent_at"]
     if row.get("fragment", 0) != 0:
-      raise ValueError(f"`fragments`: the trace syncs fragment {row['fragment']} (Streaming); the tape player"
-                       " plays P = 1 only (fragment 0).")
+      raise ValueError(f"`fragments`: the trace syncs fragment {row['fragment']} (Streaming); a tape"
+                       " records P = 1 only (fragment 0).")
     if step != sent:
-      raise ValueError(f"`overlap`: the trace merges at step {step} a sync sent at step {sent}; the tape player"
-                       " plays τ = 0 only (merged at its sending step).")
+      raise ValueError(f"`overlap`: the trace merges at step {step} a sync sent at step {sent}; a tape"
+                       " records τ = 0 only (merged at its sending step).")
     if sent != (len(syncs) + 1) * sync_every:
       raise ValueError(f"`sync_every`: the trace's sync #{len(syncs) + 1} was sent at step {sent}, not"
                        f" {(len(syncs) + 1) * sync_every} (H={sync_every}, every sync in order).")
@@ -97,13 +121,70 @@ def tape_from_trace(rows, replicas: int, sync_every: int) -> tuple:
                        f" {replicas}.")
     syncs.append((sent, tuple(range(replicas)) if present is None else
                   tuple(m for m, on in enumerate(present) if on > 0)))
-  tape: list = []
+  return _lock_step(syncs, lost, replicas, sync_every)
+
+
+def _lock_step(syncs, lost: dict[int, int], replicas: int, sync_every: int) -> tuple:
+  """The tape of rounds ``syncs`` (``(step, members)``) with replicas ``lost`` (replica: tick)."""
+  tape: list = [Lost(t, m, (t - 1) // sync_every * sync_every if t > 0 else 0) for m, t in lost.items()]
   for v, (s, members) in enumerate(syncs, start=1):
-    tape += [Sent(s, m, s, v - 1) for m in range(replicas)]
-    tape += [Dropped(s, m, s, v - 1, 1) for m in range(replicas) if m not in members]
+    live = [m for m in range(replicas) if not (m in lost and lost[m] <= s)]
+    ghost = next((m for m in members if m not in live), None)
+    if ghost is not None:
+      raise ValueError(f"replica {ghost} is a member of the round of step {s} after its loss at step"
+                       f" {lost[ghost]}: on a tape a lost replica never comes back.")
+    tape += [Sent(s, m, s, v - 1) for m in live]
+    tape += [Dropped(s, m, s, v - 1, 1) for m in live if m not in members]
     tape.append(Committed(s, v, tuple(Contribution(m, s, v - 1, sync_every) for m in members)))
-    tape += [Merged(s, m, s, v, m not in members) for m in range(replicas)]
-  return tuple(tape)
+    tape += [Merged(s, m, s, v, m not in members) for m in live]
+  return tuple(sorted(tape, key=lambda e: (e.tick, e.KIND, e.replica)))
+
+
+def drops_of_tape(tape, replicas: int, sync_every: int) -> tuple[tuple[int, int], ...]:
+  """The ``drop_schedule`` of a recorded tape: the ``(step, replica)`` of each replica that is not a
+  member of the round of that step (its contribution late, or the replica lost).
+
+  A recorded tape is the lock step :func:`tape_from_trace` writes (every live replica sends after
+  each H steps, a late one dropped and healed, a lost one silent), so the in-step trainer with
+  these drops runs the rounds it records; the lock step of its rounds and losses must give the
+  tape back, event for event.
+
+  Args:
+    tape: the events (:func:`read_tape`).
+    replicas: M.
+    sync_every: H.
+
+  Returns:
+    ``(step, replica)`` pairs, sorted (empty: every replica in every round).
+
+  Raises:
+    ValueError: one line when the tape is not of that shape (a simulated tape, edited by hand).
+
+  Examples:
+    >>> tape = tape_from_trace([{"kind": "settle", "step": 2, "sent_at": 2, "present": [1.0, 0.0]},
+    ...                         {"kind": "settle", "step": 4, "sent_at": 4, "present": None}], 2, 2)
+    >>> drops_of_tape(tape, replicas=2, sync_every=2)
+    ((2, 1),)
+    >>> drops_of_tape(tape[:-1], replicas=2, sync_every=2)
+    Traceback (most recent call last):
+    ...
+    ValueError: `tape`: not a recorded tape (every replica sends after each H=2 steps, a late one dropped and healed, a lost one silent, as an elastic run writes it): 10 events, the lock step of its 2 rounds has 11.
+  """
+  commits = [e for e in tape if isinstance(e, Committed)]
+  syncs = [(v * sync_every, tuple(c.replica for c in e.members)) for v, e in enumerate(commits, start=1)]
+  lost = {e.replica: e.tick for e in tape if isinstance(e, Lost)}
+  try:
+    made = _lock_step(syncs, lost, replicas, sync_every)
+  except ValueError as e:
+    raise ValueError(f"`tape`: {e}") from None
+  tape = tuple(tape)
+  if made != tape:
+    at = next((i for i, (a, b) in enumerate(zip(made, tape)) if a != b), None)
+    what = (f"its event {at + 1} is {tape[at]}, the lock step's {made[at]}" if at is not None else
+            f"{len(tape)} events, the lock step of its {len(commits)} rounds has {len(made)}")
+    raise ValueError(f"`tape`: not a recorded tape (every replica sends after each H={sync_every} steps, a late one"
+                     f" dropped and healed, a lost one silent, as an elastic run writes it): {what}.")
+  return tuple((s, m) for s, members in syncs for m in range(replicas) if m not in members)
 
 
 def write_tape(path: str, tape, replicas: int, sync_every: int) -> None:
@@ -157,16 +238,17 @@ def read_tape(path: str, replicas: int, sync_every: int, steps: int | None = Non
   return tuple(events)
 
 
-def record_tape(out: str, rank: int, replicas: int, sync_every: int) -> str | None:
-  """Writes ``<out>/tape.json`` from process ``rank``'s trace (``<out>/trace/process-<rank>.jsonl``).
+def record_tape(out: str, rank: int, replicas: int, sync_every: int, processes: int) -> str | None:
+  """Writes ``<out>/tape.json`` from process ``rank``'s trace (``<out>/trace/process-<rank>.jsonl``)
+  of a run of ``processes`` processes.
 
   Returns:
-    None when written, else the one line saying why not (a trace the tape player cannot play).
+    None when written, else the one line saying why not (a trace a tape cannot record).
   """
   with open(os.path.join(out, TRACE_FILE.format(rank=rank))) as f:
     rows = [json.loads(line) for line in f if line.strip()]
   try:
-    tape = tape_from_trace(rows, replicas, sync_every)
+    tape = tape_from_trace(rows, replicas, sync_every, processes)
   except ValueError as e:
     return f"no {TAPE_FILE} recorded: {e}"
   write_tape(os.path.join(out, TAPE_FILE), tape, replicas, sync_every)
