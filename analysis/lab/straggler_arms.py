@@ -36,7 +36,7 @@ from analysis.planning.pool_plan import GRACE_PERIODS
 #: The replicas' speeds: three at 1, one two times slower.
 SPEEDS = (1.0, 1.0, 1.0, 0.5)
 #: Seeds of every arm (paired).
-STRAGGLER_SEEDS = 3
+STRAGGLER_SEEDS = 8
 #: The reference arm of every paired difference.
 REFERENCE = "sync"
 #: Arms that are the same config as another (name -> the arm whose runs they are).

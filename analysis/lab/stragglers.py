@@ -187,12 +187,27 @@ def _times(df, a: str, b: str) -> Paired:
   return Paired(f"time to target {a} − {b}", mean, low, high, sd, len(seeds))
 
 
+def next_fastest(df, arm: str) -> str:
+  """The arm ``arm`` is raced against: of the other arms (each config once), the one that reaches
+  the target on the most seeds, then of least mean time over the seeds where it does.
+
+  Examples:
+    >>> inf = float("inf")
+    >>> df = pd.DataFrame({"arm": ["a", "a", "b", "b", "c", "c"], "time_to_target": [5, inf, 9, 8, 1, inf]})
+    >>> next_fastest(df, "a")  # c is faster where it gets there, b gets there on every seed
+    'b'
+  """
+  others = df[~df["arm"].isin(list(SAME_AS) + [arm])].groupby("arm")["time_to_target"]
+  reached = others.apply(lambda t: int(np.isfinite(t).sum()))
+  mean = others.apply(lambda t: float(t[np.isfinite(t)].mean()) if np.isfinite(t).any() else np.inf)
+  return min(reached.index, key=lambda a: (-reached[a], mean[a]))
+
+
 def _first(df, arm: str):
-  """``arm`` reaches the target before every other arm: against the next fastest (the other arm
-  of least mean time, a seed not reaching it counting as never), paired. ``arm`` misses the
-  target on every seed: disagrees; on some: not resolved (a mixed result)."""
-  t = df.groupby("arm")["time_to_target"]
-  runner = t.mean().drop(list(SAME_AS) + [arm]).idxmin()
+  """``arm`` reaches the target before every other arm: against the next fastest
+  (:func:`next_fastest`), paired. ``arm`` misses the target on every seed: disagrees; on some:
+  not resolved (a mixed result)."""
+  runner = next_fastest(df, arm)
   missed = int((~np.isfinite(df.loc[df["arm"] == arm, "time_to_target"])).sum())
   seeds = int((df["arm"] == arm).sum())
   p = _times(df, runner, arm)
