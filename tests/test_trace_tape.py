@@ -116,7 +116,7 @@ def test_a_recorded_tape_validates_as_its_drops_on_any_mesh(tmp_path):
 @pytest.mark.parametrize("kw,message", [
     ({"algo": {"fragments": 2, "algorithm": "streaming"}}, "`fragments`=2 with `tape`: a recorded tape is replayed in-step"),
     ({"algo": {"overlap": 1}}, "`overlap`=1 with `tape`"),
-    ({"communication": "background"}, "`tape`"),
+    ({"communication": "background", "elastic": True}, "`tape`='"),  # (check_on_processes: not a process knob)
     ({"drop_prob": 0.1}, "`drop_prob`=0.1 with `tape`"),
     ({"drop_schedule": ((8, 0),)}, "`drop_schedule`=((8, 0),) with `tape`: the replay's drops are the tape's, ((4, 1),);"),
     ({"algo": {"outer_overlap": "eager"}}, "`tape` replays as drop_schedule=((4, 1),): drop_schedule / drop_prob are not"),

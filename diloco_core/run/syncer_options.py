@@ -13,7 +13,7 @@ compiles.
 ``elastic`` makes each sync a K-of-M vote in wall-clock time, open ``grace_s`` seconds after its
 K-th replica (:mod:`~diloco_core.runtime.quorum`; a late process is dropped from that sync and
 healed), and ``step_delay`` slows named processes (a straggler for tests and demos);
-:func:`check_on_processes` refuses the tape's other knobs there in one line. A quorum run
+:func:`check_on_processes` refuses the tape's other knobs there in one line. An elastic run
 records its rounds (``<out>/tape.json``); ``tape`` replays that file with the in-step trainer,
 its drops as ``drop_schedule`` (:func:`check_tape`).
 
@@ -183,7 +183,7 @@ def tape_drops(cfg) -> tuple[tuple[int, int], ...]:
 def check_tape(cfg, opts: SyncerOptions) -> None:
   """One-line ``ValueError`` for a ``tape`` replay the trainer cannot make, before anything compiles:
   another syncer knob set (the tape decided the rounds), a run the recorded one cannot have been
-  (P > 1, τ > 0, ``communication`` background), drops of its own, a missing or unreadable file,
+  (P > 1, τ > 0; ``communication`` background is refused by :func:`check_on_processes`), drops of its own, a missing or unreadable file,
   a tape of another M, H or number of syncs or not of the recorded shape (:func:`tape_drops`),
   and what ``drop_schedule`` refuses (:meth:`~diloco_core.run.config.TrainConfig.validate`).
 
@@ -200,7 +200,6 @@ def check_tape(cfg, opts: SyncerOptions) -> None:
   a = cfg.algo
   for name, value, ok, allowed in (("`fragments`", a.fragments, a.fragments == 1, "1"),
                                    ("`overlap`", a.overlap, a.overlap == 0, "0"),
-                                   ("`communication`", cfg.communication, cfg.communication == "in-step", "'in-step'"),
                                    ("`drop_prob`", cfg.drop_prob, not cfg.drop_prob, "0")):
     if not ok:
       raise ValueError(f"{name}={value!r} with `tape`: a recorded tape is replayed in-step, as the whole-model"
