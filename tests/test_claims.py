@@ -23,6 +23,12 @@ def test_interval_is_the_student_t_interval():
     claims.interval([1.0])
 
 
+def test_a_paired_difference_reads_as_its_interval_or_says_it_has_none():
+  assert claims.Paired("b − a", 0.12, -0.05, 0.29, 0.1, 8).text() == "+0.12% [-0.05, +0.29]"
+  nan = float("nan")  # e.g. a time to target one of two arms never reaches on a seed
+  assert claims.Paired("b − a", nan, nan, nan, nan, 1).text() == "no paired value"
+
+
 def test_paired_difference_is_per_seed_in_percent_of_the_base():
   df = pd.DataFrame({"arm": ["a"] * 2 + ["b"] * 3, "seed": [0, 1, 0, 1, 2],
                      "final_eval_loss": [2.0, 4.0, 2.1, 4.1, 9.9]})

@@ -45,18 +45,8 @@ class Paired:
   diverged: tuple = ()  # (arm, runs that did not train) of the arms compared: no measurement
 
   def text(self) -> str:
-    """``+0.12% [−0.05, +0.29]`` (mean and 95% interval), or ``no paired value`` when there is none
-    to show (e.g. a time to target that one of the two arms never reaches on a seed).
-
-    Examples:
-      >>> Paired("a − b", 0.12, -0.05, 0.29, 0.1, 8).text()
-      '+0.12% [-0.05, +0.29]'
-      >>> Paired("a − b", float("nan"), float("nan"), float("nan"), float("nan"), 1).text()
-      'no paired value'
-    """
-    if not np.isfinite(self.mean):
-      return "no paired value"
-    return f"{self.mean:+.2f}% [{self.low:+.2f}, {self.high:+.2f}]"
+    """``+0.12% [−0.05, +0.29]`` (mean and 95% interval), or ``no paired value`` when there is none."""
+    return f"{self.mean:+.2f}% [{self.low:+.2f}, {self.high:+.2f}]" if np.isfinite(self.mean) else "no paired value"
 
 
 def did_not_train(df: pd.DataFrame) -> pd.Series:
