@@ -5,7 +5,8 @@
   tests mean the same on a GPU; bfloat16 is tested on purpose (tests/test_precision.py).
 - JAX's persistent compilation cache in ``.cache/jax-tests`` (unless the caller names one):
   the suite's many subprocess runs (CLI, launcher, kill and resume tests) and both xdist
-  workers compile each program once. A cached executable is the one XLA compiled, so no
+  workers compile each program once (in a launched run, every process writes its own programs:
+  ``diloco_core.devices.compile_cache``). A cached executable is the one XLA compiled, so no
   number depends on it; a test that must compile afresh removes the two variables from its
   subprocess's environment (tests/test_checkpoint.py). ``make clean`` removes the cache.
 - Every "bit for bit" a test asserts compares two computations on the machine that runs the

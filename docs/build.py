@@ -17,8 +17,9 @@ content, so any change to the code, pages or notebooks makes an older build stal
 
 The pages' kernels share a JAX persistent compilation cache that each build starts empty
 (``_build/jax-cache``, unless the environment names one): runs of the same program on
-several pages, or in several processes of one page, compile it once. A cached executable is
-the one XLA compiled, so no number depends on it.
+several pages, or in several processes of one page (each process writes its own programs:
+``diloco_core.devices.compile_cache``), compile it once. A cached executable is the one XLA
+compiled, so no number depends on it.
 """
 
 from __future__ import annotations

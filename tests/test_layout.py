@@ -265,6 +265,10 @@ FOREIGN_PRIVATE_READS = {
     ("diloco_core.data.files", "ids._mmap"): "numpy.memmap: its mmap, closed explicitly",
     ("diloco_core.algorithm.base", "self._step._cache_size"): "jax: a jitted function's compiled count",
     ("diloco_core.store.tree_io", "hook._diloco_quiet"): "a marker this module sets on its own hook function",
+    ("diloco_core.devices.compile_cache", "compiler._cache_write"):
+        "jax: the persistent cache's write, wrapped so that every process writes (no public hook)",
+    ("diloco_core.devices.compile_cache", "compiler._should_raise_persistent_cache_error"):
+        "jax: whether a failed cache write raises, as JAX's own write decides it",
 }
 #: Public API of other libraries that happens to start with an underscore.
 UNDERSCORE_APIS = {"_replace", "_asdict", "_fields", "_make", "_exit"}

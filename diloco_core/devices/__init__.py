@@ -6,7 +6,8 @@ May import: spec.
 
 Modules: :mod:`~diloco_core.devices.backend` (defaults per platform, determinism),
 :mod:`~diloco_core.devices.mesh` (the ``(diloco, data, model)`` mesh and placement),
-:mod:`~diloco_core.devices.processes` (``jax.distributed`` set-up, agreed stops, lost peers).
+:mod:`~diloco_core.devices.processes` (``jax.distributed`` set-up, agreed stops, lost peers),
+:mod:`~diloco_core.devices.compile_cache` (every process writes the persistent compilation cache).
 """
 
 from diloco_core.lazy import lazy_exports
@@ -20,6 +21,7 @@ _PUBLIC = {
     "make_mesh": "diloco_core.devices.mesh",
     "parse_mesh": "diloco_core.devices.mesh",
     "initialize_distributed": "diloco_core.devices.processes",
+    "cache_every_process": "diloco_core.devices.compile_cache",
 }
 __all__ = list(_PUBLIC)
 

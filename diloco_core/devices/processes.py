@@ -33,6 +33,8 @@ import time
 
 import jax
 
+from diloco_core.devices.compile_cache import cache_every_process
+
 #: Seconds a process waits for every process to join before it gives up (``--join-timeout``).
 JOIN_TIMEOUT_S = 120.0
 #: Seconds after which the coordinator declares a silent process lost (JAX's heartbeat; it then
@@ -79,7 +81,9 @@ def initialize_distributed(coordinator: str | None = None, num_processes: int | 
 
   Returns:
     True if :func:`jax.distributed.initialize` was called. On CPU it selects the gloo
-    collectives so the replicas' all-reduce crosses processes.
+    collectives so the replicas' all-reduce crosses processes; with a persistent compilation
+    cache in a local folder, every process writes its own programs there
+    (:func:`~diloco_core.devices.compile_cache.cache_every_process`).
   """
   coordinator = coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")
   if num_processes is None and os.environ.get("JAX_NUM_PROCESSES"):
@@ -107,6 +111,7 @@ def initialize_distributed(coordinator: str | None = None, num_processes: int | 
                              heartbeat_timeout_seconds=int(elastic_heartbeat or HEARTBEAT_S),
                              shutdown_timeout_seconds=SHUTDOWN_S)
   joined.set()
+  cache_every_process(jax.config.jax_compilation_cache_dir)  # processes 1.. write their programs too
   return True
 
 
