@@ -163,15 +163,16 @@ def test_a_process_takes_its_inner_steps_without_waiting_for_a_late_one(tmp_path
 
 @pytest.mark.slow
 def test_every_process_writes_its_programs_to_the_compilation_cache(tmp_path):
-  """Two processes of a background run, in a compilation cache of their own that starts empty:
-  each compiles the same programs for its own device, so every program is in the cache twice
-  (two keys: a key names the devices). JAX's own rule, process 0 writes alone, would leave one
-  of each, and process 1 would compile them all again in the next launch
-  (diloco_core.devices.compile_cache)."""
+  """Two processes of a background run, in a compilation cache of their own that starts empty
+  (every program written, whatever its compile time): each compiles the same programs for its
+  own device, so every program is in the cache twice (two keys: a key names the devices).
+  JAX's own rule, process 0 writes alone, would leave one of each, and process 1 would compile
+  them all again in the next launch (diloco_core.devices.compile_cache)."""
   cache = tmp_path / "jax-cache"
   flags = [*COMMON, "--steps", "2", "--sync-every", "2", "--eval-every", "2", "--communication", "background"]
   r = subprocess.run([sys.executable, "-m", "diloco_core.launch", "--processes", "2", "--devices-per-process", "1",
-                      "--", *flags, "--out", str(tmp_path / "run")], env=dict(ENV, JAX_COMPILATION_CACHE_DIR=str(cache)),
+                      "--", *flags, "--out", str(tmp_path / "run")],
+                     env=dict(ENV, JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0"),
                      capture_output=True, text=True, timeout=300)
   assert r.returncode == 0, r.stderr[-2000:]
   names = [f.name.rsplit("-", 2)[0] for f in cache.iterdir() if f.name.endswith("-cache")]

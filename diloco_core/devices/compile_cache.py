@@ -11,6 +11,11 @@ three-process streaming run: about 40 programs; its launch took 21 s of wall tim
 of CPU time on two cores, 7 s and 12 s with this). A cached executable is the one XLA
 compiled, so no number depends on it.
 
+A program that spans the processes (the in-step runtime's mesh over processes) has one key on
+all of them; they compile it together and then each writes the same bytes to the same file. No
+process of that run reads it meanwhile (they have all just missed it); a run started at that
+very moment that read a half-written file would warn and compile (JAX's read catches it).
+
 :func:`cache_every_process` lifts the rule when the cache is a local folder (no ``scheme://``);
 on a shared filesystem JAX's rule stays. :func:`diloco_core.devices.processes.initialize_distributed`
 calls it once ``jax.distributed`` is up. It wraps JAX's private ``jax._src.compiler._cache_write``
