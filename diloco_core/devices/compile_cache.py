@@ -6,9 +6,8 @@ JAX writes cache entries from process 0 only, against write contention on a shar
 every process compiles programs for its own devices (the background runtime's inner step,
 send and settle, the model's initialization): their keys are the process's own, and nobody
 else would write them. Left to JAX's rule, processes :math:`1, \dots, N-1` compile every
-program afresh in every launch while process 0 loads its own from the cache (a tiny
-three-process streaming run: about 40 programs; its launch took 21 s of wall time and 39 s
-of CPU time on two cores, 7 s and 12 s with this). A cached executable is the one XLA
+program afresh in every launch while process 0 loads its own from the cache (in a tiny
+three-process run, compiling is most of a launch's time). A cached executable is the one XLA
 compiled, so no number depends on it.
 
 A program that spans the processes (the in-step runtime's mesh over processes) has one key on
