@@ -3,12 +3,14 @@
 - 8 fake CPU devices (``JAX_PLATFORMS=cpu`` unless the caller picks a platform).
 - The model computes in float32 (``DILOCO_COMPUTE_DTYPE``) on every backend, so exact-number
   tests mean the same on a GPU; bfloat16 is tested on purpose (tests/test_precision.py).
-- JAX's persistent compilation cache in ``.cache/jax-tests`` (unless the caller names one):
-  the suite's many subprocess runs (CLI, launcher, kill and resume tests) and both xdist
-  workers compile each program once (in a launched run, every process writes its own programs:
-  ``diloco_core.devices.compile_cache``). A cached executable is the one XLA compiled, so no
-  number depends on it; a test that must compile afresh removes the two variables from its
-  subprocess's environment (tests/test_checkpoint.py). ``make clean`` removes the cache.
+- JAX's persistent compilation cache in ``.cache/jax`` (unless the caller names one), the
+  one the docs build uses (``docs/build.py``'s ``JAX_CACHE``): the suite loads the programs
+  the pages compiled (CI builds the docs first), and its many subprocess runs (CLI, launcher,
+  kill and resume tests) and both xdist workers compile each program once (in a launched run,
+  every process writes its own programs: ``diloco_core.devices.compile_cache``). A cached
+  executable is the one XLA compiled, so no number depends on it; a test that must compile
+  afresh removes the two variables from its subprocess's environment
+  (tests/test_checkpoint.py). ``make clean`` removes the cache.
 - Every "bit for bit" a test asserts compares two computations on the machine that runs the
   suite, i.e. on one kind of CPU; across kinds of CPU (another model or instruction set,
   ``--xla_cpu_max_isa``) numbers round differently, and the docs' implementation page lists
@@ -19,6 +21,7 @@
   the reason says so. Doctests that need devices are listed in ``_DOCTESTS_NEEDING_DEVICES``.
 """
 
+import importlib.util
 import os
 
 import pytest
@@ -28,10 +31,11 @@ _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
   os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("DILOCO_COMPUTE_DTYPE", "float32")
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-  os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                         ".cache", "jax-tests")
-  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+_spec = importlib.util.spec_from_file_location(
+    "docs_build", os.path.join(os.path.dirname(os.path.abspath(__file__)), "docs", "build.py"))
+_docs_build = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_docs_build)
+os.environ.update(_docs_build.compilation_cache_env(os.environ))
 
 _DOCTESTS_NEEDING_DEVICES = {"diloco_core.devices.mesh.make_mesh": 8}
 

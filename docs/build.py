@@ -15,11 +15,12 @@ The digest covers every file git tracks or would track (``git ls-files -co
 --exclude-standard``; without git, every file outside the ignored folders), by path and
 content, so any change to the code, pages or notebooks makes an older build stale.
 
-The pages' kernels share a JAX persistent compilation cache that each build starts empty
-(``_build/jax-cache``, unless the environment names one): runs of the same program on
-several pages, or in several processes of one page (each process writes its own programs:
-``diloco_core.devices.compile_cache``), compile it once. A cached executable is the one XLA
-compiled, so no number depends on it.
+The pages' kernels and the test suite (``conftest.py``) share one JAX persistent compilation
+cache, :data:`JAX_CACHE` (unless the environment names one): runs of the same program on
+several pages, in several processes of one page (each process writes its own programs:
+``diloco_core.devices.compile_cache``) or in the suite after the build (CI builds the docs
+first) compile it once. A cached executable is the one XLA compiled, so no number depends on
+it; ``make clean`` empties the cache.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ import hashlib
 import json
 import os
 import pathlib
-import shutil
 import signal
 import subprocess
 import sys
@@ -42,10 +42,30 @@ HTML = OUT / "html"
 LOG = OUT / "build.log"
 STAMP = OUT / "build.stamp"
 LOCK = OUT / ".build.lock"
+#: JAX's persistent compilation cache of the repository: the docs build, its notebook kernels and
+#: the test suite (``conftest.py``) read and write the same programs. (JAX's cache key includes
+#: the folder's path, through XLA's autotuning folder inside it: two folders share nothing.)
+JAX_CACHE = ROOT / ".cache" / "jax"
 COMMAND = ["-m", "sphinx", "-W", "-E", "-n", "--keep-going", "-b", "html", ".", "_build/html"]
 # Folders never part of the sources when git is not available (mirrors .gitignore).
 _IGNORED = {".git", ".venv", "_build", ".cache", "runs", "build", ".pytest_cache", "__pycache__",
             ".ipynb_checkpoints"}
+
+
+def compilation_cache_env(env: dict[str, str]) -> dict[str, str]:
+  """``env`` with JAX's persistent compilation cache in :data:`JAX_CACHE`, every program written
+  however fast it compiled, unless ``env`` names a cache of its own.
+
+  Example::
+
+      >>> compilation_cache_env({})["JAX_COMPILATION_CACHE_DIR"] == str(JAX_CACHE)
+      True
+      >>> compilation_cache_env({"JAX_COMPILATION_CACHE_DIR": "/tmp/c"})
+      {'JAX_COMPILATION_CACHE_DIR': '/tmp/c'}
+  """
+  if "JAX_COMPILATION_CACHE_DIR" in env:
+    return dict(env)
+  return dict(env, JAX_COMPILATION_CACHE_DIR=str(JAX_CACHE), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
 
 
 def source_files(root: pathlib.Path = ROOT) -> list[str]:
@@ -127,11 +147,7 @@ def _build(echo: bool = False, timeout: float | None = None) -> subprocess.Compl
   STAMP.unlink(missing_ok=True)
   digest = source_digest()
   cmd = [sys.executable] + COMMAND
-  env = dict(os.environ)
-  if "JAX_COMPILATION_CACHE_DIR" not in env:  # the test suite names its own (conftest.py)
-    cache = OUT / "jax-cache"
-    shutil.rmtree(cache, ignore_errors=True)
-    env.update(JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+  env = compilation_cache_env(os.environ)  # inside the suite, conftest.py has set the same
   lines = []
   with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                         text=True, start_new_session=True, env=env) as proc:

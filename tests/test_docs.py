@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import pathlib
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -157,6 +159,21 @@ def test_source_digest_follows_contents_and_skips_build_outputs(tmp_path):
   (tmp_path / "docs" / "a.md").write_text("x")
   (tmp_path / "docs" / "b.md").write_text("")
   assert site_build.source_digest(tmp_path) != first  # a new (even empty) file counts
+
+
+def test_the_docs_build_and_the_suite_share_one_compilation_cache():
+  """The suite's cache is the docs build's (conftest.py reads docs/build.py): after CI's build
+  the suite loads the programs the pages compiled. A cache the caller names is kept."""
+  import doctest  # pylint: disable=import-outside-toplevel
+  examples = doctest.testmod(site_build)
+  assert examples.attempted >= 2 and examples.failed == 0
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT"))}
+  show = "import os, conftest; print(os.environ['JAX_COMPILATION_CACHE_DIR'], os.environ.get('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '-'))"
+  out = subprocess.run([sys.executable, "-c", show], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+  assert out.stdout.split() == [str(site_build.JAX_CACHE), "0"]
+  out = subprocess.run([sys.executable, "-c", show], cwd=ROOT, env=dict(env, JAX_COMPILATION_CACHE_DIR="/tmp/own"),
+                       capture_output=True, text=True, check=True)
+  assert out.stdout.split() == ["/tmp/own", "-"]
 
 
 def test_a_request_for_the_site_waits_for_a_build_in_progress(tmp_path, monkeypatch):
