@@ -247,8 +247,10 @@ def test_a_stop_request_ends_an_elastic_run_cleanly_and_it_resumes_exactly(signu
   """SIGTERM or Ctrl-C to the launcher of an elastic run (with --own-coordinator too): every
   process stops before one agreed step and exits 130 (for SIGTERM too); the launcher's last line
   says so and names no process as lost; no process aborts in JAX's clean-up, although process 1
-  holds its clean-up back (slow_exit_child): process 0, which hosts the coordination service,
-  leaves once the others said they leave, and they leave without disconnecting from it. The
+  holds its clean-up back (slow_exit_child), and holds its exit back half a second after saying
+  it leaves (less than LEFT_GRACE_S): process 0, which hosts the coordination service, leaves
+  once the others said they leave and had the time to exit, and they leave without
+  disconnecting from it. The
   stop line names the last checkpoint; --resume goes on from it to the end, and the run equals
   the same run replayed in-step, bit for bit (final params, every eval and replica loss)."""
   from diloco_core.store.checkpoint import finalized_steps
@@ -256,7 +258,8 @@ def test_a_stop_request_ends_an_elastic_run_cleanly_and_it_resumes_exactly(signu
   coordinator = ["--own-coordinator"] if own else []
   flags = [*FLAGS, "--steps", "48", "--elastic", "--checkpoint-every", "8", "--out", out]
   p = subprocess.Popen([sys.executable, "-m", "diloco_core.launch", *THREE, *coordinator, "--module",
-                        "slow_exit_child", "--", *flags], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        "slow_exit_child", "--", *flags], env=dict(ENV, SLOW_LEAVE_S="0.5"),
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                        text=True)
   deadline = time.monotonic() + 240
   while not finalized_steps(out):

@@ -59,6 +59,11 @@ END_WAIT_S = HEARTBEAT_S
 #: a peer that is still alive to say it leaves: a loaded machine can hold a peer's exit past
 #: :data:`SHUTDOWN_S`, and leaving first would take the service from under it (it aborts).
 LEAVE_WAIT_S = 6 * SHUTDOWN_S
+#: Seconds process 0 (the coordination service's host) still waits after the last live peer of
+#: an elastic run said it leaves: that peer exits right after saying so, but a loaded machine
+#: can hold it between the two, and a service gone before its exit aborts it (its client polls
+#: the service for errors; seen once in a suite run, 140 ms after the peer said it leaves).
+LEFT_GRACE_S = 1.0
 
 
 def initialize_distributed(coordinator: str | None = None, num_processes: int | None = None,
@@ -291,7 +296,8 @@ def leave_elastic(code: int) -> None:
   """The end of an elastic run's process (:mod:`diloco_core.runtime.elastic`): it says it leaves and
   exits; process 0, when it hosts the coordination service, once the live others said they
   leave: it waits for each as long as the service still counts it alive (a lost one is left
-  out after the heartbeat), at most :data:`LEAVE_WAIT_S` in all. A service of its own
+  out after the heartbeat), at most :data:`LEAVE_WAIT_S` in all, then :data:`LEFT_GRACE_S`
+  more for the last one's exit (the service sees it only at the heartbeat). A service of its own
   (:func:`own_coordinator`) outlives every trainer: nobody waits."""
   from jax._src import distributed  # the coordination service's client (no public accessor)
   client, rank = distributed.global_state.client, jax.process_index()
@@ -309,6 +315,8 @@ def leave_elastic(code: int) -> None:
           except Exception:  # noqa: BLE001 - not yet: wait on while it is alive (slow, not lost)
             if time.monotonic() > deadline or other not in client.get_live_nodes(list(range(jax.process_count()))):
               break
+      if set(live) - {0}:
+        time.sleep(LEFT_GRACE_S)  # the last one to say it leaves may not have exited yet
   except Exception:  # noqa: BLE001 - a peer lost on the way out, or the service gone: leave anyway
     pass
   exit_without_peers(code)
