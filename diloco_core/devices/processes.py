@@ -306,8 +306,8 @@ def leave_elastic(code: int) -> None:
     if rank != 0 or own_coordinator():
       client.key_value_set(f"diloco/left/{rank}", str(code))
     else:
-      deadline = time.monotonic() + LEAVE_WAIT_S
-      for other in sorted(set(live) - {0}):
+      deadline, peers = time.monotonic() + LEAVE_WAIT_S, sorted(set(live) - {0})
+      for other in peers:
         while True:
           try:
             client.blocking_key_value_get(f"diloco/left/{other}", SHUTDOWN_S * 1000)
@@ -315,7 +315,7 @@ def leave_elastic(code: int) -> None:
           except Exception:  # noqa: BLE001 - not yet: wait on while it is alive (slow, not lost)
             if time.monotonic() > deadline or other not in client.get_live_nodes(list(range(jax.process_count()))):
               break
-      if set(live) - {0}:
+      if peers:
         time.sleep(LEFT_GRACE_S)  # the last one to say it leaves may not have exited yet
   except Exception:  # noqa: BLE001 - a peer lost on the way out, or the service gone: leave anyway
     pass
