@@ -250,17 +250,16 @@ def test_a_stop_request_ends_an_elastic_run_cleanly_and_it_resumes_exactly(signu
   holds its clean-up back (slow_exit_child), and holds its exit back half a second after saying
   it leaves (less than LEFT_GRACE_S): process 0, which hosts the coordination service, leaves
   once the others said they leave and had the time to exit, and they leave without
-  disconnecting from it. The
-  stop line names the last checkpoint; --resume goes on from it to the end, and the run equals
-  the same run replayed in-step, bit for bit (final params, every eval and replica loss)."""
+  disconnecting from it. The stop line names the last checkpoint; --resume goes on from it to
+  the end, and the run equals the same run replayed in-step, bit for bit (final params, every
+  eval and replica loss)."""
   from diloco_core.store.checkpoint import finalized_steps
   out = str(tmp_path / "elastic")
   coordinator = ["--own-coordinator"] if own else []
   flags = [*FLAGS, "--steps", "48", "--elastic", "--checkpoint-every", "8", "--out", out]
   p = subprocess.Popen([sys.executable, "-m", "diloco_core.launch", *THREE, *coordinator, "--module",
                         "slow_exit_child", "--", *flags], env=dict(ENV, SLOW_LEAVE_S="0.5"),
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       text=True)
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   deadline = time.monotonic() + 240
   while not finalized_steps(out):
     assert p.poll() is None and time.monotonic() < deadline, p.communicate()
