@@ -172,7 +172,9 @@ def test_the_planning_library_imports_without_the_training_stack(installed):
      "--chips-per-slice", "64", "--seq-len", "4096", "--global-batch-tokens", "2097152",
      "--link-gbps", "100"],
     ["-m", "analysis", "simulate", "--table"],
-    ["-m", "diloco_core.train", "--steps", "20"],
+    # the tiny run the suite's other trainer commands share (its programs are compiled once)
+    ["-m", "diloco_core.train", "--model", "tiny", "--steps", "8", "--batch-size", "2", "--seq-len", "8",
+     "--warmup-steps", "1", "--data-vocab", "16", "--data-order", "1", "--no-progress"],
 ], ids=["plan", "simulate", "train"])
 def test_the_commands_run_from_another_folder(installed, args):
   proc = run(args, installed)
