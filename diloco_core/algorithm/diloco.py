@@ -129,6 +129,8 @@ class DiLoCo(Phases, AlgorithmBase):
 
   """
 
+  _initial_program = None  # the jitted initial state, built by init (shared by with_hyperparams copies)
+
   def __init__(self, loss_fn: LossFn, inner_optimizer: Optimizer, config: DiLoCoConfig, *,
                layer_mask: Any = None, outer_optimizer: Optimizer | None = None, mesh=None,
                hyperparams: dict[str, float] | None = None):
@@ -193,7 +195,7 @@ class DiLoCo(Phases, AlgorithmBase):
     step for params of this structure.
     """
     cfg = self.config
-    state = self._place_state(self.initial_state(params, cfg.replicas))
+    state = self._place_state(self._initial_on_device(params, cfg.replicas))
 
     def make_step():
       self._build(params)
@@ -201,6 +203,17 @@ class DiLoCo(Phases, AlgorithmBase):
 
     self._compile_once(state, make_step)
     return state
+
+  def _initial_on_device(self, params, replicas: int) -> DiLoCoState:
+    """:meth:`initial_state` built by one jitted program on the default device.
+
+    The same arrays (zeros, copies and broadcasts are exact) from one program to load or
+    compile instead of one per leaf shape. The hyperparameters are its inputs, so the copies
+    :meth:`with_hyperparams` makes share it.
+    """
+    if self._initial_program is None:
+      self._initial_program = jax.jit(lambda p, hp, m: self.initial_state(p, m, hp=hp), static_argnums=2)
+    return self._initial_program(params, self.typed_hyperparams(), replicas)
 
   # ---- the step ------------------------------------------------------------------------------
   def step(self, state: DiLoCoState, batch, participation=None

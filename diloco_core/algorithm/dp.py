@@ -55,6 +55,8 @@ class DataParallel(AlgorithmBase):
     1.0
   """
 
+  _initial_program = None  # the jitted initial state, built by init (shared by with_hyperparams copies)
+
   def __init__(self, loss_fn, inner_optimizer: Optimizer, config: DiLoCoConfig, mesh=None,
                hyperparams: dict[str, float] | None = None):
     self.config = config
@@ -66,12 +68,13 @@ class DataParallel(AlgorithmBase):
 
   def init(self, params) -> DPState:
     """The initial state of the single model."""
-    params = jax.tree.map(lambda x: jnp.array(x, copy=True), params)  # state is donated
     # DP all-reduces float32 gradients: every element of the model, every step.
     self.grad_bytes = float(sum(np.size(x) for x in jax.tree.leaves(params)) * 4)
-    opt = resolve_optimizer(self.inner_optimizer, self.hyperparams)
-    state = self._place_state(DPState(params=params, opt_state=opt.init(params),
-                                      step=jnp.zeros((), jnp.int32)))
+    if self._initial_program is None:  # one program (copies and zeros: exact), hyperparameters its inputs
+      self._initial_program = jax.jit(lambda p, hp: DPState(
+          params=jax.tree.map(lambda x: jnp.array(x, copy=True), p),  # the state is donated
+          opt_state=resolve_optimizer(self.inner_optimizer, hp).init(p), step=jnp.zeros((), jnp.int32)))
+    state = self._place_state(self._initial_program(params, self.typed_hyperparams()))
     self._compile_once(state, lambda: self._jit_step(
         drjax.program(diloco=self.config.replicas)(self._step_impl), state))
     return state

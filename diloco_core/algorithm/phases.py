@@ -120,7 +120,7 @@ class Phases:
     [0.75, 1.25]
   """
 
-  def initial_state(self, params, replicas: int, xp=jnp) -> DiLoCoState:
+  def initial_state(self, params, replicas: int, xp=jnp, hp=None) -> DiLoCoState:
     """The initial state of ``replicas`` replicas: each of them and the global copy are ``params``.
 
     Args:
@@ -129,6 +129,7 @@ class Phases:
         background runtime).
       xp: the array module of the leaves: ``jax.numpy`` (on device) or ``numpy`` (on the
         host, for a runtime that places them itself).
+      hp: the hyperparameters the optimizers are built with (default: ``hyperparams``).
 
     Returns:
       The unplaced :class:`~diloco_core.algorithm.state.DiLoCoState` (error-feedback residual,
@@ -142,7 +143,7 @@ class Phases:
       >>> state.params.shape, state.participants.tolist(), state.ef_residual
       ((2, 3), [[1.0], [1.0]], None)
     """
-    cfg, hp = self.config, self.hyperparams
+    cfg, hp = self.config, self.hyperparams if hp is None else hp
     stack = lambda tree: jax.tree.map(lambda x: xp.broadcast_to(xp.asarray(x), (replicas, *xp.shape(x))), tree)
     zeros = lambda tree: jax.tree.map(lambda x: xp.zeros(xp.shape(x), xp.float32), tree)
     params = jax.tree.map(lambda x: xp.array(x, copy=True), params)  # the state is donated

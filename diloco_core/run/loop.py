@@ -9,6 +9,7 @@ the rows, the byte counters and ``metrics.jsonl``; a run with ``out`` also write
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import time
@@ -17,7 +18,6 @@ from typing import Any
 
 import jax
 import numpy as np
-import pandas as pd
 from tqdm.auto import tqdm
 
 from diloco_core.store import checkpoint as ckpt
@@ -77,12 +77,35 @@ class Interrupted(KeyboardInterrupt):
 
 @dataclasses.dataclass
 class TrainResult:
-  """What :func:`train` returns."""
+  """What :func:`train` returns.
 
-  metrics: pd.DataFrame  # one row per logged step (same as metrics.jsonl)
+  ``metrics`` is a pandas DataFrame of ``rows``, built when it is first read (the command line
+  prints the summary and never imports pandas).
+  """
+
+  rows: list  # one dict per logged step (the rows of metrics.jsonl)
   summary: dict  # same as summary.json
   params: Any  # the final global params
   state: Any  # the final training state (DiLoCoState / DPState)
+
+  @functools.cached_property
+  def metrics(self):
+    """One row per logged step (same as metrics.jsonl), as a ``pandas.DataFrame``."""
+    import pandas as pd  # pylint: disable=import-outside-toplevel
+    return pd.DataFrame(self.rows)
+
+
+def _last_logged(rows: list, key: str) -> float | None:
+  """The last value of ``key`` that a row logged (None and NaN skipped); None when none did.
+
+  Examples:
+    >>> _last_logged([{"eval_loss": 3.0}, {"eval_loss": None}, {"eval_loss": 2.5}, {}], "eval_loss")
+    2.5
+    >>> _last_logged([{"eval_loss": float("nan")}], "eval_loss") is None
+    True
+  """
+  values = [r[key] for r in rows if r.get(key) is not None and r[key] == r[key]]
+  return float(values[-1]) if values else None
 
 
 def _finish_advice(watch: Watch) -> str:
@@ -173,8 +196,8 @@ def train(cfg: TrainConfig) -> TrainResult:
   preflight(cfg)  # the disk and the devices, once
   if cfg.syncer.plays_tape(cfg):  # the syncer rule: the run played from its tape, P = 1, τ = 0
     _prepare_out(cfg)
-    metrics, summary, params = play_run(cfg)
-    return TrainResult(metrics=metrics, summary=summary, params=params, state=None)
+    rows, summary, params = play_run(cfg)
+    return TrainResult(rows=rows, summary=summary, params=params, state=None)
   if cfg.syncer.tape is not None:  # a recorded tape: this run with its drops (checked by validate)
     cfg = dataclasses.replace(cfg, drop_schedule=tape_drops(cfg))
   # The data's fingerprint (file hashes) is only needed by checkpoints and resumes.
@@ -324,8 +347,7 @@ def train(cfg: TrainConfig) -> TrainResult:
       raise RunFileError(f"{e}; the run trained all {cfg.steps} steps: {_finish_advice(watch)}.") from None
   wall = time.perf_counter() - start
   compile_time = 0.0 if compile_time is None else compile_time  # resumed at the last step: no step ran
-  metrics = pd.DataFrame(log.rows)
-  final_eval = float(metrics["eval_loss"].dropna().iloc[-1])
+  final_eval = _last_logged(log.rows, "eval_loss")
   replica_losses = None
   if cfg.eval_replicas:
     replica_losses = [float(eval_fn(comm.place_replicated(jax.tree.map(lambda x: x[m], host_replicas)),
@@ -350,7 +372,7 @@ def train(cfg: TrainConfig) -> TrainResult:
       "params": param_count(model_cfg),
       "active_params": param_count(model_cfg, active=True),
       # MoE: the auxiliary loss term (weighted balance + z-losses) of the last logged steps
-      "final_aux_loss": float(metrics["aux_loss"].dropna().iloc[-1]) if "aux_loss" in metrics else None,
+      "final_aux_loss": _last_logged(log.rows, "aux_loss"),
       "compute_dtype": model_cfg.compute_dtype,
       "attention": model_cfg.attention,
       "data": data.describe(),
@@ -371,5 +393,5 @@ def train(cfg: TrainConfig) -> TrainResult:
       why = record_tape(cfg.out, jax.process_index(), M, cfg.algo.sync_every, jax.process_count())
       if why is not None and cfg.syncer.quorum is not None:  # (a quorum run says why it has none)
         warnings.warn(why, RunWarning, stacklevel=2)
-  return TrainResult(metrics=metrics, summary=summary, params=algo.eval_params(state),
+  return TrainResult(rows=log.rows, summary=summary, params=algo.eval_params(state),
                      state=comm.global_state(state))

@@ -29,7 +29,6 @@ import os
 import time
 
 import numpy as np
-import pandas as pd
 
 from diloco_core.run.tape_play import make_setup, play_tape, speed_ticks, tape_for
 from diloco_core.spec.model_config import param_count
@@ -68,7 +67,7 @@ def _rows(cfg, result, wall: float) -> list[dict]:
   return rows
 
 
-def play_run(cfg) -> tuple[pd.DataFrame, dict, object]:
+def play_run(cfg) -> tuple[list[dict], dict, object]:
   """Plays ``cfg``'s run from its syncer's tape and writes its files under ``cfg.out`` (prepared by
   :func:`~diloco_core.run.loop.train`).
 
@@ -76,7 +75,7 @@ def play_run(cfg) -> tuple[pd.DataFrame, dict, object]:
     cfg: a validated :class:`~diloco_core.run.config.TrainConfig` whose ``syncer`` is not at its defaults.
 
   Returns:
-    ``(metrics, summary, params)``: one row per committed round (module docstring), the
+    ``(rows, summary, params)``: one row (a dict) per committed round (module docstring), the
     summary (as ``summary.json``), the final global params.
   """
   start = time.perf_counter()
@@ -114,4 +113,4 @@ def play_run(cfg) -> tuple[pd.DataFrame, dict, object]:
   if cfg.out is not None:
     with open(os.path.join(cfg.out, "summary.json"), "w") as f:
       json.dump(summary, f, indent=2)
-  return pd.DataFrame(rows), summary, result.params
+  return rows, summary, result.params
