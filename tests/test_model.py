@@ -53,3 +53,19 @@ def test_config_errors():
     ModelConfig(d_model=10, n_heads=4)
   with pytest.raises(ValueError, match="experts_per_token \\(3\\) must be <= num_experts"):
     ModelConfig(num_experts=2, experts_per_token=3)
+
+
+@pytest.mark.parametrize("preset,changes", [
+    ("tiny", {"positions": "learned"}), ("tiny", {"tie_embeddings": False, "n_layers": 3}), ("moe-tiny", {}),
+])
+def test_the_initial_params_are_a_draw_per_shape(preset, changes, monkeypatch):
+  """The model draws each leaf as a power-of-two-long vector cut to size (one compiled program
+  per power of two): the same params, bit for bit, as ``jax.random.normal`` of each shape."""
+  from diloco_core.model import transformer
+  cfg = dataclasses.replace(get_preset(preset), **changes)
+  drawn = jax.tree.leaves(init_model(cfg, 3)[1])
+  monkeypatch.setattr(transformer, "_normal_draw", lambda key, shape: jax.random.normal(key, shape, jnp.float32))
+  per_shape = jax.tree.leaves(init_model(cfg, 3)[1])
+  assert len(drawn) == len(per_shape)
+  for x, y in zip(drawn, per_shape):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

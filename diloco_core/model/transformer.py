@@ -37,6 +37,25 @@ from diloco_core.devices.backend import resolve_model_config
 from diloco_core.spec.model_config import ModelConfig
 
 
+def _normal_draw(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+  """``jax.random.normal(key, shape, float32)``, drawn as a power-of-two-long vector and cut.
+
+  The same numbers: JAX's random bits (``jax_threefry_partitionable``, its default) depend on
+  the key and an element's flat index only, so a longer draw begins with this one
+  (``tests/test_model.py`` checks it on every preset). Drawn this way, a model's leaves share a
+  few compiled programs, one per power of two, instead of one per shape: the draw is the
+  costliest program of the initialisation to compile (about 0.5 s each on a CPU core), and every
+  new shape, model and device would compile it again.
+
+  Examples:
+    >>> key = jax.random.key(0)
+    >>> bool((_normal_draw(key, (3, 5)) == jax.random.normal(key, (3, 5), jnp.float32)).all())
+    True
+  """
+  n = math.prod(shape)
+  return jax.random.normal(key, (1 << max(n - 1, 0).bit_length(),), jnp.float32)[:n].reshape(shape)
+
+
 def _rms_norm(x: jax.Array, scale: jax.Array, eps: float = 1e-6) -> jax.Array:
   """RMSNorm computed in float32, returned in the dtype of ``x``."""
   x32 = x.astype(jnp.float32)
@@ -105,7 +124,7 @@ class StackedBlocks(nnx.Module):
     out_std = std / math.sqrt(2 * L)  # GPT-2 style scaling of residual projections
 
     def normal(shape, s):
-      return nnx.Param(s * jax.random.normal(rngs.params(), (L, *shape), jnp.float32))
+      return nnx.Param(s * _normal_draw(rngs.params(), (L, *shape)))
 
     self.attn_norm = nnx.Param(jnp.ones((L, d), jnp.float32))
     self.wq = normal((d, cfg.n_heads, dh), std)
@@ -157,14 +176,14 @@ class Transformer(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     cfg = resolve_model_config(cfg)
     self.cfg = cfg
-    self.embed = nnx.Param(0.02 * jax.random.normal(rngs.params(), (cfg.vocab_size, cfg.d_model)))
+    self.embed = nnx.Param(0.02 * _normal_draw(rngs.params(), (cfg.vocab_size, cfg.d_model)))
     if cfg.positions == "learned":
       self.pos_embed = nnx.Param(
-          0.02 * jax.random.normal(rngs.params(), (cfg.max_seq_len, cfg.d_model)))
+          0.02 * _normal_draw(rngs.params(), (cfg.max_seq_len, cfg.d_model)))
     self.blocks = StackedBlocks(cfg, rngs=rngs)
     self.final_norm = nnx.Param(jnp.ones((cfg.d_model,), jnp.float32))
     if not cfg.tie_embeddings:
-      self.head = nnx.Param(0.02 * jax.random.normal(rngs.params(), (cfg.d_model, cfg.vocab_size)))
+      self.head = nnx.Param(0.02 * _normal_draw(rngs.params(), (cfg.d_model, cfg.vocab_size)))
 
   def __call__(self, tokens: jax.Array, *, with_aux: bool = False):
     """Maps int tokens ``[..., T]`` to float32 logits ``[..., T, V]``.
