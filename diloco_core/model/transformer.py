@@ -42,10 +42,10 @@ def _normal_draw(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
 
   The same numbers: JAX's random bits (``jax_threefry_partitionable``, its default) depend on
   the key and an element's flat index only, so a longer draw begins with this one
-  (``tests/test_model.py`` checks it on every preset). Drawn this way, a model's leaves share a
-  few compiled programs, one per power of two, instead of one per shape: the draw is the
-  costliest program of the initialisation to compile (about 0.5 s each on a CPU core), and every
-  new shape, model and device would compile it again.
+  (``tests/test_model.py`` checks a dense and an MoE model's draws). Drawn this way, a model's
+  leaves share a few compiled programs, one per power of two, instead of one per shape: the
+  draw is the costliest program of the initialisation to compile (about 0.5 s each on a CPU
+  core), and every new shape, model and device would compile it again.
 
   Examples:
     >>> key = jax.random.key(0)
