@@ -26,7 +26,8 @@ CASES = {  # DiLoCo (4-bit payloads, error feedback), Streaming, eager: M = 2, a
     "eager": dict(outer_overlap="eager", replicas=4),
     "diloco-m4": dict(compression="e3m0", replicas=4),  # within TOLERANCE (see background.py)
     # simulated drops: a sync nobody takes part in (step 4), one replica missing (8), residuals kept
-    "diloco-drops": dict(compression="e3m0", error_feedback=True, steps=12, drop_schedule=((4, 0), (4, 1), (8, 1))),
+    # (8 steps: the inner program of "diloco", which takes no mask)
+    "diloco-drops": dict(compression="e3m0", error_feedback=True, drop_schedule=((4, 0), (4, 1), (8, 1))),
     # Streaming with τ = 2: a replica healed at the merge two steps after its missed sync
     "streaming-drops": dict(algo="streaming", fragments=3, sync_every=6, overlap=2, alpha=0.5, steps=12,
                             drop_schedule=((2, 0), (4, 1), (6, 0), (6, 1), (10, 1))),

@@ -614,8 +614,8 @@ def test_params_without_a_manifest_load_with_a_warning(tmp_path, finished):
 
 
 # ---- the comparison (make demo) --------------------------------------------------------------
-COMPARE = ["--model", "tiny", "--batch-size", "2", "--seq-len", "8", "--steps", "4", "--sync-every", "2",
-           "--fragments", "2", "--overlap", "0", "--no-progress"]
+COMPARE = ["--model", "tiny", "--batch-size", "2", "--seq-len", "8", "--replicas", "2", "--steps", "12",
+           "--sync-every", "6", "--fragments", "3", "--overlap", "1", "--no-progress"]  # test_compare's
 
 
 def test_compare_errors_and_interrupt_are_one_line(tmp_path, monkeypatch, capsys):

@@ -9,8 +9,9 @@ from tiny_run import tiny
 
 
 def configs():
-  # two programs (M = 2 and M = 4 are shapes), three runs (H is an input of the program)
-  return [tiny(replicas=2, sync_every=2), tiny(replicas=2, sync_every=4), tiny(replicas=4)]
+  # two programs (M = 2 and M = 3 are shapes; test_tape_play compiles both), three runs (H is an
+  # input of the program)
+  return [tiny(replicas=2, sync_every=2), tiny(replicas=2, sync_every=4), tiny(replicas=3)]
 
 
 def test_the_plan_counts_cached_runs_and_estimates_from_the_probe(tmp_path):
@@ -19,12 +20,12 @@ def test_the_plan_counts_cached_runs_and_estimates_from_the_probe(tmp_path):
   plan = live.plan_live(cfgs, cache=tmp_path)
   assert (plan.runs, plan.cached, plan.to_train, plan.programs) == (3, 1, 2, 2)
   assert plan.flops == live.run_flops(cfgs[1]) + live.run_flops(cfgs[2])
-  # 8 steps at M = 2 (the probed run's step) and 8 at M = 4 (twice its FLOPs); 3 evaluations each
-  assert (plan.steps, plan.evals) == (8 * 1 + 8 * 2, 2 * (8 // 4 + 1))
+  # 8 steps at M = 2 (the probed run's step) and 8 at M = 3 (1.5 times its FLOPs); 3 evaluations each
+  assert (plan.steps, plan.evals) == (8 * 1 + 8 * 1.5, 2 * (8 // 4 + 1))
   p = plan.probe
   assert p.compile_s > 0 and p.step_s > 0 and p.eval_s >= 0
   assert p.step_flops == live.step_flops(cfgs[1])
-  assert plan.estimate_s == pytest.approx(2 * p.compile_s + 24 * p.step_s + 6 * p.eval_s, rel=1e-12)
+  assert plan.estimate_s == pytest.approx(2 * p.compile_s + 20 * p.step_s + 6 * p.eval_s, rel=1e-12)
   assert "3 runs: 1 cached, 2 to train (2 programs)" in plan.text() and "estimated" in plan.text()
   capped = live.plan_live(cfgs, cache=tmp_path, max_runs=1, measure=False)
   assert (capped.to_train, capped.programs, capped.probe, capped.estimate_s) == (1, 1, None, None)

@@ -218,7 +218,8 @@ def test_the_cli_names_the_coefficient_flags(capsys):
 def test_streaming_sends_total_params_so_an_moe_sends_its_total_ratio_of_bytes():
   # Every fragment is sent steps / H times: bytes per replica are proportional to the total
   # (not active) params, exactly (the recipes page states this ratio).
-  kw = dict(fragments=3, sync_every=6, steps=12, eval_every=12, log_every=6, compression="bf16")
+  # (the shape of test_moe_tiny_trains_with_every_algorithm's streaming run: its program)
+  kw = dict(fragments=2, steps=16, eval_every=8, log_every=4, inner_lr=1e-2)
   moe_run = train(tiny("streaming", model="moe-tiny", **kw)).summary
   dense_run = train(tiny("streaming", model="moe-tiny", num_experts=1, experts_per_token=1, **kw)).summary
   assert moe_run["total_bytes_per_replica"] * dense_run["params"] == (

@@ -15,8 +15,9 @@ from diloco_core.spec.schedule import schedule_table
 from diloco_core.train import TrainConfig
 
 # A run that compiles and trains in a few seconds.
+# tiny_run.tiny()'s shape (8 steps): its programs are compiled by other tests already
 TINY = TrainConfig(algo=DiLoCoConfig(replicas=2, sync_every=2), data=DataConfig(vocab_size=16),
-                   model="tiny", steps=4, batch_size=2, seq_len=8, eval_every=2, log_every=2,
+                   model="tiny", steps=8, batch_size=2, seq_len=8, eval_every=4, log_every=2,
                    warmup_steps=1, progress=False)
 
 

@@ -53,7 +53,7 @@ def test_streaming_and_dp_train():
 
 
 def test_training_approaches_the_floor():
-  r = train(tiny(steps=60, eval_every=60, inner_lr=1e-2))
+  r = train(tiny(steps=32, eval_every=32, inner_lr=1e-2))  # test_checkpoint compiles this shape
   losses = r.metrics["eval_loss"].dropna().to_numpy()
   assert losses[-1] < losses[0] - 0.3
 
@@ -90,9 +90,10 @@ def test_cli_subprocess_help_and_run(tmp_path):
   env = dict(os.environ)
   h = subprocess.run([sys.executable, "-m", "diloco_core.train", "--help"], capture_output=True, text=True, env=env)
   assert h.returncode == 0 and "--sync-every" in h.stdout and "H: inner steps" in h.stdout
-  r = subprocess.run([sys.executable, "-m", "diloco_core.train", "--model", "tiny", "--steps", "4",
-                      "--batch-size", "2", "--seq-len", "8", "--sync-every", "2", "--eval-every", "2",
-                      "--warmup-steps", "1", "--no-progress", "--out", str(tmp_path / "x")],
+  # tiny()'s shape (vocabulary 16, 8 steps): a program the in-process tests compile already
+  r = subprocess.run([sys.executable, "-m", "diloco_core.train", "--model", "tiny", "--steps", "8",
+                      "--batch-size", "2", "--seq-len", "8", "--sync-every", "2", "--eval-every", "4",
+                      "--warmup-steps", "1", "--data-vocab", "16", "--no-progress", "--out", str(tmp_path / "x")],
                      capture_output=True, text=True, env=env)
   assert r.returncode == 0, r.stderr
   assert "final eval loss" in r.stdout and (tmp_path / "x" / "summary.json").exists()
