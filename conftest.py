@@ -52,27 +52,45 @@ ONE_WORKER_FILES = ("tests/test_launch.py", "tests/test_background.py", "tests/t
 PROCESS_FILES = ("tests/test_launch.py", "tests/test_membership.py", "tests/test_elastic.py", "tests/test_quorum.py")
 
 
-def pytest_xdist_make_scheduler(config, log):
-  """``-n`` with the default ``--dist load``: every test its own unit of work, handed to the
-  next free worker, except the files of :data:`ONE_WORKER_FILES`, each one unit."""
-  if config.getoption("dist") != "load":
-    return None
-  from xdist.scheduler import LoadScopeScheduling  # pylint: disable=import-outside-toplevel
+class _Scheduling:
+  """pytest-xdist's scheduler hook, registered only when xdist is loaded (``-p no:xdist``, or a
+  machine without it, runs the suite in one process: ``make test-tpu``)."""
 
-  class FilesTogether(LoadScopeScheduling):
-    def _split_scope(self, nodeid: str) -> str:
-      path = nodeid.split("::", 1)[0]
-      if path in PROCESS_FILES:
-        return "processes"
-      return path if path in ONE_WORKER_FILES else nodeid
+  @staticmethod
+  def pytest_xdist_make_scheduler(config, log):
+    """``-n`` with the default ``--dist load``: every test its own unit of work, handed to the
+    next free worker, except the files of :data:`ONE_WORKER_FILES`, each one unit."""
+    if config.getoption("dist") != "load":
+      return None
+    from xdist.scheduler import LoadScopeScheduling  # pylint: disable=import-outside-toplevel
 
-  return FilesTogether(config, log)
+    class FilesTogether(LoadScopeScheduling):
+      def _split_scope(self, nodeid: str) -> str:
+        path = nodeid.split("::", 1)[0]
+        if path in PROCESS_FILES:
+          return "processes"
+        return path if path in ONE_WORKER_FILES else nodeid
+
+    return FilesTogether(config, log)
+
+
+#: The accelerator lane (``make test-tpu``): the files whose tests say something about the
+#: backend they run on (semantics and reference numbers, bf16 compute, remat and the fused
+#: loss, Muon, the wire formats, in-process resume), run in one process on the device JAX finds.
+ACCELERATOR_FILES = ("tests/test_diloco.py", "tests/test_model.py",
+                     "tests/test_precision.py", "tests/test_optimizers.py", "tests/test_compression.py",
+                     "tests/test_wire_packing.py", "tests/test_eager.py", "tests/test_hyperparams.py",
+                     "tests/test_replica_loop.py", "tests/test_fit.py", "tests/test_checkpoint.py")
 
 
 def pytest_configure(config):
+  if config.pluginmanager.hasplugin("xdist"):
+    config.pluginmanager.register(_Scheduling(), "diloco-scheduling")
   config.addinivalue_line(
       "markers", "needs_cpu_devices(n): needs n devices (8 fake CPU devices); skipped with the"
       " reason when fewer are available, e.g. JAX_PLATFORMS=cuda on one GPU")
+  config.addinivalue_line(
+      "markers", "cpu_only(why): holds on a CPU only; skipped on an accelerator with the reason")
 
 
 #: Tests that check the built site: collected last, so that a ``make docs`` started beside the
@@ -83,16 +101,21 @@ SITE_TESTS = ("tests/test_site_browser.py::", "tests/test_docs.py::test_docs_bui
 
 def pytest_collection_modifyitems(config, items):
   items.sort(key=lambda item: item.nodeid.startswith(SITE_TESTS))  # stable: the rest keep their order
-  needs = []
+  needs, cpu_only = [], []
   for item in items:
+    if item.get_closest_marker("cpu_only"):
+      cpu_only.append(item)
     marker = item.get_closest_marker("needs_cpu_devices")
     n = marker.args[0] if marker else _DOCTESTS_NEEDING_DEVICES.get(item.name)
     if n:
       needs.append((item, n))
-  if not needs:
+  if not needs and not cpu_only:
     return
   import jax  # pylint: disable=import-outside-toplevel
   count, platform = jax.device_count(), jax.default_backend()
+  if platform != "cpu":
+    for item in cpu_only:
+      item.add_marker(pytest.mark.skip(reason=f"on {platform}: {item.get_closest_marker('cpu_only').args[0]}"))
   for item, n in needs:
     if count < n:
       item.add_marker(pytest.mark.skip(reason=(

@@ -1,232 +1,384 @@
-"""Accelerator benchmark: step time, TFLOP/s and MFU of plain, DP, DiLoCo and Streaming steps.
+"""Accelerator benchmark: the plain step's MFU lever by lever, and DP / DiLoCo / Streaming against M plain steps.
 
-On one device, for the built-in transformer (default: the issue's 336M model, d_model 1024,
-16 layers, 16 heads, d_ff 4096, vocab 32768, seq 1024, batch 4 per replica, AdamW):
+Two parts, on the first device JAX finds (a TPU or GPU; ``--quick`` runs a tiny model on a CPU):
 
-- plain optax step (one model), DP M=2, DiLoCo M=2 and M=4 (H=10) and Streaming (M=2,
-  P=5, τ=1, H=10): ms/step, tokens/s, TFLOP/s and MFU. Each timing covers a multiple of H
-  steps, so the syncs are inside it. FLOPs are the analytic count
-  (:func:`~diloco_core.flops_per_token`: 6N + attention) times the tokens of all M replicas;
-  XLA's own count of the plain step is printed next to it.
-- the ratio step / (M x plain step) (target <= 1.02);
-- the compiled memory of the plain step with ``remat`` none and block;
-- on a GPU, the cost of deterministic ops: the plain step re-timed in a child process with
-  ``DILOCO_NONDETERMINISTIC=1`` (n/a elsewhere: CPU and TPU kernels are deterministic).
+1. **Levers** (the default model: d_model 1024, 16 layers, d_ff 4096, V 32,768, T 1024;
+   336M parameters): the plain AdamW step of one model, timed once per row, each row adding
+   one lever to the one before: the Pallas flash attention, the ``dots`` remat policy, the
+   fused head and loss (``loss_chunk``), the batch that fills the chip, a head dimension of
+   128 (8 heads instead of 16: the same parameters and FLOPs), and no remat. ms/step,
+   tokens/s, TFLOP/s and MFU (analytic FLOPs, :func:`~diloco_core.flops_per_token`: 6N plus
+   attention; recomputation not counted).
+2. **Methods** (the same shape with ``--method-layers`` layers, default 4, so that M = 4
+   replicas' state fits one chip; the last lever row's settings): plain, DP M=2, DiLoCo M=2
+   and M=4, Streaming M=2 (P=5, τ=1), H=10, and DiLoCo M=2 with ``replica_loop="sequential"``;
+   each timing covers a multiple of H steps (the syncs are inside it), and the ratio
+   step / (M × plain step) says what DiLoCo costs beyond M independent models.
 
-MFU is against the dense bf16 peak of the chip from :mod:`analysis.planning.hardware`, looked up by
-``jax.devices()[0].device_kind`` (n/a on CPU or an unknown chip). Measured, never asserted.
+**Memory.** Every run reads the device's memory (``memory_stats()["bytes_limit"]``) and takes
+the first setting, in its order of preference, whose compiled program fits
+(:func:`diloco_core.devices.fit.first_fit`: the memory model of
+:mod:`diloco_core.spec.activations` and :mod:`diloco_core.spec.footprint` skips clear misses,
+XLA's ``memory_analysis()`` of the compiled program decides). It prints what it chose; a run
+that fits in no setting is one line (bytes needed, bytes the device has, the flag that would
+make it fit) and the others still run. The results are written after every run.
 
-Usage: python benchmarks/accelerator.py [--quick] [--json PATH] [--steps 20] [--d-model 1024 ...]
+**Stored.** ``--store`` (what ``make bench-accel`` passes) writes them with their provenance
+(device kind, JAX, jaxlib and libtpu versions, git commit, date, the command) to
+``analysis/results/accelerator/<device>.json``, which the performance page shows; ``--trace
+DIR`` also writes a ``jax.profiler`` trace of the plain step and of DiLoCo M=2. Measured,
+never asserted.
+
+Usage: python benchmarks/accelerator.py [--quick] [--store] [--json PATH] [--trace DIR] [--steps 10]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
+import importlib.metadata
 import json
 import os
+import platform
+import shlex
 import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 from diloco_core.devices.backend import configure_determinism  # noqa: E402
 
 DETERMINISTIC = configure_determinism()  # before JAX starts its backend
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
+from flax import nnx  # noqa: E402
 
 from analysis.planning.hardware import hardware_for_device_kind  # noqa: E402
 from diloco_core import DataParallel, DiLoCo, DiLoCoConfig, ModelConfig, flops_per_token  # noqa: E402
-from diloco_core import init_model, layer_mask, lm_loss  # noqa: E402
-from diloco_core.devices.backend import resolve_model_config  # noqa: E402
+from diloco_core import layer_mask, lm_loss  # noqa: E402
 from diloco_core.algorithm.phases import inner_update  # noqa: E402
+from diloco_core.devices.backend import resolve_model_config  # noqa: E402
+from diloco_core.devices.fit import device_memory, first_fit  # noqa: E402
+from diloco_core.model.transformer import Transformer, init_model, split_params  # noqa: E402
+from diloco_core.spec.activations import step_activation_bytes  # noqa: E402
+from diloco_core.spec.footprint import replica_state_bytes  # noqa: E402
+from diloco_core.spec.model_config import param_count  # noqa: E402
 
 SYNC_EVERY = 10
-RUNS = ("plain", "dp2", "diloco2", "diloco4", "streaming2")
+STORE_DIR = os.path.join(ROOT, "analysis", "results", "accelerator")
+#: Per-replica batches tried, largest first, where a row lets the batch fill the chip.
+FILL_BATCHES = (16, 12, 8, 4, 2, 1)
+#: The lever rows: a label and what changes against the row before (``batch`` None: fill the chip).
+LEVERS = (
+    ("before: XLA attention, remat block, batch 4", dict(n_heads=16, attention="xla", remat="block", batch=4, loss_chunk=0)),
+    ("+ Pallas flash attention", dict(attention="flash")),
+    ("+ remat dots (keep the matmuls' outputs)", dict(remat="dots")),
+    ("+ head fused with the loss (2,048-token chunks)", dict(loss_chunk=2048)),
+    ("+ the batch that fills the chip", dict(batch=None)),
+    ("+ head dim 128 (8 heads of 128, same N and FLOPs)", dict(n_heads=8)),
+    ("no remat (the batch that fills the chip)", dict(remat="none")),
+)
+#: The methods part's runs: name -> (algorithm, M, replica loop).
+METHODS = {"plain": ("plain", 1, None), "dp2": ("dp", 2, None), "diloco2": ("diloco", 2, "vectorized"),
+           "diloco2-sequential": ("diloco", 2, "sequential"), "diloco4": ("diloco", 4, "vectorized"),
+           "streaming2": ("streaming", 2, "vectorized")}
 
 
-def model_config(args) -> ModelConfig:
-  return resolve_model_config(ModelConfig(
-      vocab_size=args.vocab, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
-      d_ff=args.d_ff, max_seq_len=args.seq, compute_dtype=args.compute_dtype,
-      attention=args.attention, remat=args.remat))
+def provenance(argv: list[str]) -> dict:
+  """Who measured what, where: device, versions, commit, date and the command."""
+  def version(name):
+    try:
+      return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      return None
+  try:
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    dirty = bool(subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, check=True).stdout.strip())
+  except (OSError, subprocess.CalledProcessError):
+    commit, dirty = None, None
+  device = jax.devices()[0]
+  return {"device_kind": device.device_kind, "platform": device.platform, "device_count": jax.device_count(),
+          "jax": jax.__version__, "jaxlib": version("jaxlib"),
+          "libtpu": version("libtpu") or version("libtpu-nightly"),
+          "git_commit": commit, "git_dirty": dirty, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+          "command": "python benchmarks/accelerator.py " + shlex.join(argv), "host_cpu": platform.processor() or platform.machine()}
 
 
-def plain_step(loss_fn, opt):
-  """One jitted AdamW step of one model (state donated), returning (state, loss)."""
-  def step(state, tokens):
-    params, opt_state, loss, _ = inner_update(loss_fn, opt, state[0], state[1], tokens)
-    return (params, opt_state), loss
-  return jax.jit(step, donate_argnums=0)
+def write_json(path: str, result: dict) -> None:
+  """Writes ``result`` to ``path`` (through a temporary file: a reader never sees half of it)."""
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w") as f:
+    json.dump(result, f, indent=1)
+  os.replace(tmp, path)
 
 
-def build(name, loss_fn, opt, params, mask):
-  """(M, step, state) of one run of :data:`RUNS`."""
-  if name == "plain":
-    return 1, plain_step(loss_fn, opt), (jax.tree.map(jax.numpy.copy, params), opt.init(params))
-  M = int(name[-1])
-  if name.startswith("dp"):
-    algo = DataParallel(loss_fn, opt, DiLoCoConfig(algorithm="dp", replicas=M))
-  elif name.startswith("diloco"):
-    algo = DiLoCo(loss_fn, opt, DiLoCoConfig(replicas=M, sync_every=SYNC_EVERY), layer_mask=mask)
-  else:
-    algo = DiLoCo(loss_fn, opt, DiLoCoConfig(algorithm="streaming", replicas=M, sync_every=SYNC_EVERY,
-                                             fragments=5, overlap=1), layer_mask=mask)
-  return M, algo, algo.init(params)
+def store_path(device_kind: str) -> str:
+  """``analysis/results/accelerator/<device kind, lower case, spaces as dashes>.json``.
+
+  Examples:
+    >>> os.path.basename(store_path("TPU v5 lite"))
+    'tpu-v5-lite.json'
+  """
+  return os.path.join(STORE_DIR, device_kind.lower().replace(" ", "-").replace("/", "-") + ".json")
 
 
-def time_run(step, state, batches, steps, repeats):
-  """Seconds per step: the best of ``repeats`` rounds of ``steps`` steps (after one warm-up)."""
-  state, out = step(state, batches[0])
+def apply_fn_of(cfg: ModelConfig):
+  """The model's apply function without materializing its params (the graph of an abstract model)."""
+  graphdef, _ = split_params(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
+  return lambda p, tokens, **kw: nnx.merge(graphdef, p)(tokens, **kw)
+
+
+def timed(run, state, batch, steps: int, repeats: int) -> tuple[float, object]:
+  """Seconds per step: the best of ``repeats`` rounds of ``steps`` steps, after one warm-up step."""
+  state, out = run(state, batch)
   jax.block_until_ready(out)
   best = float("inf")
   for _ in range(repeats):
     t0 = time.perf_counter()
-    for i in range(steps):
-      state, out = step(state, batches[i % len(batches)])
+    for _ in range(steps):
+      state, out = run(state, batch)
     jax.block_until_ready((state, out))
     best = min(best, (time.perf_counter() - t0) / steps)
   return best, state
 
 
-def compiled_plain(cfg, args, opt):
-  """XLA's FLOP count and memory of the plain step, compiled without running it."""
-  apply_fn, params = init_model(cfg, 0)
-  step = plain_step(lambda p, x: lm_loss(apply_fn, p, x), opt)
-  tokens = jax.ShapeDtypeStruct((args.batch, args.seq + 1), jax.numpy.int32)
-  compiled = step.lower((params, opt.init(params)), tokens).compile()
-  cost = compiled.cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  mem = compiled.memory_analysis()
-  gib = lambda b: None if b is None else b / 2**30
-  return {"xla_flops": float(cost.get("flops", float("nan"))) if cost else None,
-          "temp_gib": gib(getattr(mem, "temp_size_in_bytes", None)),
-          "argument_gib": gib(getattr(mem, "argument_size_in_bytes", None)),
-          "output_gib": gib(getattr(mem, "output_size_in_bytes", None))}
+class Bench:
+  """One benchmark run: the device, its memory and peak, the results so far and where they go."""
 
+  def __init__(self, args, argv):
+    self.args = args
+    self.device = jax.devices()[0]
+    spec = hardware_for_device_kind(self.device.device_kind)
+    self.peak = None if spec is None else spec.peak_flops
+    self.limit = device_memory(self.device)
+    self.rng = np.random.default_rng(0)
+    self.result = {"provenance": provenance(argv), "peak_tflops": None if self.peak is None else self.peak / 1e12,
+                   "memory_limit_bytes": self.limit, "seq_len": args.seq, "levers": [], "methods": {}}
+    self.paths = [p for p in (args.json, store_path(self.device.device_kind) if args.store else None) if p]
 
-def bench(args) -> dict:
-  cfg = model_config(args)
-  device = jax.devices()[0]
-  spec = hardware_for_device_kind(device.device_kind)
-  apply_fn, params = init_model(cfg, 0)
-  loss_fn = lambda p, x: lm_loss(apply_fn, p, x)
-  opt = optax.adamw(1e-4)
-  flops_tok = flops_per_token(cfg, args.seq)
-  rng = np.random.default_rng(0)
-  result = {"device_kind": device.device_kind, "platform": device.platform,
-            "peak_tflops": None if spec is None else spec.peak_flops / 1e12,
-            "deterministic_ops": DETERMINISTIC if device.platform == "gpu" else "n/a", "model": dataclasses.asdict(cfg),
-            "batch_per_replica": args.batch, "seq_len": args.seq, "steps": args.steps,
-            "flops_per_token": flops_tok, "runs": {}}
-  for name in args.runs:
-    M, algo, state = build(name, loss_fn, opt, params, layer_mask(params))
-    host = [rng.integers(0, cfg.vocab_size, size=(M, args.batch, args.seq + 1)).astype(np.int32)
-            for _ in range(2)]
-    if M == 1:
-      step, batches = algo, [jax.device_put(x[0]) for x in host]
-    else:
-      step, batches = algo.step, [algo.place_batch(x) for x in host]
-    seconds, state = time_run(step, state, batches, args.steps, args.repeats)
+  def save(self) -> None:
+    for path in self.paths:
+      write_json(path, self.result)
+
+  def model(self, **changes) -> ModelConfig:
+    a = self.args
+    base = dict(vocab_size=a.vocab, d_model=a.d_model, n_layers=a.layers, n_heads=a.heads, d_ff=a.d_ff,
+                max_seq_len=a.seq, compute_dtype=a.compute_dtype)
+    return resolve_model_config(ModelConfig(**{**base, **changes}))
+
+  def tokens(self, shape) -> jax.Array:
+    return self.rng.integers(0, self.args.vocab, size=(*shape, self.args.seq + 1)).astype(np.int32)
+
+  def measure(self, cfg: ModelConfig, batch: int, seconds: float, replicas: int = 1) -> dict:
+    tokens_s = replicas * batch * self.args.seq / seconds
+    tflops = flops_per_token(cfg, self.args.seq) * tokens_s / 1e12
+    return {"ms_per_step": 1e3 * seconds, "tokens_per_s": tokens_s, "tflops": tflops,
+            "mfu": None if self.peak is None else tflops * 1e12 / self.peak}
+
+  # ---- part 1: the plain step, lever by lever ------------------------------------------------
+  def plain_row(self, label: str, settings: dict) -> dict:
+    a, opt = self.args, optax.adamw(1e-4)
+    row = {"lever": label, **{k: v for k, v in settings.items() if k != "batch"}}
+    batches = FILL_BATCHES if settings["batch"] is None else (settings["batch"],)
+    try:
+      cfg = self.model(**{k: v for k, v in settings.items() if k != "batch"})
+    except ValueError as e:  # e.g. flash attention off a TPU
+      return {**row, "skipped": str(e)}
+    n = param_count(cfg)
+    params = init_model(cfg, 0)[1]
+    state = (params, opt.init(params))
+    apply_fn = apply_fn_of(cfg)
+    step = jax.jit(lambda s, x: (lambda o: ((o[0], o[1]), o[2]))(
+        inner_update(lambda p, t: lm_loss(apply_fn, p, t), opt, s[0], s[1], x)), donate_argnums=0)
+    state_bytes = sum(replica_state_bytes(n, outer=False).values())
+    fit = first_fit(batches, estimate=lambda b: state_bytes + step_activation_bytes(cfg, b, a.seq).total,
+                    compile_fn=lambda b: step.lower(state, jax.ShapeDtypeStruct((b, a.seq + 1), jnp.int32)).compile(),
+                    limit=self.limit, describe=lambda b: f"batch {b}")
+    row["fit"] = fit.tried
+    if fit.choice is None:
+      return {**row, "skipped": self.refusal(label, fit, "lower --seq or --layers, or set remat block")}
+    batch = fit.choice
+    seconds, state = timed(fit.compiled, state, jnp.asarray(self.tokens((batch,))), a.steps, a.repeats)
     del state
-    tokens_s = M * args.batch * args.seq / seconds
-    tflops = flops_tok * tokens_s / 1e12
-    result["runs"][name] = {"replicas": M, "ms_per_step": 1e3 * seconds, "tokens_per_s": tokens_s,
-                            "tflops": tflops,
-                            "mfu": None if spec is None else tflops * 1e12 / spec.peak_flops}
-  plain = result["runs"].get("plain")
-  for r in result["runs"].values():
-    r["step_over_M_plain"] = None if plain is None else r["ms_per_step"] / (r["replicas"] * plain["ms_per_step"])
-  if args.memory:
-    result["plain_compiled"] = {remat: compiled_plain(dataclasses.replace(cfg, remat=remat), args, opt)
-                                for remat in ("none", "block")}
-  return result
+    return {**row, "batch": batch, "params": n, "memory_model_bytes": fit.estimate,
+            "compiled_bytes": fit.measured, **self.measure(cfg, batch, seconds)}
+
+  def refusal(self, what: str, fit, hint: str) -> str:
+    limit = "no limit" if self.limit is None else f"{self.limit / 2**30:.2f} GiB"
+    return f"{what}: does not fit the device ({limit}): {'; '.join(fit.tried)}; {hint}"
+
+  # ---- part 2: DP, DiLoCo and Streaming against M plain steps ------------------------------
+  def algorithm(self, name: str, cfg: ModelConfig, params):
+    kind, M, loop = METHODS[name]
+    loss_fn = lambda p, x: lm_loss(apply_fn_of(cfg), p, x)
+    opt = optax.adamw(1e-4)
+    if kind == "dp":
+      return DataParallel(loss_fn, opt, DiLoCoConfig(algorithm="dp", replicas=M))
+    streaming = dict(algorithm="streaming", fragments=5, overlap=1) if kind == "streaming" else {}
+    return DiLoCo(loss_fn, opt, DiLoCoConfig(replicas=M, sync_every=SYNC_EVERY, **streaming),
+                  layer_mask=layer_mask(params), replica_loop=loop)
+
+  def method_bytes(self, name: str, cfg: ModelConfig, batch: int) -> float:
+    kind, M, loop = METHODS[name]
+    s = replica_state_bytes(param_count(cfg), outer=kind in ("diloco", "streaming"))
+    state = M * (s["params"] + s["grads"] + s["optimizer"]) + s["outer_params"] + s["outer_momentum"]
+    if kind in ("plain", "dp"):
+      state = s["params"] + s["optimizer"] + M * s["grads"]
+    live = 1 if loop == "sequential" else M
+    return state + live * step_activation_bytes(cfg, batch, self.args.seq).total
+
+  def methods(self, cfg: ModelConfig) -> None:
+    a = self.args
+    params = init_model(cfg, 0)[1]
+    # One per-replica batch for every run (the ratios compare like with like): the largest the
+    # biggest run fits, by the memory model (each run's compiled program is checked below).
+    fitting = [b for b in FILL_BATCHES if self.limit is None
+               or self.method_bytes("diloco4", cfg, b) <= 0.9 * self.limit] or [1]
+    batch = a.method_batch or fitting[0]
+    self.result["methods_model"] = {**dataclasses.asdict(cfg), "batch_per_replica": batch,
+                                    "params": param_count(cfg), "sync_every": SYNC_EVERY}
+    print(f"\nmethods: {cfg.n_layers} layers ({param_count(cfg) / 1e6:.0f}M params), {cfg.n_heads} heads,"
+          f" attention {cfg.attention}, remat {cfg.remat}, loss_chunk {cfg.loss_chunk}, batch {batch}/replica,"
+          f" H={SYNC_EVERY}, {a.method_steps} timed steps", flush=True)
+    for name in a.methods:
+      M = METHODS[name][1]
+      try:
+        if name == "plain":
+          opt = optax.adamw(1e-4)
+          apply_fn = apply_fn_of(cfg)
+          state = (jax.tree.map(jnp.copy, params), opt.init(params))
+          step = jax.jit(lambda s, x: (lambda o: ((o[0], o[1]), o[2]))(
+              inner_update(lambda p, t: lm_loss(apply_fn, p, t), opt, s[0], s[1], x)), donate_argnums=0)
+          x = jnp.asarray(self.tokens((batch,)))
+          compile_fn = lambda _: step.lower(state, x).compile()
+        else:
+          algo = self.algorithm(name, cfg, params)
+          state = algo.init(params)
+          x = algo.place_batch(self.tokens((M, batch)))
+          def compile_fn(_, algo=algo, state=state, x=x):
+            with jax.set_mesh(algo.mesh):
+              return algo.program.lower(*algo.step_args(state, x)).compile()
+        fit = first_fit([batch], estimate=lambda b: self.method_bytes(name, cfg, b), compile_fn=compile_fn,
+                        limit=self.limit, describe=lambda b: f"{name} batch {b}")
+        if fit.choice is None:
+          line = self.refusal(name, fit, "lower --method-layers or --method-batch")
+          self.result["methods"][name] = {"skipped": line}
+          print(line, flush=True)
+          continue
+        if name == "plain":
+          run = fit.compiled
+        else:
+          hp = algo.step_args(state, x)[2:]
+          run = lambda s, b: (lambda o: (o[0], o[1]["loss"]))(fit.compiled(s, b, *hp))
+        seconds, state = timed(run, state, x, a.method_steps, a.repeats)
+        if a.trace and name in ("plain", "diloco2"):
+          with jax.profiler.trace(os.path.join(a.trace, name)):
+            state, out = run(state, x)
+            for _ in range(SYNC_EVERY - 1):
+              state, out = run(state, x)
+            jax.block_until_ready((state, out))
+        del state
+      except Exception as e:  # one run's failure (an out-of-memory at run time) must not end the others
+        line = f"{name}: failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
+        self.result["methods"][name] = {"skipped": line}
+        print(line, flush=True)
+        continue
+      rec = {"replicas": M, "replica_loop": METHODS[name][2], "memory_model_bytes": fit.estimate,
+             "compiled_bytes": fit.measured, **self.measure(cfg, batch, seconds, M)}
+      plain = rec["ms_per_step"] if name == "plain" else self.result["methods"].get("plain", {}).get("ms_per_step")
+      rec["step_over_M_plain"] = None if plain is None else rec["ms_per_step"] / (M * plain)
+      self.result["methods"][name] = rec
+      self.save()
+      print(f"{name:20s} {rec['ms_per_step']:9.2f} ms/step  {rec['tokens_per_s']:10,.0f} tok/s  MFU"
+            f" {fmt(rec['mfu'], '.1%'):>6s}  step/(M x plain) {fmt(rec['step_over_M_plain'], '.3f')}", flush=True)
+
+  def run(self) -> dict:
+    a = self.args
+    kind = self.device.device_kind
+    print(f"device: {kind} ({self.device.platform}), peak {fmt(self.result['peak_tflops'], '.0f')} TFLOP/s dense"
+          f" bf16, memory {fmt(self.limit and self.limit / 2**30, '.2f')} GiB; {a.steps} timed steps per row",
+          flush=True)
+    settings = {}
+    for label, changes in (LEVERS if a.levers else ()):
+      before, settings = settings, {**settings, **changes}
+      row = self.plain_row(label, settings)
+      self.result["levers"].append(row)
+      self.save()
+      if "skipped" in row:
+        if "fit" not in row:  # not on this backend (flash off a TPU): the next rows go on without it
+          settings = {**settings, **{k: before[k] for k in changes if k in before}}
+        print(f"{label:52s} {row['skipped']}", flush=True)
+        continue
+      print(f"{label:52s} batch {row['batch']:2d}  {row['ms_per_step']:8.1f} ms  {row['tflops']:7.2f} TFLOP/s"
+            f"  MFU {fmt(row['mfu'], '.1%'):>6s}  memory: model {row['memory_model_bytes'] / 2**30:.2f} GiB,"
+            f" compiled {row['compiled_bytes']['peak'] / 2**30:.2f} GiB", flush=True)
+    best = dict(n_heads=a.heads, attention=a.attention, remat=a.remat, loss_chunk=a.loss_chunk)
+    if a.methods:
+      try:
+        cfg = self.model(**{**best, "n_layers": a.method_layers})
+      except ValueError as e:
+        self.result["methods"]["all"] = {"skipped": str(e)}
+        print(f"methods: {e}", flush=True)
+      else:
+        self.methods(cfg)
+    self.save()
+    return self.result
 
 
-def nondeterministic_cost(argv, plain_ms) -> float | None:
-  """On a GPU: plain step time without deterministic ops / with them (a child process)."""
-  if jax.default_backend() != "gpu" or plain_ms is None or not DETERMINISTIC:
-    return None
-  path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"accel_nondet_{os.getpid()}.json")
-  env = dict(os.environ, DILOCO_NONDETERMINISTIC="1",
-             XLA_FLAGS=os.environ["XLA_FLAGS"].replace("--xla_gpu_deterministic_ops=true", ""))
-  subprocess.run([sys.executable, __file__, *argv, "--runs", "plain", "--no-memory", "--json", path,
-                  "--no-determinism-cost"], env=env, check=True, stdout=subprocess.DEVNULL)
-  with open(path) as f:
-    child = json.load(f)
-  return plain_ms / child["runs"]["plain"]["ms_per_step"]
-
-
-def print_table(r: dict) -> None:
-  fmt = lambda x, f: "n/a" if x is None else format(x, f)
-  print(f"device: {r['device_kind']} ({r['platform']}), peak {fmt(r['peak_tflops'], '.0f')} TFLOP/s"
-        f" dense bf16; deterministic ops: {r['deterministic_ops']}")
-  m = r["model"]
-  print(f"model: d={m['d_model']} L={m['n_layers']} h={m['n_heads']} d_ff={m['d_ff']} V={m['vocab_size']}"
-        f" T={r['seq_len']} b={r['batch_per_replica']}/replica, {m['compute_dtype']}, attention"
-        f" {m['attention']}, remat {m['remat']}; {r['flops_per_token']:.4g} FLOPs/token;"
-        f" {r['steps']} timed steps (H={SYNC_EVERY})")
-  print(f"{'run':12s} {'ms/step':>10s} {'tokens/s':>12s} {'TFLOP/s':>9s} {'MFU':>7s} {'step/(M x plain)':>17s}")
-  for name, x in r["runs"].items():
-    print(f"{name:12s} {x['ms_per_step']:10.2f} {x['tokens_per_s']:12,.0f} {x['tflops']:9.3f}"
-          f" {fmt(x['mfu'], '.1%'):>7s} {fmt(x['step_over_M_plain'], '.3f'):>17s}")
-  for remat, c in r.get("plain_compiled", {}).items():
-    print(f"plain step, remat={remat}: XLA flops/step {fmt(c['xla_flops'], '.4g')} (counts a scanned"
-          f" block once; analytic"
-          f" {r['flops_per_token'] * r['batch_per_replica'] * r['seq_len']:.4g}); memory: temp"
-          f" {fmt(c['temp_gib'], '.3f')} GiB, arguments {fmt(c['argument_gib'], '.3f')} GiB")
-  print(f"deterministic ops cost (plain step, on / off): {fmt(r.get('deterministic_cost'), '.3f')}")
+def fmt(x, spec: str) -> str:
+  return "n/a" if x is None else format(x, spec)
 
 
 def parse_args(argv):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--quick", action="store_true",
-                 help="a tiny model for a CPU smoke run (under a minute on 2 CPU cores; no memory report)")
+                 help="a tiny model for a CPU smoke run (under a minute on 2 CPU cores)")
   p.add_argument("--d-model", type=int, default=1024)
-  p.add_argument("--layers", type=int, default=16, help="a multiple of 4 (Streaming P=5)")
-  p.add_argument("--heads", type=int, default=16)
+  p.add_argument("--layers", type=int, default=16, help="layers of the levers' model")
+  p.add_argument("--heads", type=int, default=8, help="heads of the methods' model (the levers try 16, then 8)")
   p.add_argument("--d-ff", type=int, default=4096)
   p.add_argument("--vocab", type=int, default=32768)
   p.add_argument("--seq", type=int, default=1024)
-  p.add_argument("--batch", type=int, default=4, help="sequences per replica")
-  p.add_argument("--steps", type=int, default=20, help="timed steps per round (a multiple of H=10)")
+  p.add_argument("--steps", type=int, default=8, help="timed steps per round of a lever row")
   p.add_argument("--repeats", type=int, default=2, help="timed rounds; the best is kept")
   p.add_argument("--compute-dtype", choices=("float32", "bfloat16"), default=None,
                  help="default: bfloat16 on GPU/TPU, float32 on CPU")
-  p.add_argument("--attention", choices=("auto", "xla", "cudnn"), default="auto")
-  p.add_argument("--remat", choices=("none", "block"), default="none")
-  p.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS))
-  p.add_argument("--memory", action=argparse.BooleanOptionalAction, default=None,
-                 help="the compiled-memory report of the plain step with and without remat (two more"
-                      " compilations; default: on, off with --quick)")
-  p.add_argument("--no-determinism-cost", dest="determinism_cost", action="store_false")
-  p.add_argument("--json", default=None, help="write the results to this JSON file")
+  p.add_argument("--attention", choices=("auto", "xla", "cudnn", "flash"), default=None,
+                 help="the methods' attention (default: flash on a TPU, auto elsewhere)")
+  p.add_argument("--remat", choices=("none", "dots", "block"), default="dots", help="the methods' remat")
+  p.add_argument("--loss-chunk", type=int, default=2048, help="the methods' fused-loss chunk (0: off)")
+  p.add_argument("--method-layers", type=int, default=4, help="layers of the methods' model (a multiple of 4: P=5)")
+  p.add_argument("--method-batch", type=int, default=None, help="per-replica batch of the methods (default: the"
+                 " largest that DiLoCo M=4 fits)")
+  p.add_argument("--method-steps", type=int, default=20, help="timed steps per round of a method (a multiple of H=10)")
+  p.add_argument("--methods", nargs="*", choices=tuple(METHODS), default=list(METHODS))
+  p.add_argument("--no-levers", dest="levers", action="store_false", help="skip part 1")
+  p.add_argument("--json", default=None, help="also write the results to this JSON file")
+  p.add_argument("--store", action="store_true", help="write them to analysis/results/accelerator/<device>.json")
+  p.add_argument("--trace", default=None, help="write jax.profiler traces of plain and diloco2 under this directory")
   args = p.parse_args(argv)
   if args.quick:
-    args.d_model, args.layers, args.heads, args.d_ff, args.vocab, args.seq, args.batch = 32, 4, 2, 64, 64, 32, 2
-    args.steps, args.repeats = 10, 1
-  if args.memory is None:
-    args.memory = not args.quick
-  if args.steps % SYNC_EVERY or args.layers % 4:
-    p.error(f"--steps must be a multiple of H={SYNC_EVERY} and --layers a multiple of 4 (P=5), got"
-            f" {args.steps} and {args.layers}")
+    args.d_model, args.layers, args.heads, args.d_ff, args.vocab, args.seq = 32, 4, 2, 64, 64, 32
+    args.steps, args.repeats, args.method_steps, args.method_layers = 4, 1, 10, 4
+  if args.attention is None:
+    args.attention = "flash" if jax.default_backend() == "tpu" else "auto"
+  if args.method_steps % SYNC_EVERY or args.method_layers % 4:
+    p.error(f"--method-steps must be a multiple of H={SYNC_EVERY} and --method-layers a multiple of 4 (P=5),"
+            f" got {args.method_steps} and {args.method_layers}")
   return args
 
 
 def main(argv=None):
   argv = sys.argv[1:] if argv is None else argv
-  args = parse_args(argv)
-  result = bench(args)
-  if args.determinism_cost:
-    plain = result["runs"].get("plain")
-    result["deterministic_cost"] = nondeterministic_cost(argv, plain and plain["ms_per_step"])
-  print_table(result)
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(result, f, indent=2)
+  Bench(parse_args(argv), argv).run()
 
 
 if __name__ == "__main__":

@@ -96,7 +96,7 @@ def test_determinism_before_jax_starts_sets_the_flag_and_runs():
   code = ("import os; from diloco_core.devices import backend; print(backend.configure_determinism());"
           " print(os.environ['XLA_FLAGS']); import jax.numpy as jnp; print(float(jnp.ones(3).sum()))")
   env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", backend.NONDETERMINISTIC_ENV)}
-  env.update(PYTHONPATH=str(ROOT), XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])), XLA_FLAGS="--xla_force_host_platform_device_count=2")
   out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
                        text=True, timeout=300, check=True).stdout.split("\n")
   assert out[:3] == ["True", f"--xla_force_host_platform_device_count=2 {FLAG}", "3.0"]

@@ -75,6 +75,9 @@ def same_summary(a, b):
 
 
 # ---- exact resume after SIGKILL ----------------------------------------------------------------
+@pytest.mark.cpu_only("the killed run trains in a child process, and a second process cannot take the"
+                      " accelerator the suite holds; test_resume_with_a_npy_file_through_grain_is_bit_exact"
+                      " resumes in this process")
 @pytest.mark.parametrize("algo", list(ALGOS))
 def test_resume_after_sigkill_is_bit_exact(algo, tmp_path, compilation_cache):
   argv = BASE + ALGOS[algo] + ["--steps", str(STEPS)]

@@ -185,7 +185,7 @@ def test_two_processes_match_one_process(tmp_path):
   args = data + ["--model", "tiny", "--replicas", "4", "--sync-every", "4", "--steps", "8", "--batch-size", "2",
           "--seq-len", "8", "--eval-every", "4", "--log-every", "2", "--warmup-steps", "1",
           "--data-vocab", "16", "--data-order", "1", "--no-progress", "--mesh", "diloco=4,data=1"]
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
   env1 = dict(env, XLA_FLAGS=xla_flags(4))
   one = subprocess.run([sys.executable, "-m", "diloco_core.train", *args, "--out", str(tmp_path / "one")],
                        env=env1, capture_output=True, text=True, timeout=300)

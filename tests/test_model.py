@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from diloco_core import ModelConfig, flops_per_token, get_preset, init_model, layer_mask, param_count
+from diloco_core import ModelConfig, flops_per_token, get_preset, init_model, layer_mask, lm_loss, param_count
 
 
 @pytest.mark.parametrize("changes", [
@@ -69,3 +69,38 @@ def test_the_initial_params_are_a_draw_per_shape(preset, changes, monkeypatch):
   assert len(drawn) == len(per_shape)
   for x, y in zip(drawn, per_shape):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+# ---- the output head fused with the loss (loss_chunk) -----------------------------------------
+#: The fused loss sums the same float32 terms in chunks (and the head's gradient chunk by chunk):
+#: a few float32 roundings apart from the unfused one.
+FUSED_RTOL = 1e-5
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 16, 10**6])  # one token, a partial last chunk, exact, one chunk
+def test_fused_loss_equals_the_whole_logits_loss_and_gradients(chunk):
+  with jax.default_matmul_precision("highest"):
+    cfg = dataclasses.replace(get_preset("tiny"), compute_dtype="float32")
+    tokens = jnp.asarray(np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 9)), jnp.int32)
+    out = {}
+    for c in (0, chunk):
+      apply_fn, params = init_model(dataclasses.replace(cfg, loss_chunk=c), 0)
+      out[c] = jax.jit(jax.value_and_grad(lambda p: lm_loss(apply_fn, p, tokens)))(params)
+  np.testing.assert_allclose(float(out[chunk][0]), float(out[0][0]), rtol=FUSED_RTOL)
+  for a, b in zip(jax.tree.leaves(out[0][1]), jax.tree.leaves(out[chunk][1])):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0, atol=FUSED_RTOL * float(jnp.max(jnp.abs(a))))
+
+
+def test_fused_loss_by_hand_on_two_tokens():
+  """x = [[1, 0], [0, 1]], head = I, targets [0, 0]: losses log(1 + e^-1) and log(1 + e)."""
+  from diloco_core.model.fused_loss import chunked_cross_entropy
+  x, head, t = jnp.eye(2), jnp.eye(2), jnp.array([0, 0])
+  loss, (dx, dhead) = jax.value_and_grad(lambda x, h: chunked_cross_entropy(x, h, t, 1), argnums=(0, 1))(x, head)
+  want = (np.log1p(np.exp(-1.0)) + np.log1p(np.exp(1.0))) / 2
+  assert abs(float(loss) - want) < 1e-6
+  s = 1 / (1 + np.exp(-1.0))  # softmax([1, 0])[0]; dlogits = (softmax - onehot) / 2
+  dlogits = np.array([[s - 1, 1 - s], [(1 - s) - 1, s]]) / 2
+  np.testing.assert_allclose(np.asarray(dx), dlogits @ np.eye(2).T, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(dhead), np.eye(2).T @ dlogits, atol=1e-6)
+  with pytest.raises(ValueError, match="chunk must be a positive integer, got 0"):
+    chunked_cross_entropy(x, head, t, 0)

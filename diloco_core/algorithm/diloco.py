@@ -60,6 +60,7 @@ from diloco_core.algorithm import eager
 from diloco_core.algorithm.base import AlgorithmBase, all_finite
 from diloco_core.algorithm.config import DiLoCoConfig
 from diloco_core.spec.fields import traced_fields
+from diloco_core.spec.validity import check_choice
 from diloco_core.algorithm.fragments import LAYER, OTHER, SHARED, Fragments, leaf_paths
 from diloco_core.algorithm.hyperparams import Optimizer, resolve_optimizer
 from diloco_core.devices.mesh import make_mesh
@@ -74,6 +75,10 @@ LossFn = Callable[[Any, Any], jax.Array]
 #: β2 and the error-feedback decay β (float32).
 #: Read from :class:`~diloco_core.DiLoCoConfig`'s field metadata.
 CONFIG_HYPERPARAMS = traced_fields(DiLoCoConfig)
+
+
+#: How a step runs the replicas' inner steps (the ``replica_loop`` argument of :class:`DiLoCo`).
+REPLICA_LOOPS = ("vectorized", "sequential")
 
 
 def default_outer_optimizer(hparams: dict) -> optax.GradientTransformation:
@@ -107,6 +112,14 @@ class DiLoCo(Phases, AlgorithmBase):
       the dict (:attr:`~diloco_core.algorithm.base.AlgorithmBase.hyperparams`) the step
       receives as scalars (int32 for H and τ, float32 otherwise) and the factories are
       built from.
+    replica_loop: how the replicas' inner steps run on the devices that hold them (one of
+      :data:`REPLICA_LOOPS`): ``"vectorized"`` (``drjax.map_fn``: one program whose every
+      array has a leading replica axis) or ``"sequential"`` (one model's step per replica, in
+      a loop, reading and writing its slice of the state in place:
+      :func:`~diloco_core.algorithm.phases.replicas_in_turn`; the replicas must share their
+      devices, a ``diloco`` mesh axis of 1). The numbers are the same up to the order of
+      float32 operations (``tests/test_replica_loop.py``); the speed differs by backend, and
+      ``benchmarks/accelerator.py`` measures both.
 
   Examples:
     Two replicas minimising :math:`(w - x)^2` on their own targets; after one sync with
@@ -133,7 +146,7 @@ class DiLoCo(Phases, AlgorithmBase):
 
   def __init__(self, loss_fn: LossFn, inner_optimizer: Optimizer, config: DiLoCoConfig, *,
                layer_mask: Any = None, outer_optimizer: Optimizer | None = None, mesh=None,
-               hyperparams: dict[str, float] | None = None):
+               hyperparams: dict[str, float] | None = None, replica_loop: str = "vectorized"):
     if config.algorithm not in ("diloco", "streaming"):
       raise ValueError(f"DiLoCo needs algorithm 'diloco' or 'streaming', got {config.algorithm!r};"
                        " use DataParallel for 'dp'.")
@@ -145,6 +158,11 @@ class DiLoCo(Phases, AlgorithmBase):
     self._init_hyperparams(hyperparams)
     self.layer_mask = layer_mask
     self.mesh = make_mesh() if mesh is None else mesh
+    check_choice("replica_loop", replica_loop, REPLICA_LOOPS)
+    if replica_loop == "sequential" and self.mesh.shape["diloco"] > 1:
+      raise ValueError(f"replica_loop 'sequential' needs the replicas on shared devices (a diloco mesh axis"
+                       f" of 1), got {self.mesh.shape['diloco']} devices on it; use 'vectorized'.")
+    self.replica_loop = replica_loop
     self.fragments: Fragments | None = None
     if config.outer_overlap == "eager":  # per-replica outer params and state
       self.replica_fields = DiLoCo.replica_fields + ("in_flight",)

@@ -94,7 +94,7 @@ def default_demo_steps(platform_name: str | None = None) -> int:
 
 
 def attention_implementation(cfg: ModelConfig, platform_name: str | None = None) -> str:
-  """The ``jax.nn.dot_product_attention`` implementation the model uses: ``"xla"`` or ``"cudnn"``.
+  """The attention kernel the model uses: ``"xla"`` or ``"cudnn"`` (``jax.nn.dot_product_attention``), or ``"flash"``.
 
   ``"auto"`` is cuDNN's fused (flash) kernel on a GPU when the compute dtype is bfloat16
   and the head dimension is a multiple of 8 and at most 128, and XLA otherwise.
@@ -104,18 +104,27 @@ def attention_implementation(cfg: ModelConfig, platform_name: str | None = None)
     platform_name: ``"cpu"``, ``"gpu"`` or ``"tpu"``; default: JAX's default backend.
 
   Returns:
-    ``"xla"`` or ``"cudnn"``.
+    ``"xla"``, ``"cudnn"`` or ``"flash"`` (asked for by name, on a TPU).
 
   Raises:
     ValueError: ``attention="cudnn"`` off a GPU, in float32, or with a head dimension cuDNN
-      does not support.
+      does not support; ``attention="flash"`` off a TPU.
 
   Examples:
     >>> cfg = ModelConfig(compute_dtype="bfloat16")
     >>> attention_implementation(cfg, "gpu"), attention_implementation(cfg, "cpu")
     ('cudnn', 'xla')
+    >>> attention_implementation(ModelConfig(attention="flash"), "cpu")
+    Traceback (most recent call last):
+    ...
+    ValueError: ModelConfig.attention='flash' (the Pallas TPU kernel) runs on a TPU only (this backend is 'cpu'); use 'xla' or 'auto'.
   """
   name = platform() if platform_name is None else platform_name
+  if cfg.attention == "flash":
+    if name != "tpu":
+      raise ValueError(f"ModelConfig.attention='flash' (the Pallas TPU kernel) runs on a TPU only"
+                       f" (this backend is {name!r}); use 'xla' or 'auto'.")
+    return "flash"
   dtype = cfg.compute_dtype or default_compute_dtype(name)
   problem = None
   if name != "gpu":
@@ -196,3 +205,4 @@ def configure_determinism(deterministic: bool | None = None) -> bool:
     return False
   os.environ["XLA_FLAGS"] = f"{flags} {DETERMINISTIC_FLAG}".strip()
   return True
+

@@ -12,8 +12,11 @@ Precision: params are float32 and stay so (they are the masters the optimizers u
 the forward pass casts them to ``cfg.compute_dtype`` (bfloat16 by default on GPU/TPU,
 float32 on CPU, see :mod:`diloco_core.devices.backend`), computes norms, RoPE angles and the
 attention softmax in float32, and returns float32 logits, so the loss is float32 too.
-Attention is :func:`jax.nn.dot_product_attention` (causal; XLA or cuDNN), and
-``cfg.remat = "block"`` recomputes each scanned block in the backward pass.
+Attention is :func:`jax.nn.dot_product_attention` (causal; XLA or cuDNN) or, with
+``cfg.attention = "flash"`` on a TPU, the Pallas flash-attention kernel JAX ships;
+``cfg.remat = "block"`` recomputes each scanned block in the backward pass and ``"dots"``
+everything but the weight matmuls' outputs; ``cfg.loss_chunk`` > 0 fuses the output head with
+the cross-entropy (:mod:`diloco_core.model.fused_loss`), so the logits are never held whole.
 
 Mixture of experts: with ``cfg.num_experts`` E > 1 every block's MLP is E routed experts
 (:mod:`diloco_core.model.moe`), their weights stacked as ``[L, E, ...]`` with a float32 router
@@ -32,7 +35,7 @@ import optax
 from optax.contrib import MuonDimensionNumbers
 from flax import nnx
 
-from diloco_core.model import moe
+from diloco_core.model import fused_loss, moe
 from diloco_core.devices.backend import resolve_model_config
 from diloco_core.spec.model_config import ModelConfig
 
@@ -88,9 +91,43 @@ def _attention(cfg: ModelConfig, x: jax.Array, w: dict[str, jax.Array]) -> jax.A
     pos = jnp.arange(t)
     q, k = _rope(q, pos), _rope(k, pos)
   # Causal attention without a materialized mask; GQA groups query heads n with kv head
-  # n // (n_heads / kv_heads). Scores, softmax and its sums are float32 (XLA) or fused (cuDNN).
-  attn = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=cfg.attention)
+  # n // (n_heads / kv_heads). Scores, softmax and its sums are float32 (XLA) or fused (cuDNN,
+  # the Pallas flash kernel).
+  if cfg.attention == "flash":
+    attn = _flash_attention(q, k, v)
+  else:
+    attn = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=cfg.attention)
   return x + jnp.einsum("bthk,hkd->btd", attn, w["wo"])
+
+
+#: The Pallas flash kernel's tile: query and key blocks of this many positions (or the whole
+#: sequence when shorter). 128 (the kernel's default) keeps the TPU's matrix unit a quarter busy.
+FLASH_BLOCK = 512
+
+
+def _flash_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+  """Causal attention by the Pallas flash-attention kernel JAX ships for TPU, ``[b, t, h, d_h]``.
+
+  The kernel takes ``[b, h, t, d_h]`` with as many key/value heads as query heads, so GQA's
+  key/value heads are repeated (query head n reads kv head ``n // (h / h_kv)``, as XLA's
+  attention). It runs the softmax online in float32 over key blocks of :data:`FLASH_BLOCK`
+  positions and never holds the ``[t, t]`` scores; its backward pass is the kernel's own.
+  """
+  from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash  # TPU only
+
+  groups = q.shape[2] // k.shape[2]
+  if groups > 1:
+    k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
+  t = q.shape[1]
+  blk = min(FLASH_BLOCK, t)
+  sizes = pallas_flash.BlockSizes(
+      block_q=blk, block_k_major=blk, block_k=blk, block_b=1, block_q_major_dkv=blk,
+      block_k_major_dkv=blk, block_k_dkv=blk, block_q_dkv=blk, block_k_major_dq=blk, block_k_dq=blk,
+      block_q_dq=blk)
+  swap = lambda a: jnp.swapaxes(a, 1, 2)
+  out = pallas_flash.flash_attention(swap(q), swap(k), swap(v), causal=True,
+                                     sm_scale=1.0 / math.sqrt(q.shape[-1]), block_sizes=sizes)
+  return swap(out)
 
 
 def _block(cfg: ModelConfig, x: jax.Array, w: dict[str, jax.Array]) -> jax.Array:
@@ -157,6 +194,9 @@ class StackedBlocks(nnx.Module):
 
     if self.cfg.remat == "block":  # keep only each block's input; recompute the rest
       body = jax.checkpoint(body, prevent_cse=False)
+    elif self.cfg.remat == "dots":  # keep the weight matmuls' outputs; recompute the rest
+      body = jax.checkpoint(body, prevent_cse=False,
+                            policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
     return jax.lax.scan(body, x, stacked)
 
 
@@ -185,8 +225,8 @@ class Transformer(nnx.Module):
     if not cfg.tie_embeddings:
       self.head = nnx.Param(0.02 * _normal_draw(rngs.params(), (cfg.d_model, cfg.vocab_size)))
 
-  def __call__(self, tokens: jax.Array, *, with_aux: bool = False):
-    """Maps int tokens ``[..., T]`` to float32 logits ``[..., T, V]``.
+  def __call__(self, tokens: jax.Array, *, with_aux: bool = False, targets: jax.Array | None = None):
+    """Maps int tokens ``[..., T]`` to float32 logits ``[..., T, V]`` (or their mean cross-entropy).
 
     Every param is cast to ``cfg.compute_dtype`` here (the float32 masters are untouched,
     and their gradients come back float32); norms and softmax compute in float32 and the
@@ -197,9 +237,13 @@ class Transformer(nnx.Module):
       with_aux: also return the auxiliary loss term of the objective
         (:func:`diloco_core.model.moe.aux_loss`: the weighted load-balancing and z-losses, a
         float32 scalar), or None for a dense model.
+      targets: int token ids shaped like ``tokens``: return the mean cross-entropy of the
+        logits against them instead of the logits; with ``cfg.loss_chunk`` > 0 the head and
+        the loss run fused, that many tokens at a time
+        (:func:`~diloco_core.model.fused_loss.chunked_cross_entropy`).
 
     Returns:
-      The logits, or ``(logits, aux)`` with ``with_aux``.
+      The logits (or the loss, given ``targets``), or ``(logits, aux)`` with ``with_aux``.
     """
     t = tokens.shape[-1]
     if t > self.cfg.max_seq_len:
@@ -212,12 +256,17 @@ class Transformer(nnx.Module):
     x, per_layer = self.blocks(x)
     x = _rms_norm(x, self.final_norm[...])
     head = embed.T if self.cfg.tie_embeddings else self.head[...].astype(dtype)
-    logits = jnp.matmul(x, head, preferred_element_type=jnp.float32)
+    if targets is not None and self.cfg.loss_chunk:
+      out = fused_loss.chunked_cross_entropy(x, head, targets, self.cfg.loss_chunk)
+    else:
+      out = jnp.matmul(x, head, preferred_element_type=jnp.float32)  # the logits
+      if targets is not None:
+        out = optax.softmax_cross_entropy_with_integer_labels(out, targets).mean()
     if not with_aux:
-      return logits
+      return out
     if per_layer is None:
-      return logits, None
-    return logits, moe.aux_loss(per_layer, self.cfg.aux_loss_coef, self.cfg.z_loss_coef)
+      return out, None
+    return out, moe.aux_loss(per_layer, self.cfg.aux_loss_coef, self.cfg.z_loss_coef)
 
 
 def split_params(model: nnx.Module) -> tuple[nnx.GraphDef, dict[str, Any]]:
@@ -294,13 +343,12 @@ def init_model(cfg: ModelConfig, seed: int) -> tuple[Callable, dict[str, Any]]:
 
 
 def lm_loss(apply_fn: Callable, params: Any, tokens: jax.Array) -> jax.Array:
-  """Mean next-token cross-entropy (nats) of ``tokens[..., :-1] -> tokens[..., 1:]``."""
-  return _cross_entropy(apply_fn(params, tokens[..., :-1]), tokens)
+  """Mean next-token cross-entropy (nats) of ``tokens[..., :-1] -> tokens[..., 1:]``.
 
-
-def _cross_entropy(logits: jax.Array, tokens: jax.Array) -> jax.Array:
-  """Mean cross-entropy of ``logits`` (of ``tokens[..., :-1]``) against ``tokens[..., 1:]``."""
-  return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[..., 1:]).mean()
+  ``apply_fn`` is :func:`init_model`'s: the model computes the loss itself (``targets=``), so
+  that ``ModelConfig.loss_chunk`` can fuse the head with it.
+  """
+  return apply_fn(params, tokens[..., :-1], targets=tokens[..., 1:])
 
 
 def train_loss(apply_fn: Callable, params: Any, tokens: jax.Array):
@@ -332,8 +380,7 @@ def train_loss(apply_fn: Callable, params: Any, tokens: jax.Array):
     >>> bool(metrics["loss"] == lm_loss(apply_fn, params, tokens))
     True
   """
-  logits, aux = apply_fn(params, tokens[..., :-1], with_aux=True)
-  lm = _cross_entropy(logits, tokens)
+  lm, aux = apply_fn(params, tokens[..., :-1], with_aux=True, targets=tokens[..., 1:])
   if aux is None:
     return lm
   return lm + aux, {"loss": lm, "aux_loss": aux}

@@ -104,12 +104,17 @@ class TrainConfig:
            " overrides the default)")
   attention: str = field(
       "auto", flag="attention", group=_M,
-      help=f"attention kernel of jax.nn.dot_product_attention, one of {ATTENTIONS}; auto: cuDNN on a"
-           " GPU in bfloat16 with head dim a multiple of 8 and <= 128, else XLA")
+      help=f"attention kernel, one of {ATTENTIONS}; auto: cuDNN on a GPU in bfloat16 with head dim a"
+           " multiple of 8 and <= 128, else XLA; flash: the Pallas flash kernel (TPU only)")
   remat: str = field(
       "none", flag="remat", group=_M,
-      help=f"one of {REMATS}; block: recompute each transformer block in the backward pass (less"
-           " memory, about one more forward; identical gradients)")
+      help=f"one of {REMATS}; block: recompute each transformer block in the backward pass (least"
+           " memory, about one more forward); dots: keep the weight matmuls' outputs, recompute the"
+           " rest (identical gradients either way)")
+  loss_chunk: int = field(
+      0, flag="loss-chunk", group=_M, parse=int,
+      help="tokens per chunk of the output head fused with the cross-entropy (the float32 logits are"
+           " never held whole; 0: the whole logits at once)")
   num_experts: int | None = field(
       None, flag="experts", group=_M, must_match=True, parse=int, symbol="E",
       help="override the preset's experts per layer (1: dense MLP; E > 1: a mixture of experts)")
@@ -258,6 +263,8 @@ class TrainConfig:
     check_elastic(self)
     v.check_choice("attention", self.attention, ATTENTIONS)
     v.check_choice("remat", self.remat, REMATS)
+    if not v.is_int(self.loss_chunk) or self.loss_chunk < 0:
+      raise ValueError(f"loss_chunk must be an integer >= 0 (0: the whole logits), got {self.loss_chunk!r}.")
     for name in ("aux_loss_coef", "z_loss_coef"):
       v.check_real(f"`{name}`", getattr(self, name), low=0.0)  # the CLI names the flag
     v.check_bool("nondeterministic", self.nondeterministic)
@@ -389,6 +396,7 @@ class TrainConfig:
       if getattr(self, name) is not None:
         changes[name] = getattr(self, name)
     changes.update(compute_dtype=self.compute_dtype, attention=self.attention, remat=self.remat,
+                   loss_chunk=self.loss_chunk,
                    aux_loss_coef=self.aux_loss_coef, z_loss_coef=self.z_loss_coef)
     return dataclasses.replace(base, **changes)
 

@@ -8,8 +8,9 @@ no device is asked); :func:`preflight` checks, once, after it and before the mod
   carries (:func:`~diloco_core.runtime.background_mesh.check_background_processes`,
   :func:`~diloco_core.runtime.elastic.check_elastic_processes`), the mesh against the devices
   (:func:`~diloco_core.devices.mesh.check_mesh`, :func:`~diloco_core.devices.mesh.check_process_mesh`);
-* the memory: the state and the logits against the devices' memory
-  (:func:`~diloco_core.spec.footprint.check_fits`);
+* the memory: the state and the logits (on an accelerator, every replica's activations of a
+  step, :func:`~diloco_core.spec.activations.step_activation_bytes`) against the devices'
+  memory (:func:`~diloco_core.spec.footprint.check_fits`);
 * the disk: the ``init_from`` params checkpoint (:func:`~diloco_core.store.params_io.check_params_dir`)
   and the output directory (:func:`~diloco_core.store.out_dir.check_out_dir`,
   :func:`~diloco_core.store.checkpoint.check_no_foreign_steps`).
@@ -25,6 +26,8 @@ from diloco_core.devices.mesh import check_mesh, check_process_mesh, parse_mesh
 from diloco_core.run.config import TrainConfig
 from diloco_core.runtime.background_mesh import check_background_processes
 from diloco_core.runtime.elastic import check_elastic_processes
+from diloco_core.devices.backend import platform, resolve_model_config
+from diloco_core.spec.activations import step_activation_bytes
 from diloco_core.spec.footprint import check_fits
 from diloco_core.store.checkpoint import check_no_foreign_steps
 from diloco_core.store.out_dir import check_out_dir, writes_files
@@ -54,9 +57,14 @@ def preflight(cfg: TrainConfig) -> None:
   devices = 1 if mesh is None else math.prod(mesh.values())
   vocab = cfg.vocab_size or cfg.data.vocab_size  # the data's vocabulary is only known later
   model = cfg.model_config(vocab_size=vocab)
+  activations = None
+  if platform() != "cpu":  # an accelerator's memory is its own: count the step's activations too
+    per_replica = step_activation_bytes(resolve_model_config(model), cfg.batch_size, cfg.seq_len)
+    activations = M * per_replica.total
   check_fits(cfg.planned_param_count(), replicas=M, outer=cfg.algo.algorithm != "dp",
              outer_optimizer=cfg.algo.outer_optimizer, tokens=M * cfg.batch_size * cfg.seq_len,
-             vocab=vocab, devices=devices, experts=model.num_experts)
+             vocab=vocab, devices=devices, experts=model.num_experts, activations=activations,
+             remat=model.remat)
   if cfg.init_from is not None and not cfg.resume:
     try:  # the files now; their shapes once the model is known (init_model)
       check_params_dir(cfg.init_from)

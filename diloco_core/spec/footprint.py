@@ -73,31 +73,52 @@ def device_bytes(devices: int) -> float:
 
 def check_fits(n_params: int, *, replicas: int, outer: bool, tokens: int, vocab: int,
                devices: int = 1, available: float | None = None, experts: int = 1,
-               outer_optimizer: str = "nesterov") -> None:
-  """Raises a one-line ``ValueError`` when the state and logits cannot fit in memory.
+               outer_optimizer: str = "nesterov", activations: float | None = None,
+               remat: str = "none") -> None:
+  """Raises a one-line ``ValueError`` when the state and a step's activations cannot fit in memory.
 
   The estimate is a lower bound: every replica's :func:`replica_state_bytes` (the global
-  copy and momentum counted once), plus the float32 logits of one step (``tokens`` = M·b·T
-  tokens × V). ``experts`` (E of a mixture of experts) only adds `num_experts` to the options
-  the message tells to lower when E > 1; ``outer_optimizer`` sizes the outer state.
+  copy and momentum counted once), plus either the float32 logits of one step (``tokens`` =
+  M·b·T tokens × V) or, when ``activations`` is given, all replicas' activation bytes of a
+  step (:func:`diloco_core.spec.activations.step_activation_bytes` times M: they are live
+  at once), logits included. ``experts`` (E of a mixture of experts) only adds
+  `num_experts` to the options the message tells to lower when E > 1; ``outer_optimizer``
+  sizes the outer state; ``remat`` other than ``block`` adds it to those options.
 
   Examples:
     >>> check_fits(10**6, replicas=10**12, outer=True, tokens=10**12 * 32, vocab=32, available=64e9)
     Traceback (most recent call last):
     ...
     ValueError: the run needs at least 1.6e+10 GB (training state 1.6e+10 GB for `replicas`=1000000000000 copies of 1000000 params; logits 4.1e+06 GB for M·b·T=32000000000000 tokens) but the device(s) have 64 GB; lower `replicas`, `batch_size`, `seq_len` or `n_layers`.
+    >>> check_fits(10**8, replicas=2, outer=True, tokens=2 * 8 * 1024, vocab=32768, available=16e9,
+    ...            activations=13e9, remat="dots")
+    Traceback (most recent call last):
+    ...
+    ValueError: the run needs at least 17 GB (training state 4 GB for `replicas`=2 copies of 100000000 params; activations 13 GB for M·b·T=16384 tokens with `remat` dots) but the device(s) have 16 GB; set `remat` to 'block' or lower `replicas`, `batch_size`, `seq_len` or `n_layers`.
   """
   per = replica_state_bytes(n_params, outer=outer, outer_optimizer=outer_optimizer)
   state = replicas * (per["params"] + per["grads"] + per["optimizer"]) + per["outer_params"] + per["outer_momentum"]
-  logits = 4.0 * tokens * vocab
+  step = 4.0 * tokens * vocab if activations is None else float(activations)
+  what = (f"logits {gb(step)} for M·b·T={tokens} tokens" if activations is None else
+          f"activations {gb(step)} for M·b·T={tokens} tokens with `remat` {remat}")
   available = device_bytes(devices) if available is None else available
-  if state + logits > available:
-    gb = lambda x: f"{x / 1e9:.2g} GB"
+  if state + step > available:
+    remedy = "" if activations is None or remat == "block" else "set `remat` to 'block' or "
     raise ValueError(
-        f"the run needs at least {gb(state + logits)} (training state {gb(state)} for `replicas`={replicas}"
-        f" copies of {n_params} params; logits {gb(logits)} for M·b·T={tokens} tokens) but the"
-        f" device(s) have {gb(available)}; lower `replicas`, `batch_size`, `seq_len`"
+        f"the run needs at least {gb(state + step)} (training state {gb(state)} for `replicas`={replicas}"
+        f" copies of {n_params} params; {what}) but the device(s) have {gb(available)}; {remedy}lower"
+        f" `replicas`, `batch_size`, `seq_len`"
         f"{', `n_layers` or `num_experts`' if experts > 1 else ' or `n_layers`'}.")
+
+
+def gb(x: float) -> str:
+  """Bytes as the refusals print them (two significant digits, decimal GB).
+
+  Examples:
+    >>> gb(1.234e9), gb(5e12)
+    ('1.2 GB', '5e+03 GB')
+  """
+  return f"{x / 1e9:.2g} GB"
 
 
 #: The size at which protobuf refuses a message (2 GiB): a coordination-service request that

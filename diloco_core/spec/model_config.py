@@ -16,10 +16,13 @@ POSITIONS = ("rope", "learned")
 _MLPS = ("swiglu", "gelu")
 #: Dtypes the forward pass may compute in (params and optimizer states stay float32).
 COMPUTE_DTYPES = ("float32", "bfloat16")
-#: Attention kernels: "auto" picks cuDNN on a GPU when the shapes and dtype allow, else XLA.
-ATTENTIONS = ("auto", "xla", "cudnn")
-#: Rematerialization of the scanned blocks: "block" recomputes each block in the backward pass.
-REMATS = ("none", "block")
+#: Attention kernels: "auto" picks cuDNN on a GPU when the shapes and dtype allow, else XLA;
+#: "flash" is the Pallas flash-attention kernel JAX ships for TPU (TPU only).
+ATTENTIONS = ("auto", "xla", "cudnn", "flash")
+#: Rematerialization of the scanned blocks: "block" recomputes each block in the backward pass;
+#: "dots" keeps the outputs of the weight matmuls and recomputes the rest (norms, activations,
+#: the attention scores): most of the memory saved, little of the compute redone.
+REMATS = ("none", "dots", "block")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +32,7 @@ class ModelConfig:
   The built-in NNX model (:class:`diloco_core.Transformer`) implements every field, the
   mixture of experts included (``num_experts`` E > 1: top-k routed experts in every block,
   :mod:`diloco_core.model.moe`); :mod:`analysis` also sizes models it never trains with them.
-  ``compute_dtype``, ``attention`` and ``remat`` say how the built-in model computes, and
+  ``compute_dtype``, ``attention``, ``remat`` and ``loss_chunk`` say how the built-in model computes, and
   ``aux_loss_coef`` and ``z_loss_coef`` weigh the MoE auxiliary losses in the training
   objective; they change no shape, count or FLOP formula. ``compute_dtype=None`` and
   ``attention="auto"`` are resolved per backend (:func:`diloco_core.devices.backend.resolve_model_config`).
@@ -51,7 +54,8 @@ class ModelConfig:
   # How the built-in model computes (no effect on shapes, counts or FLOPs):
   compute_dtype: str | None = None  # "float32" / "bfloat16"; None = backend default
   attention: str = "auto"  # attention kernel, one of ATTENTIONS
-  remat: str = "none"  # "block": recompute each block in the backward pass (less memory)
+  remat: str = "none"  # one of REMATS: what the backward pass recomputes (less memory)
+  loss_chunk: int = 0  # tokens per chunk of the fused head + cross-entropy; 0: whole logits at once
   # The MoE auxiliary losses in the training objective (no effect on a dense model):
   aux_loss_coef: float = 0.01  # weight of the load-balancing loss E sum_e f_e P_e
   z_loss_coef: float = 0.0  # weight of the router z-loss mean(logsumexp(logits)^2); 0: off
@@ -61,6 +65,8 @@ class ModelConfig:
       check_choice("ModelConfig.compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
     check_choice("ModelConfig.attention", self.attention, ATTENTIONS)
     check_choice("ModelConfig.remat", self.remat, REMATS)
+    if not isinstance(self.loss_chunk, int) or isinstance(self.loss_chunk, bool) or self.loss_chunk < 0:
+      raise ValueError(f"ModelConfig.loss_chunk must be an integer >= 0 (0: whole logits), got {self.loss_chunk!r}.")
     for name in ("aux_loss_coef", "z_loss_coef"):
       check_real(f"ModelConfig.{name}", getattr(self, name), low=0.0)
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len",
