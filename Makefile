@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast docs experiments bench bench-accel clean
+.PHONY: demo test test-fast test-tpu docs experiments bench bench-accel clean
 EXPERIMENTS ?= --all
 WORKERS ?= 2
 
@@ -28,6 +28,11 @@ test: $(VENV)/.installed  ## the whole test suite (doctests included), 2 workers
 test-fast: $(VENV)/.installed  ## everything but the tests marked slow
 	$(PY) -m pytest -n 2 -q -m "not slow" $(PYTEST_ARGS)
 
+# The accelerator lane: one process (no xdist), on the device JAX finds, matmuls at "highest" precision.
+# On a TPU machine whose Python has JAX with libtpu: `make test-tpu PY=python3` (no .venv is made then).
+test-tpu: $(if $(filter $(VENV)/bin/python,$(PY)),$(VENV)/.installed)  ## the tests that say something about an accelerator
+	JAX_PLATFORMS= JAX_DEFAULT_MATMUL_PRECISION=highest $(PY) -m pytest -p no:xdist -q --accelerator-lane tests $(PYTEST_ARGS)
+
 docs: $(VENV)/.installed  ## the site from scratch, every notebook executed, warnings are errors
 	$(PY) docs/build.py
 
@@ -40,8 +45,8 @@ bench: $(VENV)/.installed  ## benchmarks that print measured ratios
 	$(PY) benchmarks/sweep_reuse.py
 	$(PY) benchmarks/elastic_path.py
 
-bench-accel: $(VENV)/.installed  ## accelerator benchmark (MFU, step ratios); add ARGS=--quick on CPU
-	$(PY) benchmarks/accelerator.py --json runs/bench_accel.json $(ARGS)
+bench-accel: $(if $(filter $(VENV)/bin/python,$(PY)),$(VENV)/.installed)  ## accelerator benchmark, stored with provenance (PY=python3 on a TPU machine; ARGS=--quick on CPU)
+	$(PY) benchmarks/accelerator.py --store --trace runs/bench_accel_trace $(ARGS)
 
 clean:
 	rm -rf _build runs .cache

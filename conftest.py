@@ -83,6 +83,21 @@ ACCELERATOR_FILES = ("tests/test_diloco.py", "tests/test_model.py",
                      "tests/test_replica_loop.py", "tests/test_fit.py", "tests/test_checkpoint.py")
 
 
+def pytest_addoption(parser):
+  parser.addoption("--accelerator-lane", action="store_true",
+                   help="collect only the files of conftest.ACCELERATOR_FILES (make test-tpu)")
+
+
+def pytest_ignore_collect(collection_path, config):
+  """Under ``--accelerator-lane``, test files outside :data:`ACCELERATOR_FILES` are not collected."""
+  if not config.getoption("--accelerator-lane") or collection_path.suffix != ".py":
+    return None
+  rel = os.path.relpath(str(collection_path), os.path.dirname(os.path.abspath(__file__)))
+  if rel.startswith("tests" + os.sep) and os.path.basename(rel).startswith("test_"):
+    return rel.replace(os.sep, "/") not in ACCELERATOR_FILES
+  return None
+
+
 def pytest_configure(config):
   if config.pluginmanager.hasplugin("xdist"):
     config.pluginmanager.register(_Scheduling(), "diloco-scheduling")
