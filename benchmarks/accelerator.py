@@ -280,7 +280,7 @@ class Bench:
           run = lambda s, b: (lambda o: (o[0], o[1]["loss"]))(fit.compiled(s, b, *hp))
         seconds, state = timed(run, state, x, a.method_steps, a.repeats)
         if a.trace and name in ("plain", "diloco2"):
-          with jax.profiler.trace(os.path.join(a.trace, name)):
+          with jax.profiler.trace(os.path.join(a.trace, name), create_perfetto_trace=True):
             state, out = run(state, x)
             for _ in range(SYNC_EVERY - 1):
               state, out = run(state, x)
