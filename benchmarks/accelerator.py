@@ -96,13 +96,16 @@ def provenance(argv: list[str]) -> dict:
       return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
       return None
-  try:
-    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True,
-                            check=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
-                                capture_output=True, text=True, check=True).stdout.strip())
-  except (OSError, subprocess.CalledProcessError):  # a copy without .git: the caller may say which commit it is
-    commit, dirty = os.environ.get("DILOCO_GIT_COMMIT"), None
+  if os.environ.get("DILOCO_GIT_COMMIT"):  # a copy of the tree (a remote machine): the caller says which commit
+    commit, dirty = os.environ["DILOCO_GIT_COMMIT"], None
+  else:
+    try:
+      commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+      dirty = bool(subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+                                  capture_output=True, text=True, check=True).stdout.strip())
+    except (OSError, subprocess.CalledProcessError):
+      commit, dirty = None, None
   device = jax.devices()[0]
   return {"device_kind": device.device_kind, "platform": device.platform, "device_count": jax.device_count(),
           "jax": jax.__version__, "jaxlib": version("jaxlib"),

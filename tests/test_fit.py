@@ -17,10 +17,13 @@ from diloco_core.spec.footprint import replica_state_bytes
 from diloco_core.spec.model_config import param_count
 
 
+@pytest.mark.cpu_only("a TPU pads every array to (8, 128) tiles, which dominates a d_model = 64 model;"
+                      " the benchmark stores the model against XLA's count for the 336M model there")
 @pytest.mark.parametrize("remat", ["none", "dots", "block"])
 def test_activation_model_is_within_a_factor_of_two_of_xlas_count(remat):
-  """The model and the compiled program's temporaries plus its arguments (state and batch), for
-  a small model in float32 (on a TPU v5e the 336M model's were within 0.7x to 1.1x)."""
+  """The model and the compiled program's peak (arguments, outputs and temporaries), for a
+  small model in float32 (for the 336M model on a TPU v5e the model was 1.02x to 1.42x XLA's
+  count: ``analysis/results/accelerator/tpu-v5-lite.json``)."""
   cfg = dataclasses.replace(get_preset("small"), vocab_size=256, compute_dtype="float32", attention="xla",
                             remat=remat)
   opt = optax.adamw(1e-3)
