@@ -58,6 +58,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
+from analysis.lab.stored import content_hash  # noqa: E402
 from analysis.planning.hardware import hardware_for_device_kind  # noqa: E402
 from diloco_core import DataParallel, DiLoCo, DiLoCoConfig, ModelConfig, flops_per_token  # noqa: E402
 from diloco_core import layer_mask, lm_loss  # noqa: E402
@@ -70,7 +71,7 @@ from diloco_core.spec.footprint import replica_state_bytes  # noqa: E402
 from diloco_core.spec.model_config import param_count  # noqa: E402
 
 SYNC_EVERY = 10
-STORE_DIR = os.path.join(ROOT, "analysis", "results", "accelerator")
+STORE_DIR = os.path.join(ROOT, "analysis", "results", "accelerator")  # analysis.lab.accelerator reads it
 #: Per-replica batches tried, largest first, where a row lets the batch fill the chip.
 FILL_BATCHES = (16, 12, 8, 4, 2, 1)
 #: The lever rows: a label and what changes against the row before (``batch`` None: fill the chip).
@@ -80,7 +81,7 @@ LEVERS = (
     ("+ remat dots (keep the matmuls' outputs)", dict(remat="dots")),
     ("+ head fused with the loss (2,048-token chunks)", dict(loss_chunk=2048)),
     ("+ the batch that fills the chip", dict(batch=None)),
-    ("+ head dim 128 (8 heads of 128, same N and FLOPs)", dict(n_heads=8)),
+    ("+ 8 heads (head dim d/8: 128 at d = 1024; same N, FLOPs)", dict(n_heads=8)),
     ("no remat (the batch that fills the chip)", dict(remat="none")),
 )
 #: The methods part's runs: name -> (algorithm, M, replica loop).
@@ -115,11 +116,12 @@ def provenance(argv: list[str]) -> dict:
 
 
 def write_json(path: str, result: dict) -> None:
-  """Writes ``result`` to ``path`` (through a temporary file: a reader never sees half of it)."""
+  """Writes ``result`` and its hash (:func:`analysis.lab.stored.content_hash`: the page refuses an
+  edited file) to ``path``, through a temporary file: a reader never sees half of it."""
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   tmp = f"{path}.tmp{os.getpid()}"
   with open(tmp, "w") as f:
-    json.dump(result, f, indent=1)
+    json.dump({**result, "sha256": content_hash(result)}, f, indent=1)
   os.replace(tmp, path)
 
 
@@ -164,7 +166,8 @@ class Bench:
     self.limit = device_memory(self.device)
     self.rng = np.random.default_rng(0)
     self.result = {"provenance": provenance(argv), "peak_tflops": None if self.peak is None else self.peak / 1e12,
-                   "memory_limit_bytes": self.limit, "seq_len": args.seq, "levers": [], "methods": {}}
+                   "memory_limit_bytes": self.limit, "seq_len": args.seq,
+                   "lever_model": dataclasses.asdict(self.model()), "levers": [], "methods": {}}
     self.paths = [p for p in (args.json, store_path(self.device.device_kind) if args.store else None) if p]
 
   def save(self) -> None:

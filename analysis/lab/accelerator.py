@@ -1,0 +1,165 @@
+"""The accelerator benchmark's stored results, read back and re-checked for the performance page.
+
+``benchmarks/accelerator.py --store`` (``make bench-accel``) writes one file per kind of device
+to ``analysis/results/accelerator/<device>.json``: its provenance, the plain step's rows lever by
+lever, and DP / DiLoCo / Streaming against M plain steps. The timings themselves cannot be
+measured again without the device; what :func:`load` re-checks, with the project's own code, is
+everything derived from them: the file's hash (:func:`analysis.lab.stored.content_hash`, so an
+edited number is refused), the analytic FLOPs per token
+(:func:`~diloco_core.spec.model_config.flops_per_token`) and the tokens/s, TFLOP/s, MFU and
+step / (M × plain) of every row from its milliseconds. The page shows what :func:`levers` and
+:func:`methods` return, never a number typed into it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pathlib
+
+import pandas as pd
+
+from analysis.lab.stored import RESULTS_DIR, content_hash
+from diloco_core.spec.model_config import ModelConfig, flops_per_token, param_count
+
+#: Where the benchmark stores its files (``benchmarks/accelerator.py``'s ``STORE_DIR``).
+ACCELERATOR_DIR = RESULTS_DIR / "accelerator"
+#: Provenance every stored file must carry.
+PROVENANCE = ("device_kind", "platform", "jax", "jaxlib", "git_commit", "date", "command")
+#: Relative agreement required between a stored derived figure and its recomputation.
+RTOL = 1e-9
+
+
+class AcceleratorResultError(ValueError):
+  """A stored accelerator result is missing, edited, or inconsistent with its own timings."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AcceleratorResult:
+  """One device's stored benchmark, checked (see :func:`load`)."""
+
+  doc: dict
+  path: pathlib.Path
+
+  @property
+  def provenance(self) -> dict:
+    return self.doc["provenance"]
+
+  def provenance_line(self) -> str:
+    """One sentence for the page: what, where, with which code and how to measure it again."""
+    p = self.provenance
+    libtpu = f", libtpu {p['libtpu']}" if p.get("libtpu") else ""
+    return (f"measured {p['date'][:10]} on one {p['device_kind']} ({p['platform']}) with JAX {p['jax']}{libtpu},"
+            f" code at commit `{p['git_commit'][:7]}`; stored in `analysis/results/accelerator/{self.path.name}`;"
+            f" measure again with `make bench-accel` (here: `{p['command']}`).")
+
+  def levers(self) -> pd.DataFrame:
+    """The plain step lever by lever: one row per lever (``skipped`` rows say why they did not run)."""
+    rows = []
+    for r in self.doc["levers"]:
+      rows.append({"lever": r["lever"], "heads": r.get("n_heads"), "attention": r.get("attention"),
+                   "remat": r.get("remat"), "loss_chunk": r.get("loss_chunk"), "batch": r.get("batch"),
+                   "ms_per_step": r.get("ms_per_step"), "tflops": r.get("tflops"), "mfu": r.get("mfu"),
+                   "memory_model_gib": _gib(r.get("memory_model_bytes")),
+                   "compiled_gib": _gib((r.get("compiled_bytes") or {}).get("peak")),
+                   "skipped": r.get("skipped")})
+    return pd.DataFrame(rows)
+
+  def methods(self) -> pd.DataFrame:
+    """DP, DiLoCo and Streaming against M plain steps, one row per run."""
+    rows = []
+    for name, r in self.doc["methods"].items():
+      rows.append({"run": name, "replicas": r.get("replicas"), "replica_loop": r.get("replica_loop"),
+                   "ms_per_step": r.get("ms_per_step"), "tokens_per_s": r.get("tokens_per_s"),
+                   "mfu": r.get("mfu"), "step_over_M_plain": r.get("step_over_M_plain"),
+                   "skipped": r.get("skipped")})
+    return pd.DataFrame(rows).set_index("run")
+
+
+def _gib(x):
+  return None if x is None else x / 2**30
+
+
+def _close(stored: float | None, computed: float | None) -> bool:
+  if stored is None or computed is None:
+    return stored is None and computed is None
+  return math.isclose(stored, computed, rel_tol=RTOL)
+
+
+def _check_row(where: str, r: dict, cfg: ModelConfig, seq: int, peak: float | None, replicas: int) -> None:
+  """Raises unless tokens/s, TFLOP/s and MFU are what the row's milliseconds give."""
+  seconds = r["ms_per_step"] / 1e3
+  tokens_s = replicas * r["batch"] * seq / seconds
+  tflops = flops_per_token(cfg, seq) * tokens_s / 1e12
+  mfu = None if peak is None else tflops / peak
+  for name, want in (("tokens_per_s", tokens_s), ("tflops", tflops), ("mfu", mfu)):
+    if not _close(r.get(name), want):
+      raise AcceleratorResultError(f"{where}: stored {name} {r.get(name)!r} is not what its {r['ms_per_step']} ms"
+                                   f" give ({want!r})")
+
+
+def _model(fields: dict) -> ModelConfig:
+  names = {f.name for f in dataclasses.fields(ModelConfig)}
+  return ModelConfig(**{k: v for k, v in fields.items() if k in names})
+
+
+def check(doc: dict, name: str = "stored result") -> None:
+  """Every derived figure of a stored document recomputed from its timings (a one-line error if not).
+
+  Examples:
+    >>> doc = {"provenance": dict.fromkeys(PROVENANCE, "x"), "peak_tflops": None, "seq_len": 4,
+    ...        "levers": [], "methods": {}}
+    >>> check({**doc, "sha256": content_hash(doc)})
+    >>> check({**doc, "sha256": "0" * 64})
+    Traceback (most recent call last):
+    ...
+    analysis.lab.accelerator.AcceleratorResultError: stored result: its sha256 does not match its content (edited by hand?); run `make bench-accel` on the device to store it again.
+  """
+  if doc.get("sha256") != content_hash(doc):
+    raise AcceleratorResultError(f"{name}: its sha256 does not match its content (edited by hand?); run"
+                                 " `make bench-accel` on the device to store it again.")
+  missing = [k for k in PROVENANCE if not doc["provenance"].get(k)]
+  if missing:
+    raise AcceleratorResultError(f"{name}: provenance lacks {missing}")
+  seq, peak = doc["seq_len"], doc["peak_tflops"]
+  base = doc.get("lever_model")
+  for r in doc["levers"]:
+    if "skipped" not in r:
+      fields = {**(base or {}), **{k: r[k] for k in ("n_heads", "attention", "remat", "loss_chunk")}}
+      cfg = _model(fields)
+      if param_count(cfg) != r["params"]:
+        raise AcceleratorResultError(f"{name}, lever {r['lever']!r}: lever_model gives {param_count(cfg)} params,"
+                                     f" the row measured {r['params']}")
+      _check_row(f"{name}, lever {r['lever']!r}", r, cfg, seq, peak, 1)
+  plain = doc["methods"].get("plain", {}).get("ms_per_step")
+  cfg = _model(doc["methods_model"]) if doc["methods"] else None
+  for run, r in doc["methods"].items():
+    if "skipped" in r:
+      continue
+    _check_row(f"{name}, {run}", {**r, "batch": doc["methods_model"]["batch_per_replica"]}, cfg, seq, peak,
+               r["replicas"])
+    if not _close(r.get("step_over_M_plain"), None if plain is None else r["ms_per_step"] / (r["replicas"] * plain)):
+      raise AcceleratorResultError(f"{name}, {run}: step_over_M_plain is not ms / (M x plain ms)")
+
+
+def stored_devices() -> list[str]:
+  """The devices with a stored file (file stems, e.g. ``tpu-v5-lite``)."""
+  return sorted(p.stem for p in ACCELERATOR_DIR.glob("*.json"))
+
+
+def load(device: str) -> AcceleratorResult:
+  """The stored benchmark of ``device`` (a file stem of :func:`stored_devices`), checked by :func:`check`.
+
+  Examples:
+    >>> r = load("tpu-v5-lite")
+    >>> r.provenance["device_kind"], len(r.levers()) > 0
+    ('TPU v5 lite', True)
+  """
+  path = ACCELERATOR_DIR / f"{device}.json"
+  if not path.exists():
+    raise AcceleratorResultError(f"no stored accelerator result {device!r} in {ACCELERATOR_DIR}; stored:"
+                                 f" {stored_devices()}; run `make bench-accel` on that device.")
+  doc = json.loads(path.read_text())
+  check(doc, f"analysis/results/accelerator/{path.name}")
+  return AcceleratorResult(doc, path)
