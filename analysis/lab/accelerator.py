@@ -163,3 +163,46 @@ def load(device: str) -> AcceleratorResult:
   doc = json.loads(path.read_text())
   check(doc, f"analysis/results/accelerator/{path.name}")
   return AcceleratorResult(doc, path)
+
+
+#: Profiles the benchmark wrote (``--trace``), converted to Perfetto JSON, kept beside the results.
+TRACE_DIR = ACCELERATOR_DIR / "traces"
+
+
+def trace_breakdown(path: str | pathlib.Path) -> pd.Series:
+  """Device time per step by kind of XLA operation, from a ``jax.profiler`` Perfetto trace.
+
+  Reads the device's "XLA Ops" track, keeps the top-level operations (one that starts inside
+  another, a loop's body, is counted in its parent) and sums their durations by XLA's
+  ``hlo_category`` (``loop fusion``: elementwise work such as the optimizer update;
+  ``convolution fusion``: matmuls and what XLA fused into them; ``while``: the scanned layers;
+  ``conditional``: the sync branch), divided by the number of steps the trace holds (the
+  executions on the "XLA Modules" track).
+
+  Args:
+    path: a ``perfetto_trace.json.gz``.
+
+  Returns:
+    Milliseconds per step by category, largest first, with ``"total"`` (the modules' time per
+    step) last.
+  """
+  import gzip
+  events = json.load(gzip.open(path))
+  events = events["traceEvents"] if isinstance(events, dict) else events
+  meta = lambda kind: {(e["pid"], e.get("tid")) if kind == "thread_name" else e["pid"]: e["args"]["name"]
+                       for e in events if e.get("ph") == "M" and e.get("name") == kind}
+  procs, threads = meta("process_name"), meta("thread_name")
+  on_device = [e for e in events if e.get("ph") == "X" and "/device:" in procs.get(e["pid"], "")]
+  track = lambda e: threads.get((e["pid"], e.get("tid")), "")
+  modules = [e for e in on_device if track(e) == "XLA Modules"]
+  ops = sorted((e for e in on_device if track(e) == "XLA Ops"), key=lambda e: (e["ts"], -e["dur"]))
+  steps = len(modules)
+  sums, end = {}, -math.inf
+  for e in ops:
+    if e["ts"] >= end:  # top level
+      kind = e.get("args", {}).get("hlo_category", "other")
+      sums[kind] = sums.get(kind, 0.0) + e["dur"]
+      end = e["ts"] + e["dur"]
+  out = pd.Series(sums).sort_values(ascending=False) / steps / 1e3
+  out["total"] = sum(e["dur"] for e in modules) / steps / 1e3
+  return out

@@ -1,0 +1,51 @@
+"""The stored accelerator results: read back, every derived figure recomputed, an edit refused."""
+
+import gzip
+import json
+
+import pytest
+
+from analysis.lab import accelerator as A
+from analysis.lab.stored import content_hash
+
+
+def test_every_stored_device_loads_and_its_ratios_are_its_timings():
+  assert "tpu-v5-lite" in A.stored_devices()
+  for device in A.stored_devices():
+    r = A.load(device)
+    m = r.methods()
+    plain = m.loc["plain", "ms_per_step"]
+    for run, row in m.dropna(subset=["ms_per_step"]).iterrows():
+      assert row["step_over_M_plain"] == pytest.approx(row["ms_per_step"] / (row["replicas"] * plain), rel=1e-12)
+
+
+def test_an_edited_timing_is_refused_even_with_a_fresh_hash(tmp_path, monkeypatch):
+  doc = json.loads((A.ACCELERATOR_DIR / "tpu-v5-lite.json").read_text())
+  doc["levers"][0]["ms_per_step"] *= 0.5  # twice as fast, the MFU left as it was
+  body = {k: v for k, v in doc.items() if k != "sha256"}
+  doc["sha256"] = content_hash(body)
+  with pytest.raises(A.AcceleratorResultError, match="lever 'before: .*: stored tokens_per_s .* is not what its"):
+    A.check(doc, "edited")
+  del doc["sha256"]
+  with pytest.raises(A.AcceleratorResultError, match="its sha256 does not match"):
+    A.check(doc, "unhashed")
+  monkeypatch.setattr(A, "ACCELERATOR_DIR", tmp_path)
+  with pytest.raises(A.AcceleratorResultError, match="no stored accelerator result 'tpu-v5-lite'"):
+    A.load("tpu-v5-lite")
+
+
+def test_trace_breakdown_counts_top_level_ops_per_step(tmp_path):
+  ev = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:TPU:0"}},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "XLA Modules"}},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 2, "args": {"name": "XLA Ops"}}]
+  for step in range(2):  # each step: a 6 us module holding a 4 us loop (with a 3 us op inside) and a 2 us fusion
+    t = 10 * step
+    ev += [{"ph": "X", "pid": 1, "tid": 1, "ts": t, "dur": 6, "name": "jit_step"},
+           {"ph": "X", "pid": 1, "tid": 2, "ts": t, "dur": 4, "name": "while", "args": {"hlo_category": "while"}},
+           {"ph": "X", "pid": 1, "tid": 2, "ts": t + 1, "dur": 3, "name": "dot", "args": {"hlo_category": "convolution fusion"}},
+           {"ph": "X", "pid": 1, "tid": 2, "ts": t + 4, "dur": 2, "name": "adam", "args": {"hlo_category": "loop fusion"}}]
+  path = tmp_path / "t.json.gz"
+  with gzip.open(path, "wt") as f:
+    json.dump({"traceEvents": ev}, f)
+  out = A.trace_breakdown(path)
+  assert out.to_dict() == {"while": 0.004, "loop fusion": 0.002, "total": 0.006}
