@@ -66,6 +66,7 @@ from diloco_core.algorithm.hyperparams import Optimizer, resolve_optimizer
 from diloco_core.devices.mesh import make_mesh
 from diloco_core.algorithm.optimizers import outer_optimizer_factory
 from diloco_core.algorithm.phases import Phases
+from diloco_core.algorithm.replica_loop import REPLICA_LOOPS
 from diloco_core.spec.schedule import merged_fragment, sent_fragment
 from diloco_core.algorithm.state import DiLoCoState, MergeOperands, OuterUpdate, SendOperands, participation_code
 
@@ -75,10 +76,6 @@ LossFn = Callable[[Any, Any], jax.Array]
 #: β2 and the error-feedback decay β (float32).
 #: Read from :class:`~diloco_core.DiLoCoConfig`'s field metadata.
 CONFIG_HYPERPARAMS = traced_fields(DiLoCoConfig)
-
-
-#: How a step runs the replicas' inner steps (the ``replica_loop`` argument of :class:`DiLoCo`).
-REPLICA_LOOPS = ("vectorized", "sequential")
 
 
 def default_outer_optimizer(hparams: dict) -> optax.GradientTransformation:
@@ -116,7 +113,7 @@ class DiLoCo(Phases, AlgorithmBase):
       :data:`REPLICA_LOOPS`): ``"vectorized"`` (``drjax.map_fn``: one program whose every
       array has a leading replica axis) or ``"sequential"`` (one model's step per replica, in
       a loop, reading and writing its slice of the state in place:
-      :func:`~diloco_core.algorithm.phases.replicas_in_turn`; the replicas must share their
+      :func:`~diloco_core.algorithm.replica_loop.replicas_in_turn`; the replicas must share their
       devices, a ``diloco`` mesh axis of 1). The numbers are the same up to the order of
       float32 operations (``tests/test_replica_loop.py``); the speed differs by backend, and
       ``benchmarks/accelerator.py`` measures both.

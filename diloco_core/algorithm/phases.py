@@ -23,6 +23,7 @@ from diloco_core.algorithm import eager
 from diloco_core.algorithm.base import loss_and_grad
 from diloco_core.algorithm.fragments import per_fragment_state
 from diloco_core.algorithm.hyperparams import resolve_optimizer
+from diloco_core.algorithm.replica_loop import map_replicas
 from diloco_core.wire.reduce_scatter import requantize_mean
 from diloco_core.algorithm.state import DiLoCoState, MergeOperands, OuterUpdate, SendOperands
 
@@ -68,43 +69,6 @@ def present_mean(sent: list, present, replicas: int, reduce_mean) -> list:
   return [x * scale for x in reduce_mean(kept)]
 
 
-def replicas_in_turn(update, params, opt_state, batch):
-  """``drjax.map_fn(update, (params, opt_state, batch))`` as a loop over the replicas, in place.
-
-  Replica m's slice of the stacked state is read, stepped by ``update`` (the program of one
-  model) and written back into the loop's carry (``dynamic_update_slice``, which XLA does in
-  place), so no second copy of the M replicas' state is made. The numbers are those of the
-  vectorized map; what differs is the program: one model's step, M times, instead of one step
-  whose every array has a leading axis M (``DiLoCo(..., replica_loop="sequential")``).
-
-  Args:
-    update: ``(params, opt_state, batch) -> (params, opt_state, loss, metrics)`` of one replica.
-    params, opt_state, batch: every replica's, leading axis M.
-
-  Returns:
-    ``(params, opt_state, loss, metrics)``, each with the leading axis M.
-
-  Examples:
-    >>> step = lambda p, o, b: (p - 0.5 * b, o + 1, jnp.sum(b), {"b": b})
-    >>> p, o, loss, m = replicas_in_turn(step, jnp.ones(3), jnp.zeros(3), jnp.arange(3.0))
-    >>> p.tolist(), o.tolist(), loss.tolist(), m["b"].tolist()
-    ([1.0, 0.5, 0.0], [1.0, 1.0, 1.0], [0.0, 1.0, 2.0], [0.0, 1.0, 2.0])
-  """
-  m = jax.tree.leaves(params)[0].shape[0]
-  take = lambda tree, i: jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, i, keepdims=False), tree)
-  shapes = jax.eval_shape(update, *take((params, opt_state, batch), 0))
-  outs = jax.tree.map(lambda s: jnp.zeros((m, *s.shape), s.dtype), (shapes[2], shapes[3]))
-
-  def one(i, carry):
-    p, o, out = carry
-    new_p, new_o, loss, metrics = update(*take((p, o, batch), i))
-    put = lambda tree, new: jax.tree.map(lambda x, y: jax.lax.dynamic_update_index_in_dim(x, y, i, 0), tree, new)
-    return put(p, new_p), put(o, new_o), put(out, (loss, metrics))
-
-  params, opt_state, (loss, metrics) = jax.lax.fori_loop(0, m, one, (params, opt_state, outs))
-  return params, opt_state, loss, metrics
-
-
 class Phases:
   """The phases of :class:`~diloco_core.algorithm.diloco.DiLoCo` (a base class of it).
 
@@ -115,7 +79,7 @@ class Phases:
   ``leaf_kinds`` and ``outer_leaf_kinds`` (each flat leaf's kind: a stacked layer, another
   leaf, or per-fragment optimizer state) and runs inside ``drjax.program(diloco=M)``. It
   reads ``config``, ``fragments``, ``leaf_kinds``, ``outer_leaf_kinds``, ``loss_fn``,
-  ``inner_optimizer``, ``outer_optimizer`` and ``hyperparams`` of the algorithm.
+  ``inner_optimizer``, ``outer_optimizer``, ``hyperparams`` and ``replica_loop`` of the algorithm.
 
   Runtimes read the algorithm through these public names only (``tests/test_layout.py``
   checks every runtime module against this list):
@@ -124,8 +88,6 @@ class Phases:
   * ``hyperparams``, ``config_hyperparams``, ``typed_hyperparams``: the traced hyperparameters,
     their dtypes, and both as the host scalars a step is given;
   * ``replica_fields``: the fields of the state with a leading replica axis M;
-  * ``replica_loop``: how :meth:`inner_steps` runs the replicas (``"vectorized"`` or
-    ``"sequential"``, :func:`replicas_in_turn`);
   * ``prepare``: builds the fragment map for params of this structure;
   * ``initial_state``, ``inner_steps``, ``payloads``, ``before_mean``, ``after_mean``,
     ``replicas_mean``, ``merge_towards``, ``merge``: the phases (:func:`present_mean` is the
@@ -208,9 +170,7 @@ class Phases:
       ``(params, opt_state, loss, metrics)``, each per replica (:func:`inner_update`).
     """
     update = lambda p, o, b: inner_update(self.loss_fn, resolve_optimizer(self.inner_optimizer, hp), p, o, b)
-    if self.replica_loop == "sequential":
-      return replicas_in_turn(update, params, opt_state, batch)
-    return drjax.map_fn(update, (params, opt_state, batch))
+    return map_replicas(self.replica_loop, update, params, opt_state, batch)
 
   def fragment_of(self, leaves: list, branch, k, axis: int) -> list:
     """One fragment's slices of flat param-shaped leaves.
