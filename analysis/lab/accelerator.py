@@ -50,7 +50,7 @@ class AcceleratorResult:
     """One sentence for the page: what, where, with which code and how to measure it again."""
     p = self.provenance
     libtpu = f", libtpu {p['libtpu']}" if p.get("libtpu") else ""
-    return (f"measured {p['date'][:10]} on one {p['device_kind']} ({p['platform']}) with JAX {p['jax']}{libtpu},"
+    return (f"Measured {p['date'][:10]} on one {p['device_kind']} ({p['platform']}) with JAX {p['jax']}{libtpu},"
             f" code at commit `{p['git_commit'][:7]}`; stored in `analysis/results/accelerator/{self.path.name}`;"
             f" measure again with `make bench-accel` (here: `{p['command']}`).")
 
