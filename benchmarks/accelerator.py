@@ -26,8 +26,9 @@ make it fit) and the others still run. The results are written after every run.
 **Stored.** ``--store`` (what ``make bench-accel`` passes) writes them with their provenance
 (device kind, JAX, jaxlib and libtpu versions, git commit, date, the command) to
 ``analysis/results/accelerator/<device>.json``, which the performance page shows; ``--trace
-DIR`` also writes a ``jax.profiler`` trace of the plain step and of DiLoCo M=2. Measured,
-never asserted.
+DIR`` also writes a ``jax.profiler`` trace of the plain step and of DiLoCo M=2 (H steps each;
+with ``--store`` their Perfetto JSON is kept in ``analysis/results/accelerator/traces/``).
+Measured, never asserted.
 
 Usage: python benchmarks/accelerator.py [--quick] [--store] [--json PATH] [--trace DIR] [--steps 10]
 """
@@ -37,11 +38,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import glob
 import importlib.metadata
 import json
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -291,6 +294,7 @@ class Bench:
             for _ in range(SYNC_EVERY - 1):
               state, out = run(state, x)
             jax.block_until_ready((state, out))
+          self.keep_trace(name)
         del state
       except Exception as e:  # one run's failure (an out-of-memory at run time) must not end the others
         line = f"{name}: failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
@@ -305,6 +309,18 @@ class Bench:
       self.save()
       print(f"{name:20s} {rec['ms_per_step']:9.2f} ms/step  {rec['tokens_per_s']:10,.0f} tok/s  MFU"
             f" {fmt(rec['mfu'], '.1%'):>6s}  step/(M x plain) {fmt(rec['step_over_M_plain'], '.3f')}", flush=True)
+
+  def keep_trace(self, name: str) -> None:
+    """With ``--store``, the newest Perfetto trace of run ``name`` beside the stored results
+    (``traces/<device>-<name>.json.gz``, what the performance page's breakdown reads)."""
+    if not self.args.store:
+      return
+    found = sorted(glob.glob(os.path.join(self.args.trace, name, "**", "perfetto_trace.json.gz"), recursive=True),
+                   key=os.path.getmtime)
+    if found:
+      stem = os.path.splitext(os.path.basename(store_path(self.device.device_kind)))[0]
+      os.makedirs(os.path.join(STORE_DIR, "traces"), exist_ok=True)
+      shutil.copyfile(found[-1], os.path.join(STORE_DIR, "traces", f"{stem}-{name}.json.gz"))
 
   def run(self) -> dict:
     a = self.args

@@ -49,3 +49,11 @@ def test_trace_breakdown_counts_top_level_ops_per_step(tmp_path):
     json.dump({"traceEvents": ev}, f)
   out = A.trace_breakdown(path)
   assert out.to_dict() == {"while": 0.004, "loop fusion": 0.002, "total": 0.006}
+
+
+def test_a_trace_without_device_tracks_is_one_line(tmp_path):
+  path = tmp_path / "cpu.json.gz"
+  with gzip.open(path, "wt") as f:
+    json.dump({"traceEvents": [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/host:CPU"}}]}, f)
+  with pytest.raises(A.AcceleratorResultError, match="no device 'XLA Modules' track"):
+    A.trace_breakdown(path)

@@ -197,6 +197,9 @@ def trace_breakdown(path: str | pathlib.Path) -> pd.Series:
   modules = [e for e in on_device if track(e) == "XLA Modules"]
   ops = sorted((e for e in on_device if track(e) == "XLA Ops"), key=lambda e: (e["ts"], -e["dur"]))
   steps = len(modules)
+  if not steps:
+    raise AcceleratorResultError(f"{path}: no device 'XLA Modules' track (a trace of an accelerator run has one;"
+                                 " a CPU run's does not)")
   sums, end = {}, -math.inf
   for e in ops:
     if e["ts"] >= end:  # top level
