@@ -7,8 +7,8 @@ measured again without the device; what :func:`load` re-checks, with the project
 everything derived from them: the file's hash (:func:`analysis.lab.stored.content_hash`, so an
 edited number is refused), the analytic FLOPs per token
 (:func:`~diloco_core.spec.model_config.flops_per_token`) and the tokens/s, TFLOP/s, MFU and
-step / (M × plain) of every row from its milliseconds. The page shows what :func:`levers` and
-:func:`methods` return, never a number typed into it.
+step / (M × plain) of every row from its milliseconds. The page shows what
+:meth:`AcceleratorResult.levers` and :meth:`AcceleratorResult.methods` return, never a number typed into it.
 """
 
 from __future__ import annotations

@@ -110,13 +110,13 @@ class DiLoCo(Phases, AlgorithmBase):
       receives as scalars (int32 for H and τ, float32 otherwise) and the factories are
       built from.
     replica_loop: how the replicas' inner steps run on the devices that hold them (one of
-      :data:`REPLICA_LOOPS`): ``"vectorized"`` (``drjax.map_fn``: one program whose every
-      array has a leading replica axis) or ``"sequential"`` (one model's step per replica, in
-      a loop, reading and writing its slice of the state in place:
-      :func:`~diloco_core.algorithm.replica_loop.replicas_in_turn`; the replicas must share their
-      devices, a ``diloco`` mesh axis of 1). The numbers are the same up to the order of
-      float32 operations (``tests/test_replica_loop.py``); the speed differs by backend, and
-      ``benchmarks/accelerator.py`` measures both.
+      :data:`~diloco_core.algorithm.replica_loop.REPLICA_LOOPS`): ``"vectorized"``
+      (``drjax.map_fn``: one program whose every array has a leading replica axis) or
+      ``"sequential"`` (one model's step per replica, in a loop, reading and writing its slice
+      of the state in place: :func:`~diloco_core.algorithm.replica_loop.replicas_in_turn`; the
+      replicas must share their devices, a ``diloco`` mesh axis of 1). The numbers are the same
+      up to the order of float32 operations (``tests/test_replica_loop.py``); the speed differs
+      by backend, and ``benchmarks/accelerator.py`` measures both.
 
   Examples:
     Two replicas minimising :math:`(w - x)^2` on their own targets; after one sync with
