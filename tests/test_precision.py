@@ -329,3 +329,11 @@ def test_flash_attention_is_refused_off_a_tpu_before_compiling():
     pytest.skip("on a TPU flash attention runs (test_flash_attention_matches_xla_attention)")
   with pytest.raises(ValueError, match="ModelConfig.attention='flash' \\(the Pallas TPU kernel\\) runs on a TPU only"):
     init_model(dataclasses.replace(get_preset("tiny"), attention="flash"), 0)
+
+
+def test_flash_attention_refuses_a_sequence_its_tiles_do_not_divide():
+  from diloco_core.model.transformer import _flash_attention
+  x = jnp.zeros((1, 1000, 2, 128), jnp.bfloat16)
+  with pytest.raises(ValueError, match="attention 'flash' needs a sequence length that is at most 128 or a multiple"
+                                       " of 128 \\(the kernel's tiles\\), got 1000"):
+    _flash_attention(x, x, x)
