@@ -280,48 +280,28 @@ def test_quantize_is_exact_when_xla_may_use_excess_precision():
 
 
 # ------------------------------------------------------------------ 4. the Pallas flash kernel (TPU)
-def _flash_tolerance(v) -> float:
-  """|flash - XLA| bound for bfloat16 attention: each path rounds its probabilities (2^-9
-  relative, at most max|v| in the output) and its output (2^-9 of |out| <= max|v|) once:
-  4 x 2^-9 x max|v| = 2^-7 max|v| in all."""
-  return 2.0 ** -7 * float(jnp.max(jnp.abs(v.astype(jnp.float32))))
-
-
 @pytest.mark.parametrize("kv_heads", [2, 1])
-def test_flash_attention_matches_xla_attention(kv_heads, monkeypatch):
+def test_flash_attention_matches_xla_attention(kv_heads):
   """On a TPU the kernel runs; elsewhere Pallas interprets the same kernel (its TPU interpret
-  mode, with 128-position blocks to keep it quick): max |flash - XLA| was 2^-7 at outputs of
-  about 2 on XLA:CPU (one bfloat16 rounding), the bound allows 2^-7 max|v|. At the default
-  matmul precision: ``make test-tpu`` sets "highest" for the float32 tests, and the inputs here
-  are bfloat16 (one pass of the matrix unit whatever the precision)."""
-  import contextlib
-  from jax.experimental.pallas import tpu as pltpu
-  from diloco_core.model import transformer as M
-  if jax.default_backend() != "tpu":
-    monkeypatch.setattr(M, "FLASH_BLOCK", 128)
-  interpret = pltpu.force_tpu_interpret_mode() if jax.default_backend() != "tpu" else contextlib.nullcontext()
-  with jax.default_matmul_precision("default"), interpret:
-    _check_flash_against_xla(kv_heads)
+  mode, with 128-position blocks to keep it quick): ``tests/flash_interpret.py`` holds the check
+  and its bounds. At the default matmul precision: ``make test-tpu`` sets "highest" for the
+  float32 tests, and the inputs here are bfloat16 (one pass of the matrix unit whatever the
+  precision).
 
-
-def _check_flash_against_xla(kv_heads):
-  from diloco_core.model.transformer import _flash_attention
-  rng = np.random.default_rng(0)
-  q = jnp.asarray(rng.normal(size=(1, 256, 2, 128)), jnp.bfloat16)
-  k, v = (jnp.asarray(rng.normal(size=(1, 256, kv_heads, 128)), jnp.bfloat16) for _ in range(2))
-  flash = _flash_attention(q, k, v).astype(jnp.float32)
-  xla_attention = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
-  xla = jax.jit(xla_attention)(q, k, v)
-  np.testing.assert_allclose(np.asarray(flash), np.asarray(xla.astype(jnp.float32)), rtol=0, atol=_flash_tolerance(v))
-  # The kernel's own backward pass: dq, dk, dv are sums over T of products of two bfloat16
-  # factors (a probability or its gradient, and k, q or v); each path rounds each factor and the
-  # result once (3 x 2^-9 relative), both paths together 6 x 2^-9 < 2^-6 of the largest entry
-  # (measured under interpretation: 2^-7.6 at most).
-  w = jnp.asarray(rng.normal(size=q.shape), jnp.float32)
-  grads = lambda f: jax.grad(lambda *a: jnp.sum(f(*a).astype(jnp.float32) * w), argnums=(0, 1, 2))(q, k, v)
-  for a, b in zip(grads(_flash_attention), grads(xla_attention)):
-    b = np.asarray(b.astype(jnp.float32))
-    np.testing.assert_allclose(np.asarray(a.astype(jnp.float32)), b, rtol=0, atol=2.0 ** -6 * np.abs(b).max())
+  Off a TPU the interpretation runs in a process of its own: in a worker of the suite it once
+  stalled for good (a plain XLA op waiting after the interpreted kernel's callbacks, with the
+  worker's other tests' state around it; never when run alone), and a process of its own holds
+  nothing else."""
+  from flash_interpret import check_flash_against_xla
+  if jax.default_backend() == "tpu":
+    with jax.default_matmul_precision("default"):
+      check_flash_against_xla(kv_heads)
+    return
+  r = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "flash_interpret.py"), str(kv_heads)],
+                     env=dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu"), capture_output=True,
+                     text=True, timeout=300)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert r.stdout.strip() == f"flash matches XLA (kv_heads={kv_heads})", r.stdout
 
 
 def test_flash_attention_is_refused_off_a_tpu_before_compiling():
