@@ -4,7 +4,10 @@ killed (SIGKILL, as ``kill -9`` or a lost host would) in the middle of a run.
 Process ``KILL_RANK`` (environment; default 1) kills itself as it hands the fragment sent at
 step ``KILL_AT_STEP`` (default 10) to its link (several: ``KILL_RANK=2,1 KILL_AT_STEP=6,12``): the other processes are then in that
 fragment's all-reduce, or about to start it. It first writes the time to the file
-``KILL_STAMP`` (if set). Every other process runs the trainer unchanged.
+``KILL_STAMP`` (if set). With ``KILL_AFTER_VOTE=1`` (a quorum run) it dies instead right after its
+vote on that sync returned: it is a member of the round, whose payloads every member has read,
+and the others learn of its loss only at their next agreement over every process. Every other
+process runs the trainer unchanged.
 """
 
 import os
@@ -31,7 +34,18 @@ def main():
         return job(self, x, what, *args, **kwargs)
       return job_or_die
 
-    link.Link.gather, link.Link.reduce = or_die(link.Link.gather), or_die(link.Link.reduce)
+    if os.environ.get("KILL_AFTER_VOTE") == "1":
+      vote = link.vote_exchange
+
+      def vote_then_die(membership, key, *args, **kwargs):
+        out = vote(membership, key, *args, **kwargs)
+        if key.endswith(at):
+          os.kill(os.getpid(), signal.SIGKILL)
+        return out
+
+      link.vote_exchange = vote_then_die
+    else:
+      link.Link.gather, link.Link.reduce = or_die(link.Link.gather), or_die(link.Link.reduce)
   sys.exit(train_main(sys.argv[1:]))
 
 

@@ -38,6 +38,21 @@ def run_launcher(*args, timeout=240):
      "--kill-at 'coordinator:6' must be P:S with a process P in [0, 2) and a step S >= 1"),
     (["--own-coordinator", "--kill-at", "x:6", "--", "--communication", "background", "--out", "o", "--elastic"],
      "--kill-at 'x:6' must be P:S with a process P in [0, 2) (or coordinator:S, its service's process) and a step"),
+    (["--processes", "2", "--", "--replicas", "4", "--communication", "background", "--step-delay", "3:0.5"],
+     "--step-delay names process 3, but the run has 2 process(es) (0 to 1)"),
+    (["--processes", "3", "--", "--replicas", "3", "--communication", "background", "--elastic", "--quorum", "2",
+      "--min-replicas", "3"], "--quorum K=2 closes a sync with 2 replica(s), fewer than --min-replicas=3"),
+    (["--", "--communication", "background", "--step-delay", "0:0.1,0:0.2"], "--step-delay names process 0 twice"),
+    (["--", "--communication", "background", "--step-delay", "0:1e300"], "--step-delay of process 0 must be a finite"),
+    (["--module", "diloco_core.launch.path_probe", "--", "--json", "/nonexistent/dir/q.json"],
+     "--json '/nonexistent/dir/q.json': no folder '/nonexistent/dir' to write it in"),
+    (["--module", "diloco_core.launch.path_probe", "--", "--json", "q.json", "--sizes-mib", "100000000000"],
+     "--sizes-mib 100000000000: its exchanges over 2 processes hold at least"),
+    (["--module", "diloco_core.launch.path_probe", "--", "--json", "q.json", "--sizes-mib", "1,x"],
+     "--sizes-mib must be whole numbers of MiB >= 1"),
+    (["--module", "diloco_core.launch.path_probe", "--", "--json", "q.json", "--repeats", "0"],
+     "--repeats must be an integer >= 1, got 0."),
+    (["--module", "diloco_core.launch.path_probe", "--", "--sizes-mib", "1"], "the following arguments are required: --json"),
 ])
 def test_bad_launcher_options_one_line(argv, message, capsys):
   try:
@@ -144,14 +159,16 @@ def test_background_over_two_processes_equals_in_step_on_the_same_mesh_bit_for_b
 
 @pytest.mark.slow
 def test_a_process_takes_its_inner_steps_without_waiting_for_a_late_one(tmp_path):
-  """Process 1 starts its steps 8 s late: process 0 has taken its inner steps 1..5 before
-  (none of its programs waits for another process), and waits only for the payload of step 6."""
+  """Process 1 starts its steps only once process 0 has taken its inner steps 1..5 (none of
+  process 0's programs waits for another process: were one to, process 1 would start after its
+  120 s of waiting, before process 0's step 5 ends), and process 0 waits only for the payload of step 6."""
   from analysis.lab.measured import read_trace
-  out = tmp_path / "late"
+  out, marks = tmp_path / "late", tmp_path / "marks"
+  marks.mkdir()
   flags = [*COMMON, "--steps", "6", "--log-every", "6", "--eval-every", "6", "--communication", "background"]
   r = subprocess.run([sys.executable, "-m", "diloco_core.launch", "--processes", "2", "--devices-per-process", "1",
                       "--module", "late_child", "--", *flags, "--out", str(out)],
-                     env=dict(ENV, LATE_S="8"), capture_output=True, text=True, timeout=300)
+                     env=dict(ENV, LATE_DIR=str(marks), LATE_UNTIL="5"), capture_output=True, text=True, timeout=300)
   assert r.returncode == 0, r.stderr[-2000:]
   early, late = read_trace(str(out))[0], read_trace(str(out))[1]
   late_start = min(x["start"] for x in late if x["kind"] == "compute")

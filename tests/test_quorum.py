@@ -170,6 +170,34 @@ def test_a_lost_process_is_one_more_event_on_the_tape_and_its_replay_is_bit_for_
   assert rows[-1]["replica_loss"][2] is None
 
 
+@pytest.mark.slow
+def test_a_fast_process_lost_after_its_vote_leaves_a_tape_that_replays_bit_for_bit(tmp_path):
+  """K = 2 of 3, process 2 slowed: process 1 (fast) is SIGKILLed right after its vote on the sync
+  of step 8 returned, a member of that round (with process 0; process 2 late and healed); the
+  others learn of the loss at the log row of step 8. The tape records replica 1 ``Lost`` after
+  the round it last contributed to (tick 9), a member of round 8 and silent after; replayed
+  from the tape on three devices, the final params, the eval losses and the survivors' losses
+  are the run's, bit for bit."""
+  out = str(tmp_path / "lost-fast")
+  r = subprocess.run([sys.executable, "-m", "diloco_core.launch", *THREE, "--module", "kill_child", "--", *FLAGS,
+                      "--elastic", "--quorum", "2", "--step-delay", f"2:{DELAY}", "--out", out],
+                     env=dict(ENV, KILL_RANK="1", KILL_AT_STEP="8", KILL_AFTER_VOTE="1"),
+                     capture_output=True, text=True, timeout=500)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "no tape.json recorded" not in r.stderr, r.stderr[-3000:]
+  from diloco_core.run.trace_tape import read_tape
+  from diloco_core.spec.tape import Committed, Lost
+  lost_rows = [x for x in _trace(out, 0) if x["kind"] == "lost"]
+  assert [x["processes"] for x in lost_rows] == [[1]] and lost_rows[0]["step"] == 8, lost_rows  # noticed at 8
+  tape = read_tape(os.path.join(out, "tape.json"), 3, 4, 16)
+  assert [e for e in tape if isinstance(e, Lost)] == [Lost(9, 1, 8)]
+  assert [[c.replica for c in e.members] for e in tape if isinstance(e, Committed)] == [[0, 1], [0, 1], [0, 2], [0, 2]]
+  assert not any(e.replica == 1 for e in tape if e.tick > 9)
+  rows, rows2 = metrics_rows(os.path.join(out, "metrics.jsonl")), _replay(out, tmp_path / "replay")
+  assert [x["eval_loss"] for x in rows] == [x["eval_loss"] for x in rows2]
+  assert [x["replica_loss"][::2] for x in rows] == [x["replica_loss"][::2] for x in rows2]
+
+
 class _Service:
   """An in-memory key-value store with the coordination service client's calls a vote makes."""
 
@@ -245,6 +273,9 @@ BG = {"communication": "background", "elastic": True}
     ({**BG, "grace_s": 1.0}, "`grace_s` keeps a quorum's sync open: pass `quorum` K < replicas=3"),
     ({**BG, "quorum": 2, "grace_s": -1.0}, "`grace_s`"),
     ({**BG, "step_delay": ((3, 0.5),)}, "`step_delay` names process 3"),
+    ({**BG, "step_delay": ((0, 0.1), (0, 0.2))}, "`step_delay` names process 0 twice"),
+    ({**BG, "step_delay": ((0, 1e300),)}, "`step_delay` of process 0 must be a finite number in [0, "),
+    ({**BG, "quorum": 2, "min_replicas": 3}, "`quorum` K=2 closes a sync with 2 replica(s), fewer than `min_replicas`=3"),
     ({"grace_s": 1.0}, "`grace_s` acts on real processes: use `communication` background"),
     ({"step_delay": ((1, 0.5),)}, "`step_delay` acts on real processes: use `communication` background"),
 ])
@@ -252,6 +283,21 @@ def test_bad_real_process_options_are_one_line_errors(kw, message):
   with pytest.raises(ValueError) as e:
     _cfg(**kw).validate()
   assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_step_delay_for_a_process_the_run_does_not_have_is_refused(processes):
+  """One background process with two replicas (the trainer alone), or two processes of four:
+  a delay for process ``processes`` would never act."""
+  from diloco_core.run.preflight import check_processes
+  run = TrainConfig(algo=DiLoCoConfig(replicas=4), model="tiny", communication="background",
+                    syncer=SyncerOptions(step_delay=((processes, 0.5),)))
+  run.validate()  # the options alone are fine: the process count decides
+  with pytest.raises(ValueError) as e:
+    check_processes(run, processes=processes)
+  assert str(e.value) == (f"`step_delay` names process {processes}, but the run has {processes} process(es) (0 to"
+                          f" {processes - 1}): name one of them, or start more processes.")
+  check_processes(run, processes=2 * processes)  # then it names one of them
 
 
 def test_the_allowed_combination_validates_and_the_flag_parses():

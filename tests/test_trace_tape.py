@@ -93,6 +93,83 @@ def test_a_lost_process_is_its_replicas_lost_silent_after_and_dropped_from_its_r
   assert [(e.tick, e.KIND, e.replica) for e in tape] == sorted((e.tick, e.KIND, e.replica) for e in tape)
 
 
+def test_a_replica_lost_at_a_round_it_is_a_member_of_is_lost_after_that_round():
+  """Process 1 of 3 contributed to the round of step 8, then was lost; the others learned of it at
+  the log row of step 8 (a ``lost`` row at step 8): replica 1 is a member of round 8 and ``Lost``
+  at tick 9 (its sends so far: 8 local steps), silent after; the tape's drops give it back."""
+  rows = [_settle(4, [1.0, 1.0, 0.0]), _settle(8, [1.0, 1.0, 0.0]), {"kind": "lost", "step": 8, "processes": [1]},
+          _settle(12, [1.0, 0.0, 1.0]), _settle(16, [1.0, 0.0, 1.0])]
+  tape = tape_from_trace(rows, replicas=3, sync_every=4, processes=3)
+  assert [e for e in tape if isinstance(e, Lost)] == [Lost(9, 1, 8)]
+  assert [[c.replica for c in e.members] for e in tape if isinstance(e, Committed)] == [[0, 1], [0, 1], [0, 2], [0, 2]]
+  assert not any(e.replica == 1 for e in tape if e.tick > 9)
+  assert drops_of_tape(tape, 3, 4) == ((4, 2), (8, 2), (12, 1), (16, 1))
+  # lost at 8 and a member of a later round: still refused (a lost replica never comes back)
+  with pytest.raises(ValueError, match="replica 1 is a member of the round of step 12 after its loss at step 9"):
+    tape_from_trace([*rows[:3], _settle(12, None)], replicas=3, sync_every=4, processes=3)
+
+
+_GOOD = {"replicas": 3, "sync_every": 4, "events": [
+    {"event": "Sent", "tick": 4, "replica": 0, "step": 4, "base": 0},
+    {"event": "Committed", "tick": 4, "version": 1, "members": [[0, 4, 0, 4]]},
+    {"event": "Merged", "tick": 4, "replica": 0, "step": 4, "version": 1, "heal": False}]}
+
+
+def _edit(path, change):
+  import copy
+  import json
+  data = copy.deepcopy(_GOOD)
+  change(data)
+  with open(path, "w") as f:
+    json.dump(data, f)
+  return path
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda d: d.pop("replicas"), "field 'replicas' must be an integer, got missing."),
+    (lambda d: d.update(replicas="3"), "field 'replicas' must be an integer, got '3' (str)."),
+    (lambda d: d.update(sync_every=4.0), "field 'sync_every' must be an integer, got 4.0 (float)."),
+    (lambda d: d.update(replicas=True), "field 'replicas' must be an integer, got True (bool)."),
+    (lambda d: d.pop("events"), "field 'events' must be a list, got nothing."),
+    (lambda d: d.update(events={"a": 1}), "field 'events' must be a list, got {'a': 1}."),
+    (lambda d: d["events"].append(3), "event 4 must be an object, got 3."),
+    (lambda d: d["events"][0].update(event="Arrived"), "event 1 field 'event' must be one of ['Committed', 'Dropped',"),
+    (lambda d: d["events"][0].pop("event"), "event 1 field 'event' must be one of"),
+    (lambda d: d["events"][0].pop("base"), "event 1 (Sent) field 'base' must be an integer, got missing."),
+    (lambda d: d["events"][0].update(tick="4"), "event 1 (Sent) field 'tick' must be an integer, got '4' (str)."),
+    (lambda d: d["events"][0].update(late=1), "event 1 (Sent) has field(s) ['late'] it does not take"),
+    (lambda d: d["events"][1].update(members=[[0, 4, 0]]), "event 2 (Committed) field 'members' must be a list of"),
+    (lambda d: d["events"][1].update(members=[[0, 4, 0, "4"]]),
+     "event 2 (Committed) member field 'inner_steps' must be an integer, got '4' (str)."),
+    (lambda d: d["events"][2].update(heal=0), "event 3 (Merged) field 'heal' must be true or false, got 0 (int)."),
+])
+def test_every_malformed_field_of_a_tape_file_is_one_line_naming_it(tmp_path, change, message):
+  path = _edit(str(tmp_path / "tape.json"), change)
+  with pytest.raises(ValueError) as e:
+    read_tape(path, 3, 4)
+  assert str(e.value).startswith(f"`tape`: {path!r} is not a tape file: ") and message in str(e.value), str(e.value)
+  assert "\n" not in str(e.value)
+
+
+def test_a_good_tape_file_reads_and_a_mismatch_shows_types_only_when_values_print_alike(tmp_path):
+  from diloco_core.run.trace_tape import _differ
+  path = _edit(str(tmp_path / "tape.json"), lambda d: None)
+  assert len(read_tape(path, 3, 4)) == 3
+  with pytest.raises(ValueError, match=r"recorded with replicas=3, sync_every=4; this run has replicas=2, sync_every=4\."):
+    read_tape(path, 2, 4)
+
+  class Three(int):  # a value that prints as 3 and is not the recorded 3
+    def __repr__(self):
+      return "3"
+
+    def __eq__(self, other):
+      return False
+
+    __hash__ = int.__hash__
+
+  assert _differ(3, Three(3)) == "3 (int)" and _differ(Three(3), 3) == "3 (Three)" and _differ(3, 2) == "3"
+
+
 def _recorded(tmp_path):
   path = str(tmp_path / "tape.json")
   write_tape(path, tape_from_trace([_settle(4, [1.0, 0.0, 1.0]), _settle(8, None)], 3, 4), replicas=3, sync_every=4)

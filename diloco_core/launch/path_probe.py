@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -54,7 +55,7 @@ from diloco_core.runtime.elastic import HEARTBEAT_S
 from diloco_core.runtime.link import Link
 from diloco_core.runtime.membership import Membership
 from diloco_core.run.cli import one_line_errors
-from diloco_core.spec.footprint import KV_VALUE_LIMIT, PROTOBUF_LIMIT
+from diloco_core.spec.footprint import KV_VALUE_LIMIT, PROTOBUF_LIMIT, host_bytes
 
 #: Bytes of one MiB (the sizes' unit).
 MIB = 2**20
@@ -86,6 +87,69 @@ def parse_sizes(text: str) -> tuple[int, ...]:
   if not sizes or min(sizes) < 1:
     raise ValueError(f"--sizes-mib must be whole numbers of MiB >= 1 separated by commas (e.g. 1,4,16), got {text!r}.")
   return sizes
+
+
+def probe_bytes(size_mib: int, processes: int) -> int:
+  """A lower bound on the host memory one size's exchanges take, every process on this machine.
+
+  Each of the N processes holds its payload S, the N payloads an elastic exchange reads and
+  the N rows a gather returns; the service (process 0's host) holds the N payloads put:
+
+  .. math:: \\text{bytes} = N (1 + 2N) S + N S = 2 N (N + 1) S
+
+  Examples:
+    >>> probe_bytes(1, 2) == 12 * MIB
+    True
+  """
+  return 2 * processes * (processes + 1) * size_mib * MIB
+
+
+def check_options(a: argparse.Namespace, processes: int) -> tuple[int, ...]:
+  """The probe's options checked before any timing (one-line ``ValueError``); the sizes.
+
+  Checked: the sizes (:func:`parse_sizes`) and ``--repeats``; that ``--json`` can be written
+  (its folder exists and takes files; it names no folder); that the largest size's exchanges
+  (:func:`probe_bytes`) fit in this host's memory.
+  """
+  sizes = parse_sizes(a.sizes_mib)
+  if a.repeats < 1:
+    raise ValueError(f"--repeats must be an integer >= 1, got {a.repeats}.")
+  folder = os.path.dirname(os.path.abspath(a.json))
+  if os.path.isdir(a.json):
+    raise ValueError(f"--json {a.json!r} is a folder: name the file process 0 writes, e.g. {a.json}/probe.json.")
+  if not os.path.isdir(folder):
+    raise ValueError(f"--json {a.json!r}: no folder {folder!r} to write it in; create it, or name another path.")
+  if not os.access(folder, os.W_OK):
+    raise ValueError(f"--json {a.json!r}: the folder {folder!r} cannot be written; name another path.")
+  need, have = probe_bytes(max(sizes), processes), host_bytes()
+  if need > have:
+    largest = int(have // probe_bytes(1, processes))
+    raise ValueError(f"--sizes-mib {max(sizes)}: its exchanges over {processes} processes hold at least"
+                     f" {need / 2**30:,.1f} GiB, more than this host's {have / 2**30:,.1f} GiB; sizes up to"
+                     f" {largest:,} MiB fit.")
+  return sizes
+
+
+def check_launch(argv: list[str], processes: int, devices_per_process: int | None = None) -> None:
+  """The probe's refusal of ``argv`` over ``processes`` processes, said once by the launcher
+  before any process starts (:func:`check_options`; ``devices_per_process`` is not used).
+
+  Examples:
+    >>> check_launch(["--json", "/nonexistent/dir/q.json"], 2)
+    Traceback (most recent call last):
+    ...
+    ValueError: --json '/nonexistent/dir/q.json': no folder '/nonexistent/dir' to write it in; create it, or name another path.
+  """
+  del devices_per_process
+  parser = build_parser()
+
+  def refuse(message: str):
+    raise ValueError(f"{message} (see python -m diloco_core.launch.path_probe --help).")
+
+  parser.error = refuse
+  if any(x in ("-h", "--help") for x in argv):
+    return
+  check_options(parser.parse_args(argv), processes)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -166,9 +230,7 @@ def main(argv=None) -> int:
   except SystemExit as e:  # --help (0) or a malformed flag (2, one line)
     return int(e.code or 0)
   try:
-    sizes = parse_sizes(a.sizes_mib)
-    if a.repeats < 1:
-      raise ValueError(f"--repeats must be an integer >= 1, got {a.repeats}.")
+    sizes = check_options(a, int(os.environ.get("JAX_NUM_PROCESSES", "1")))
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import collections
 import ctypes
+import importlib
 import os
 import signal
 import subprocess
@@ -56,12 +57,16 @@ import time
 from diloco_core import interrupts
 
 from diloco_core.launch import faults
-from diloco_core.run.cli import FLAGS, PROCESS_FLAGS, check_launch
+from diloco_core.run.cli import FLAGS, PROCESS_FLAGS
 from diloco_core.devices.processes import ELSEWHERE_ENV, free_port
 from diloco_core.launch.shaped_link import ShapedLink
 
 #: The module every process runs unless ``--module`` names another (the trainer).
 DEFAULT_MODULE = "diloco_core.train"
+#: The modules whose flags the launcher checks once, before any process starts:
+#: ``module: (checker's module, its function (train_args, processes, devices_per_process))``.
+PREFLIGHTS = {DEFAULT_MODULE: ("diloco_core.run.cli", "check_launch"),
+              "diloco_core.launch.path_probe": ("diloco_core.launch.path_probe", "check_launch")}
 #: Seconds the processes get to stop after SIGTERM before they are killed.
 GRACE_S = 30.0
 #: Seconds the other processes get to end by themselves after one failed, before SIGKILL.
@@ -216,8 +221,9 @@ def _exit_code(rc: int) -> int:
 def launch(argv) -> int:
   """Runs the launcher; returns its exit code (see the module docstring)."""
   a = parse_args(argv)
-  if a.module == DEFAULT_MODULE:  # the trainer's refusal, once, before any process starts
-    check_launch(a.train_args, a.processes, a.devices_per_process)
+  if a.module in PREFLIGHTS:  # the module's refusal, once, before any process starts
+    where, name = PREFLIGHTS[a.module]
+    getattr(importlib.import_module(where), name)(a.train_args, a.processes, a.devices_per_process)
   address = f"127.0.0.1:{free_port()}"
   base_env = dict(os.environ, JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES=str(a.processes))
   base_env.pop(ELSEWHERE_ENV, None)

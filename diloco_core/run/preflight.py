@@ -25,6 +25,7 @@ import math
 from diloco_core.devices.mesh import check_mesh, check_process_mesh, parse_mesh
 from diloco_core.run.config import TrainConfig
 from diloco_core.runtime.background_mesh import check_background_processes
+from diloco_core.run.syncer_options import check_step_delay_processes
 from diloco_core.runtime.elastic import check_elastic_processes
 from diloco_core.devices.backend import platform, resolve_model_config
 from diloco_core.spec.activations import step_activation_bytes
@@ -104,6 +105,9 @@ def check_processes(cfg: TrainConfig, processes: int | None = None, num_devices:
   """
   if cfg.communication == "background":
     check_background_processes(cfg, processes)
+    if cfg.syncer.step_delay:
+      import jax  # pylint: disable=import-outside-toplevel
+      check_step_delay_processes(cfg.syncer, jax.process_count() if processes is None else processes)
   check_elastic_processes(cfg, processes)
   mesh = parse_mesh(cfg.mesh)
   known = processes is None or num_devices is not None  # the launcher may not know a process's devices

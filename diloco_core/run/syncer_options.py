@@ -31,15 +31,19 @@ Examples:
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 from diloco_core.spec import validity as v
 from diloco_core.spec.fields import field, flag_names
 from diloco_core.spec.syncer import APPLY_MODES, LATE_POLICIES, STALENESS_EXPONENT, WEIGHTINGS, SyncerConfig
 
-__all__ = ["SyncerOptions", "check_on_processes", "check_playable", "check_tape", "parse_inner_steps", "parse_speeds",
+__all__ = ["MAX_STEP_DELAY_S", "SyncerOptions", "check_on_processes", "check_playable", "check_step_delay_processes", "check_tape", "parse_inner_steps", "parse_speeds",
            "parse_step_delay", "syncer_flags", "tape_drops"]
 
 _G = "syncer"
+#: The longest ``step_delay`` (and ``grace_s``) in seconds: what a timer of this Python can wait
+#: (``threading.TIMEOUT_MAX``; about 292 years on Linux). Beyond it ``time.sleep`` overflows.
+MAX_STEP_DELAY_S = threading.TIMEOUT_MAX
 
 
 def _parse_list(text: str | None, name: str, kind, example: str) -> tuple | None:
@@ -237,11 +241,15 @@ def check_on_processes(cfg, opts: SyncerOptions) -> None:
       raise ValueError(f"`{f.name}`={value!r} is not built on real processes (`communication` background: a"
                        f" K-of-M `quorum` with `grace_s`, late drop, merged apply, N = 1): use"
                        f" {getattr(default, f.name)!r}, or `communication` in-step (the tape).")
+  seen: set = set()
   for process, seconds in opts.step_delay or ():
     if not v.is_int(process) or not 0 <= process < m:
       raise ValueError(f"`step_delay` names process {process!r}: a process of the run, in [0, replicas={m}).")
-    v.check_real(f"`step_delay` of process {process}", seconds, low=0.0)
-  v.check_real("`grace_s`", opts.grace_s, low=0.0)
+    if process in seen:
+      raise ValueError(f"`step_delay` names process {process} twice: one PROCESS:SECONDS pair per process.")
+    seen.add(process)
+    v.check_real(f"`step_delay` of process {process}", seconds, low=0.0, high=MAX_STEP_DELAY_S)
+  v.check_real("`grace_s`", opts.grace_s, low=0.0, high=MAX_STEP_DELAY_S)
   if opts.quorum is None or opts.quorum == m:
     if opts.grace_s:
       raise ValueError(f"`grace_s` keeps a quorum's sync open: pass `quorum` K < replicas={m}, or drop `grace_s`.")
@@ -251,6 +259,27 @@ def check_on_processes(cfg, opts: SyncerOptions) -> None:
   if not cfg.elastic:
     raise ValueError("`quorum` on real processes leaves a late process out of a sync, as an elastic run"
                      " leaves a lost one: add `elastic`, or use `communication` in-step (the tape).")
+  if opts.quorum < cfg.min_replicas:
+    raise ValueError(f"`quorum` K={opts.quorum} closes a sync with {opts.quorum} replica(s), fewer than"
+                     f" `min_replicas`={cfg.min_replicas}: the run would stop at the first sync a process is"
+                     f" late for; pass `quorum` >= `min_replicas`, or a lower `min_replicas`.")
+
+
+def check_step_delay_processes(opts: SyncerOptions, processes: int) -> None:
+  """One-line ``ValueError`` when ``step_delay`` names a process a run of ``processes`` processes
+  does not have (the delay would never act); the launcher calls it before any process starts.
+
+  Examples:
+    >>> check_step_delay_processes(SyncerOptions(step_delay=((1, 0.5),)), processes=2)
+    >>> check_step_delay_processes(SyncerOptions(step_delay=((3, 0.5),)), processes=2)
+    Traceback (most recent call last):
+    ...
+    ValueError: `step_delay` names process 3, but the run has 2 process(es) (0 to 1): name one of them, or start more processes.
+  """
+  for process, _ in opts.step_delay or ():
+    if process >= processes:
+      raise ValueError(f"`step_delay` names process {process}, but the run has {processes} process(es) (0 to"
+                       f" {processes - 1}): name one of them, or start more processes.")
 
 
 def _refuse(name: str, value, allowed: str) -> None:

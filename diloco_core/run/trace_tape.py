@@ -57,6 +57,10 @@ def tape_from_trace(rows, replicas: int, sync_every: int, processes: int | None 
   :math:`H` steps from base v - 1; every live replica merges version v, an absent one healed
   (replaced by it). A ``lost`` row at step t makes each replica of the lost processes ``Lost``
   at tick t (a process holds M / ``processes`` consecutive replicas); it sends nothing after.
+  The others learn of a loss at an agreement over every live process (a log row's, a
+  checkpoint's), which at a step that also syncs comes after that sync's vote: a lost replica
+  that is a member of the round of step t contributed to it before it was lost, and is
+  ``Lost`` at tick t + 1, after the round it last contributed to.
   Events are sorted by ``(tick, kind, replica)``, as :func:`~diloco_core.spec.tape.simulate_tape`'s.
 
   Args:
@@ -86,6 +90,10 @@ def tape_from_trace(rows, replicas: int, sync_every: int, processes: int | None 
     ...                         {"kind": "settle", "sent_at": 4, "step": 4, "present": [1.0, 0.0]}], 2, 2, processes=2)
     >>> [type(e).__name__ for e in lost[5:]]
     ['Lost', 'Sent', 'Committed', 'Merged']
+    >>> late = tape_from_trace([{"kind": "settle", "sent_at": 2, "step": 2, "present": None},
+    ...                         {"kind": "lost", "step": 2, "processes": [1]}], 2, 2, processes=2)
+    >>> [e for e in late if type(e).__name__ == "Lost"]  # a member of round 2: lost after it
+    [Lost(tick=3, replica=1, step=2)]
   """
   syncs: list[tuple[int, tuple[int, ...]]] = []
   lost: dict[int, int] = {}
@@ -121,6 +129,10 @@ def tape_from_trace(rows, replicas: int, sync_every: int, processes: int | None 
                        f" {replicas}.")
     syncs.append((sent, tuple(range(replicas)) if present is None else
                   tuple(m for m, on in enumerate(present) if on > 0)))
+  for s, members in syncs:  # contributed, then lost before the barrier that noticed it
+    for m in members:
+      if lost.get(m) == s:
+        lost[m] = s + 1
   return _lock_step(syncs, lost, replicas, sync_every)
 
 
@@ -198,12 +210,63 @@ def write_tape(path: str, tape, replicas: int, sync_every: int) -> None:
     json.dump({"replicas": replicas, "sync_every": sync_every, "events": [encode(e) for e in tape]}, f)
 
 
+def _refuse(path: str, what: str) -> ValueError:
+  return ValueError(f"`tape`: {path!r} is not a tape file: {what}.")
+
+
+def _whole(path: str, where: str, name: str, value, kind=int) -> None:
+  """``value`` of field ``name`` must be a ``kind`` (an int is never a bool here, nor a bool an int)."""
+  if type(value) is not kind:  # pylint: disable=unidiomatic-typecheck
+    shown = "missing" if value is _MISSING else f"{value!r} ({type(value).__name__})"
+    raise _refuse(path, f"{where}field {name!r} must be {'an integer' if kind is int else 'true or false'},"
+                        f" got {shown}")
+
+
+_MISSING = object()
+
+
+def _event(path: str, i: int, row) -> object:
+  """Event ``i`` of the file, every field checked (module docstring: the file)."""
+  where = f"event {i + 1} "
+  if not isinstance(row, dict):
+    raise _refuse(path, f"{where}must be an object, got {row!r}")
+  name = row.get("event", _MISSING)
+  if name not in _EVENTS:
+    raise _refuse(path, f"{where}field 'event' must be one of {sorted(_EVENTS)}, got"
+                        f" {'nothing' if name is _MISSING else repr(name)}")
+  cls, fields = _EVENTS[name], {f.name: f for f in dataclasses.fields(_EVENTS[name])}
+  extra = sorted(set(row) - set(fields) - {"event"})
+  if extra:
+    raise _refuse(path, f"{where}({name}) has field(s) {extra} it does not take; its fields: {sorted(fields)}")
+  values = {}
+  for field_name in fields:
+    value = row.get(field_name, _MISSING)
+    if field_name == "members":
+      if not isinstance(value, list) or not all(isinstance(c, list) and len(c) == 4 for c in value):
+        raise _refuse(path, f"{where}({name}) field 'members' must be a list of [replica, step, base,"
+                            f" inner_steps] lists, got {'nothing' if value is _MISSING else repr(value)[:80]}")
+      for c in value:
+        for part, x in zip(Contribution._fields, c):
+          _whole(path, f"{where}({name}) member ", part, x)
+      value = tuple(Contribution(*c) for c in value)
+    else:
+      _whole(path, f"{where}({name}) ", field_name, value, bool if field_name == "heal" else int)
+    values[field_name] = value
+  return cls(**values)
+
+
+def _differ(a, b) -> str:
+  """``a`` as a mismatch line shows it: with its type when ``a`` and ``b`` print alike."""
+  alike = repr(a) == repr(b) and (type(a) is not type(b) or a != b)
+  return f"{a!r} ({type(a).__name__})" if alike else repr(a)
+
+
 def read_tape(path: str, replicas: int, sync_every: int, steps: int | None = None) -> tuple:
   """The tape of :func:`write_tape`'s file, checked against the run (M, H, and with ``steps`` its
-  syncs, one every H of them): one-line ``ValueError``.
+  syncs, one every H of them): one-line ``ValueError`` naming the field at fault.
 
   Examples:
-    >>> import os, tempfile
+    >>> import json, os, tempfile
     >>> path = os.path.join(tempfile.mkdtemp(), "tape.json")
     >>> tape = tape_from_trace([{"kind": "settle", "step": 2, "sent_at": 2, "present": None}], 2, 2)
     >>> write_tape(path, tape, replicas=2, sync_every=2)
@@ -213,24 +276,32 @@ def read_tape(path: str, replicas: int, sync_every: int, steps: int | None = Non
     Traceback (most recent call last):
     ...
     ValueError: `tape`: the tape of ... was recorded with replicas=2, sync_every=2; this run has replicas=3, sync_every=2.
+    >>> json.dump({"sync_every": 2, "events": []}, open(path, "w"))
+    >>> read_tape(path, 2, 2)
+    Traceback (most recent call last):
+    ...
+    ValueError: `tape`: ... is not a tape file: field 'replicas' must be an integer, got missing.
   """
   if not os.path.isfile(path):
     raise ValueError(f"`tape`: no file {path!r} (a run's recorded tape is <out>/{TAPE_FILE}).")
   try:
     with open(path) as f:
       data = json.load(f)
-    events = []
-    for row in data["events"]:
-      row = dict(row)
-      cls = _EVENTS[row.pop("event")]
-      if cls is Committed:
-        row["members"] = tuple(Contribution(*c) for c in row["members"])
-      events.append(cls(**row))
-  except (OSError, ValueError, KeyError, TypeError) as e:
-    raise ValueError(f"`tape`: {path!r} is not a tape file ({type(e).__name__}: {str(e)[:120]}).") from None
+  except (OSError, ValueError) as e:
+    raise _refuse(path, f"{type(e).__name__}: {' '.join(str(e).split())[:120]}") from None
+  if not isinstance(data, dict):
+    raise _refuse(path, f"it must hold one object {{\"replicas\", \"sync_every\", \"events\"}}, got a"
+                        f" {type(data).__name__}")
+  for name in ("replicas", "sync_every"):
+    _whole(path, "", name, data.get(name, _MISSING))
+  rows = data.get("events", _MISSING)
+  if not isinstance(rows, list):
+    raise _refuse(path, f"field 'events' must be a list, got {'nothing' if rows is _MISSING else repr(rows)[:80]}")
+  events = [_event(path, i, row) for i, row in enumerate(rows)]
   if (data["replicas"], data["sync_every"]) != (replicas, sync_every):
-    raise ValueError(f"`tape`: the tape of {path!r} was recorded with replicas={data['replicas']}, sync_every="
-                     f"{data['sync_every']}; this run has replicas={replicas}, sync_every={sync_every}.")
+    raise ValueError(f"`tape`: the tape of {path!r} was recorded with replicas={_differ(data['replicas'], replicas)},"
+                     f" sync_every={_differ(data['sync_every'], sync_every)}; this run has"
+                     f" replicas={_differ(replicas, data['replicas'])}, sync_every={_differ(sync_every, data['sync_every'])}.")
   rounds = sum(isinstance(e, Committed) for e in events)
   if steps is not None and rounds != steps // sync_every:
     raise ValueError(f"`tape`: the tape of {path!r} has {rounds} syncs; this run of steps={steps} makes"

@@ -45,6 +45,7 @@ _PUBLIC = {
     "deal_layers": "diloco_core.spec.fragment_layers",
     "replica_state_bytes": "diloco_core.spec.footprint",
     "device_bytes": "diloco_core.spec.footprint",
+    "host_bytes": "diloco_core.spec.footprint",
     "check_fits": "diloco_core.spec.footprint",
     "KV_VALUE_LIMIT": "diloco_core.spec.footprint",
     "elastic_value_bytes": "diloco_core.spec.footprint",

@@ -68,6 +68,11 @@ def device_bytes(devices: int) -> float:
   stats = jax.local_devices()[0].memory_stats() or {}
   if "bytes_limit" in stats:
     return float(stats["bytes_limit"]) * devices
+  return host_bytes()
+
+
+def host_bytes() -> float:
+  """The host's physical memory in bytes (what every process on this machine shares)."""
   return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
