@@ -15,7 +15,7 @@ import sys
 from diloco_core.run import main_job
 from diloco_core import interrupts
 from diloco_core.devices.backend import configure_determinism, default_demo_steps
-from diloco_core.run.cli import add_options, field_defaults, command_error, one_line_errors
+from diloco_core.run.cli import OneDefaultHelpFormatter, add_options, field_defaults, command_error, one_line_errors
 from diloco_core.run.config import TrainConfig
 
 
@@ -23,7 +23,7 @@ def build_compare_parser() -> argparse.ArgumentParser:
   """The parser of ``python -m diloco_core.compare`` (defaults: :data:`diloco_core.run.main_job.DEFAULTS`)."""
   p = argparse.ArgumentParser(prog="python -m diloco_core.compare",
                               description=main_job.__doc__.splitlines()[0],
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                              formatter_class=OneDefaultHelpFormatter,
                               allow_abbrev=False)
   defaults = {**field_defaults(TrainConfig()), **main_job.DEFAULTS}
   add_options(p, TrainConfig, defaults, only=set(main_job.DEFAULTS))

@@ -146,9 +146,15 @@ def test_a_slower_straggler_never_raises_synchronous_utilization():
 def test_recommend_syncer_prefers_dylu_when_it_merges_everything_at_full_goodput():
   table, setting, reason = recommend_syncer((1.0, 1.0, 0.5), sync_every=4, steps=120)
   assert list(table.index) == ["synchronous", "synchronous + DyLU", "quorum K=2", "quorum K=1", "quorum K=2 + grace"]
-  assert list(table.columns) == ["utilization", "goodput", "wall_s", "merged", "stale", "dropped"]
+  assert list(table.columns) == ["utilization", "goodput", "wall_s", "merged", "stale", "dropped", "runs_on"]
   assert table.loc["synchronous", "utilization"] == pytest.approx(2 / 3) and table.loc["synchronous", "wall_s"] == 80
   assert setting == "synchronous + DyLU" and "100.0%" in reason and "\n" not in reason
+  # DyLU and the carried quorums run on the tape only: the reason names what runs on real processes
+  assert table["runs_on"].tolist() == [pool_plan.ON_PROCESSES] + [pool_plan.ON_TAPE] * 4
+  assert reason.endswith("On real processes: synchronous merges every contribution fresh at goodput 60.0%; no"
+                         " quorum merging >= 75% of them beats it by x1.05."), reason
+  dropped, _, _ = recommend_syncer((1.0, 1.0, 0.5), sync_every=4, steps=120, late="drop")
+  assert dropped["runs_on"].tolist() == [pool_plan.ON_PROCESSES, pool_plan.ON_TAPE] + [pool_plan.ON_PROCESSES] * 3
 
 
 def test_recommend_syncer_keeps_synchronous_among_equals():

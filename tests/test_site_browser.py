@@ -261,7 +261,9 @@ MISSING = {"NaN", "nan", "<NA>", "NaT"}
 
 def reader_problems(page: pathlib.Path) -> list[str]:
   """A built page's problems as a reader sees them: a missing value printed in a table cell,
-  backticks or TeX left raw in the prose, a figure image that is empty (tiny, or one colour)."""
+  backticks or TeX left raw in the prose, a figure image that is empty (tiny, or one colour),
+  and anywhere on the page a Python repr (``<... object>``, ``object at 0x...``), a flag
+  typeset with a dash (``–processes``: ``--`` outside code) or an option's default said twice."""
   import matplotlib.image
   import numpy as np
   r = _Reading()
@@ -273,6 +275,10 @@ def reader_problems(page: pathlib.Path) -> list[str]:
   found += [f"raw TeX: …{m.group(0)}…" for m in re.finditer(RAW_TEX, prose)]
   found += [f"raw bold: …{m.group(0)}…" for m in re.finditer(r".{0,30}\*\*\S.{0,20}", prose)]
   found += [f"a pandas index-name row: {m.group(0)[:120]}…" for m in INDEX_NAME_ROW.finditer(text)]
+  shown = html.unescape(re.sub(r"<[^>]+>", "", re.sub(r"(?s)<(script|style)\b.*?</\1>", "", text)))
+  found += [f"a Python repr: …{m.group(0)}…" for m in re.finditer(r".{0,30}(<[\w.]+ object>|object at 0x[0-9a-f]+)", shown)]
+  found += [f"a dash where -- belongs: …{m.group(0)}…" for m in re.finditer(r".{0,30}(?<![\w–-])[–—][a-z][\w-]*", shown)]
+  found += [f"two defaults: …{m.group(0)}…" for m in re.finditer(r"\(default:[^)]*\)\s*\(default:[^)]*\)", shown)]
   for src in re.findall(r'<img[^>]+src="([^"]+_images/[^"]+\.png)"', text):
     path = (page.parent / urllib.parse.unquote(src)).resolve()
     pixels = matplotlib.image.imread(path) if path.is_file() else None
@@ -313,7 +319,8 @@ next();
 def test_no_table_is_wider_than_its_column(site):
   """At a 1280-pixel window, every table of every page fits the article's width (a wider one
   cuts off its last columns or makes the reader scroll sideways)."""
-  import json
+  import html
+import json
   pages = [str(p.relative_to(site)) for p in sorted((site / "docs").glob("*.html")) + sorted((site / "notebooks").glob("*.html"))]
   page = WIDTHS_PAGE.replace("PAGES", json.dumps(pages)).encode()
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -90,6 +91,10 @@ def test_cli_subprocess_help_and_run(tmp_path):
   env = dict(os.environ)
   h = subprocess.run([sys.executable, "-m", "diloco_core.train", "--help"], capture_output=True, text=True, env=env)
   assert h.returncode == 0 and "--sync-every" in h.stdout and "H: inner steps" in h.stdout
+  # each option says its default once (its own words, or argparse's)
+  options = re.split(r"\n  (?=-)", h.stdout)
+  assert not [o for o in options if o.count("(default:") > 1], [o for o in options if o.count("(default:") > 1]
+  assert "(default: every live replica)" in " ".join(h.stdout.split())
   # tiny()'s shape (vocabulary 16, 8 steps): a program the in-process tests compile already
   r = subprocess.run([sys.executable, "-m", "diloco_core.train", "--model", "tiny", "--steps", "8",
                       "--batch-size", "2", "--seq-len", "8", "--sync-every", "2", "--eval-every", "4",

@@ -48,6 +48,7 @@ import numpy as np
 from analysis.planning import _checks
 from analysis.planning.goodput import Failures, kept_by_restarts
 from analysis.planning.pool import DEFAULT_ROUNDS, PoolResult, check_speeds, exact_seconds, pool_utilization
+from diloco_core.spec.syncer import SyncerConfig, tape_only_knobs
 from diloco_core.spec.validity import check_bool, check_choice, check_int
 
 #: The rule's floor: a setting that merges every contribution fresh is taken if its goodput
@@ -62,8 +63,8 @@ MIN_GAIN = 1.05
 #: :math:`H / v_\\max`.
 GRACE_PERIODS = 0.5
 
-__all__ = ["GRACE_PERIODS", "MIN_GAIN", "MIN_GOODPUT", "MIN_MERGED", "pool_failure_cost", "pool_goodput",
-           "pool_goodput_curves", "recommend_syncer"]
+__all__ = ["GRACE_PERIODS", "KNOB_DEFAULTS", "MIN_GAIN", "MIN_GOODPUT", "MIN_MERGED", "ON_PROCESSES", "ON_TAPE",
+           "pool_failure_cost", "pool_goodput", "pool_goodput_curves", "recommend_syncer", "runs_on"]
 
 
 def pool_failure_cost(result: PoolResult, failures: Failures) -> dict[str, float]:
@@ -146,6 +147,24 @@ def pool_goodput_curves(results: dict, rates_per_hour, failures: Failures) -> "p
   return pd.DataFrame(rows)
 
 
+#: The planner's knobs at their defaults, the trainer's flags of the same names
+#: (:class:`~diloco_core.run.syncer_options.SyncerOptions`): a setting that changes only
+#: :data:`~diloco_core.spec.syncer.PROCESS_KNOBS` runs on real processes too.
+KNOB_DEFAULTS = {"dylu": False, "late": SyncerConfig().late, "quorum": None, "grace_s": 0.0}
+#: The ``runs_on`` values of :func:`recommend_syncer`'s table.
+ON_PROCESSES, ON_TAPE = "real processes and the tape", "the tape only"
+
+
+def runs_on(knobs: dict) -> str:
+  """Where a setting of :func:`recommend_syncer` (its knobs) runs: :data:`ON_PROCESSES` or :data:`ON_TAPE`.
+
+  Examples:
+    >>> runs_on({"quorum": 2, "late": "drop"}), runs_on({"dylu": True})
+    ('real processes and the tape', 'the tape only')
+  """
+  return ON_TAPE if tape_only_knobs(knobs, KNOB_DEFAULTS) else ON_PROCESSES
+
+
 def _settings(m: int, grace_s, late: str) -> list[tuple[str, dict]]:
   rows = [("synchronous", {}), ("synchronous + DyLU", {"dylu": True})]
   rows += [(f"quorum K={k}", {"quorum": k, "late": late}) for k in range(m - 1, 0, -1)]
@@ -201,7 +220,9 @@ def recommend_syncer(speeds, *, sync_every: int, steps: int | None = None, laten
     ``(table, setting, reason)``: a DataFrame indexed by the settings' names, with columns ``utilization``
     (mean busy fraction), ``goodput`` (merged local steps per second over the ideal pool's),
     ``wall_s`` (seconds to the budget), ``merged``, ``stale``, ``dropped`` (fractions of the
-    contributions); the recommended setting; one sentence why, from the numbers.
+    contributions), ``runs_on`` (:func:`runs_on`: whether the trainer runs the setting on real
+    processes or only on the tape player); the recommended setting; one sentence why, from
+    the numbers (it says when the setting runs on the tape only).
 
   Examples:
     >>> table, setting, reason = recommend_syncer((1.0, 1.0, 0.5), sync_every=4, steps=120)
@@ -210,7 +231,7 @@ def recommend_syncer(speeds, *, sync_every: int, steps: int | None = None, laten
     synchronous               0.667      0.6    80.0
     synchronous + DyLU        1.000      1.0    48.0
     >>> reason
-    'synchronous + DyLU merges every contribution fresh at goodput 100.0% (>= 90%).'
+    'synchronous + DyLU merges every contribution fresh at goodput 100.0% (>= 90%); it runs on the tape player only (one device, simulated time). On real processes: synchronous merges every contribution fresh at goodput 60.0%; no quorum merging >= 75% of them beats it by x1.05.'
   """
   import pandas as pd
   exact = check_speeds(speeds)
@@ -222,7 +243,12 @@ def recommend_syncer(speeds, *, sync_every: int, steps: int | None = None, laten
   for name, kw in _settings(len(exact), grace, late):
     r = pool_utilization(exact, sync_every=h, latency_s=latency_s, transfer_s=transfer_s, steps=budget, **kw)
     rows[name] = {"utilization": float(r.utilization), "goodput": float(r.goodput), "wall_s": float(r.wall_s),
-                  "merged": float(r.merged), "stale": float(r.stale), "dropped": float(r.dropped)}
+                  "merged": float(r.merged), "stale": float(r.stale), "dropped": float(r.dropped),
+                  "runs_on": runs_on(kw)}
   table = pd.DataFrame.from_dict(rows, orient="index")
   setting, reason = _choose(table)
+  if table.loc[setting, "runs_on"] == ON_TAPE:  # the same rule over what runs on real processes
+    real, why = _choose(table[table["runs_on"] == ON_PROCESSES])
+    reason = (f"{reason[:-1]}; it runs on the tape player only (one device, simulated time). On real"
+              f" processes: {why}")
   return table, setting, reason

@@ -73,6 +73,23 @@ def to_flags(message: str, cls=TrainConfig) -> str:
   return re.sub(r"\bDataConfig\.(\w+)", lambda m: table.get("data." + m.group(1), m.group(0)), message)
 
 
+class OneDefaultHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+  """``--help`` with each option's default said once: argparse's ``(default: X)``, unless the
+  option's own help already says its default (``(default: every live replica)``).
+
+  Examples:
+    >>> p = argparse.ArgumentParser(formatter_class=OneDefaultHelpFormatter)
+    >>> _ = p.add_argument("--k", default=None, help="K (default: every replica)")
+    >>> _ = p.add_argument("--h", default=4, help="H")
+    >>> " ".join(p.format_help().split()).count("(default:")
+    2
+  """
+
+  def _get_help_string(self, action):
+    text = action.help or ""
+    return text if "(default:" in text else super()._get_help_string(action)
+
+
 def _get(config, path: str):
   for name in path.split("."):
     config = getattr(config, name)
@@ -120,7 +137,7 @@ def build_parser(defaults: TrainConfig | None = None) -> argparse.ArgumentParser
   p = argparse.ArgumentParser(
       prog="python -m diloco_core.train",
       description="Train the built-in transformer with DP, DiLoCo or Streaming DiLoCo.",
-      formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+      formatter_class=OneDefaultHelpFormatter,
       allow_abbrev=False)  # an abbreviated flag (--num-proc) must not reach around a check
   add_options(p, type(defaults), field_defaults(defaults))
   g = [a for a in p._action_groups if a.title == GROUPS["devices"]][0]

@@ -35,7 +35,8 @@ import threading
 
 from diloco_core.spec import validity as v
 from diloco_core.spec.fields import field, flag_names
-from diloco_core.spec.syncer import APPLY_MODES, LATE_POLICIES, STALENESS_EXPONENT, WEIGHTINGS, SyncerConfig
+from diloco_core.spec.syncer import (APPLY_MODES, LATE_POLICIES, PROCESS_KNOBS, STALENESS_EXPONENT, WEIGHTINGS,
+                                     SyncerConfig, tape_only_knobs)
 
 __all__ = ["MAX_STEP_DELAY_S", "SyncerOptions", "check_on_processes", "check_playable", "check_step_delay_processes", "check_tape", "parse_inner_steps", "parse_speeds",
            "parse_step_delay", "syncer_flags", "tape_drops"]
@@ -76,8 +77,6 @@ def parse_step_delay(text: str | None) -> tuple | None:
     raise ValueError(f"`step_delay` must be comma-separated PROCESS:SECONDS pairs, e.g. 2:0.5; got {text!r}.") from None
 
 
-#: The knobs that act on real processes only (``communication`` background), not in a tape.
-PROCESS_KNOBS = ("quorum", "grace_s", "step_delay")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,13 +233,13 @@ def check_on_processes(cfg, opts: SyncerOptions) -> None:
     ...
     ValueError: `late`='carry' is not built on real processes (`communication` background: a K-of-M `quorum` with `grace_s`, late drop, merged apply, N = 1): use 'drop', or `communication` in-step (the tape).
   """
-  m, default = cfg.algo.replicas, SyncerOptions()
-  for f in dataclasses.fields(SyncerOptions):
-    value = getattr(opts, f.name)
-    if f.name not in PROCESS_KNOBS and value != getattr(default, f.name):
-      raise ValueError(f"`{f.name}`={value!r} is not built on real processes (`communication` background: a"
-                       f" K-of-M `quorum` with `grace_s`, late drop, merged apply, N = 1): use"
-                       f" {getattr(default, f.name)!r}, or `communication` in-step (the tape).")
+  m, default = cfg.algo.replicas, dataclasses.asdict(SyncerOptions())
+  tape_only = tape_only_knobs(dataclasses.asdict(opts), default)
+  if tape_only:
+    name = tape_only[0]
+    raise ValueError(f"`{name}`={getattr(opts, name)!r} is not built on real processes (`communication` background:"
+                     f" a K-of-M `quorum` with `grace_s`, late drop, merged apply, N = 1): use {default[name]!r}, or"
+                     f" `communication` in-step (the tape).")
   seen: set = set()
   for process, seconds in opts.step_delay or ():
     if not v.is_int(process) or not 0 <= process < m:

@@ -57,6 +57,8 @@ _PUBLIC = {
     "WEIGHTINGS": "diloco_core.spec.syncer",
     "STALENESS_EXPONENT": "diloco_core.spec.syncer",
     "dylu_inner_steps": "diloco_core.spec.syncer",
+    "PROCESS_KNOBS": "diloco_core.spec.syncer",
+    "tape_only_knobs": "diloco_core.spec.syncer",
     "exact_decimal": "diloco_core.spec.syncer",
     "round_weights": "diloco_core.spec.syncer",
     "SYNCER_SETTINGS": "diloco_core.spec.syncer_settings",

@@ -78,8 +78,28 @@ WEIGHTINGS = ("uniform", "tokens", "staleness")
 #: The polynomial staleness discount's default exponent a (FedAsync's).
 STALENESS_EXPONENT = 0.5
 
-__all__ = ["APPLY_MODES", "LATE_POLICIES", "STALENESS_EXPONENT", "SyncerConfig", "WEIGHTINGS",
-           "dylu_inner_steps", "exact_decimal", "round_weights"]
+#: The syncer options a run over real processes acts on (``communication`` background with
+#: ``elastic``: :mod:`diloco_core.runtime.quorum`): a K-of-M quorum, its grace in seconds and a
+#: straggler's delay. Every other option off its default (DyLU, late contributions carried,
+#: sequential apply, Delayed Nesterov, weights, the tape's grace in ticks, ...) runs on the tape
+#: player only.
+PROCESS_KNOBS = ("quorum", "grace_s", "step_delay")
+
+__all__ = ["APPLY_MODES", "LATE_POLICIES", "PROCESS_KNOBS", "STALENESS_EXPONENT", "SyncerConfig", "WEIGHTINGS",
+           "dylu_inner_steps", "exact_decimal", "round_weights", "tape_only_knobs"]
+
+
+def tape_only_knobs(knobs: dict, defaults: dict) -> tuple[str, ...]:
+  """The options of ``knobs`` that only the tape player runs: off their default in ``defaults``
+  and not among :data:`PROCESS_KNOBS` (an empty tuple: the setting runs on real processes too).
+
+  Examples:
+    >>> tape_only_knobs({"quorum": 2, "late": "carry"}, {"quorum": None, "late": "drop"})
+    ('late',)
+    >>> tape_only_knobs({"quorum": 2, "grace_s": 0.5, "late": "drop"}, {"quorum": None, "late": "drop"})
+    ()
+  """
+  return tuple(k for k, value in knobs.items() if k not in PROCESS_KNOBS and value != defaults.get(k))
 
 
 def exact_decimal(value) -> Fraction:
