@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast test-tpu docs experiments bench bench-accel clean
+.PHONY: install demo test test-fast test-tpu docs experiments bench bench-accel clean
 EXPERIMENTS ?= --all
 WORKERS ?= 2
 
@@ -17,6 +17,8 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PY) -m pip install -q --no-deps -e .
 	$(PY) -m compileall -q -j 0 $(VENV)/lib diloco_core analysis > /dev/null
 	touch $@
+
+install: $(VENV)/.installed  ## .venv from the pinned requirements.txt and this package (editable), nothing run
 
 demo: $(VENV)/.installed  ## the main job: DP vs DiLoCo vs Streaming on the built-in data
 	$(PY) -m diloco_core.compare --out runs/compare --overwrite

@@ -87,7 +87,7 @@ def test_the_claims_have_computed_verdicts(df):
   assert all(len(o.conditions) >= 1 for o in out["outcome"])
   v = out.set_index("claim")["verdict"]
   naive_failed = claims.did_not_train(df[df["arm"] == "async naive"]).all()
-  assert not naive_failed or v[9] == claims.AGREES  # every naive run diverged, every sync run trained
+  assert not naive_failed or v[9] == claims.NOT_RESOLVED  # every naive run diverged: no measurement
   quorum = out.set_index("claim").loc[11, "outcome"].conditions
   assert [c[2] for c in quorum][:3] == [claims.AGREES] * 3  # goodput up twice (exact), K = 1 worse (stored)
 
@@ -97,9 +97,14 @@ def _fake(losses):
                        for a, xs in losses.items() for s, x in enumerate(xs)])
 
 
-def test_a_diverged_arm_counts_as_worse_but_a_diverged_reference_resolves_nothing():
+def test_a_diverged_arm_or_reference_resolves_nothing():
+  """A diverged run is never read as agreement: all of an arm's runs diverged leaves the claim
+  not resolved; some did, the interval is over the other seeds."""
   worse = stragglers.CLAIMS[0].check(_fake({"sync": [1.0, 1.01, 0.99], "async naive": [30.0, np.nan, 40.0]}))
-  assert worse.verdict == claims.AGREES
+  assert worse.verdict == claims.NOT_RESOLVED and "outer learning rate" in worse.resolve
+  some = stragglers.CLAIMS[0].check(_fake({"sync": [1.0, 1.01, 0.99, 1.0], "async naive": [30.0, 1.1, 1.12, 1.11]}))
+  assert some.verdict == claims.AGREES and "1 of the async naive runs diverged" in some.conditions[0][0]
+  assert some.conditions[0][1].n == 3  # the three seeds where both trained
   better = stragglers.CLAIMS[0].check(_fake({"sync": [1.0, 1.01, 0.99], "async naive": [0.9, 0.91, 0.89]}))
   assert better.verdict == claims.DISAGREES
   ref = stragglers.CLAIMS[0].check(_fake({"sync": [1.0, 9.0, 0.99], "async naive": [30.0, 31.0, 40.0]}))

@@ -157,21 +157,21 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _worse(df, arm: str, label: str):
-  """``arm`` − ``sync`` > 0, paired; a run of ``arm`` that diverged (loss ≥ ln V or not finite)
-  is worse than a trained ``sync`` run of its seed: every run diverged, the condition agrees;
-  some did, the interval is over the seeds where both trained. A divergence of ``sync`` itself
-  leaves it not resolved. The condition and its verdict."""
+  """``arm`` − ``sync`` > 0, paired, over the seeds where both trained. A diverged run (loss ≥
+  ln V or not finite) measures nothing and is never read as agreement (the claims page's rule):
+  every run of ``arm`` diverged, or one of ``sync``, leaves the condition not resolved; some runs
+  of ``arm`` did, the interval is over the other seeds and says how many were left out. The
+  condition and its verdict."""
   failed = did_not_train(df)
   bad = sorted(df.loc[failed & (df["arm"] == arm), "seed"])
   sel = df[df["arm"].isin([arm, REFERENCE]) & ~df["seed"].isin(bad)] if len(bad) < (df["arm"] == arm).sum() else df
   p = paired(df if not bad else sel, {arm: 1, REFERENCE: -1}, REFERENCE, f"{arm} − {REFERENCE}")
-  if failed[df["arm"] == REFERENCE].any():
+  if failed[df["arm"] == REFERENCE].any() or (bad and len(bad) == (df["arm"] == arm).sum()):
     verdict = NOT_RESOLVED
-  elif bad and len(bad) == (df["arm"] == arm).sum():
-    verdict = AGREES
   else:
     verdict = positive(p)
-  note = f" [{len(bad)} of the {arm} runs diverged (loss ≥ ln V): counted as worse]" if bad else ""
+  note = (f" [{len(bad)} of the {arm} runs diverged (loss ≥ ln V): not a result, left out of the interval]"
+          if bad else "")
   return (label + note, dataclasses.replace(p, diverged=((arm, len(bad)),) if bad else p.diverged), verdict)
 
 
@@ -223,7 +223,8 @@ def _first(df, arm: str):
 
 def _c9(df):
   c = _worse(df, "async naive", "naive asynchronous is worse than sync")
-  return Outcome(c[2], (c,), "more seeds")
+  return Outcome(c[2], (c,), "an outer learning rate at which naive asynchronous trains (a diverged run"
+                 " measures nothing), then more seeds")
 
 
 def _c10(df):
