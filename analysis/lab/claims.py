@@ -28,6 +28,8 @@ from scipy import stats as _stats
 from analysis.lab.arm_frames import arm_frame  # noqa: F401 (claims.arm_frame: the claims page's frame)
 
 AGREES, DISAGREES, NOT_RESOLVED = "agrees", "disagrees", "not resolved"
+#: A condition's verdict as the end of a sentence about its measured value.
+VERDICT_WORDS = {AGREES: "which agrees", DISAGREES: "which disagrees", NOT_RESOLVED: "which does not resolve it"}
 #: The confidence level of every interval on the claims page.
 LEVEL = 0.95
 
@@ -45,8 +47,13 @@ class Paired:
   diverged: tuple = ()  # (arm, runs that did not train) of the arms compared: no measurement
 
   def text(self) -> str:
-    """``+0.12% [−0.05, +0.29]`` (mean and 95% interval), or ``no paired value`` when there is none."""
-    return f"{self.mean:+.2f}% [{self.low:+.2f}, {self.high:+.2f}]" if np.isfinite(self.mean) else "no paired value"
+    """``+0.12% [−0.05, +0.29]`` (mean and 95% interval), ``+72.41% (exact)`` for a value with no
+    spread (computed, not sampled over seeds), or ``no paired value`` when there is none."""
+    if not np.isfinite(self.mean):
+      return "no paired value"
+    if self.low == self.mean == self.high:
+      return f"{self.mean:+.2f}% (exact)"
+    return f"{self.mean:+.2f}% [{self.low:+.2f}, {self.high:+.2f}]"
 
 
 def did_not_train(df: pd.DataFrame) -> pd.Series:
@@ -408,7 +415,7 @@ def evaluate_all(frames: pd.DataFrame | Mapping[str, pd.DataFrame], claims: Sequ
       continue
     o = c.check(df)
     rows.append({"claim": c.number, "finding": c.finding, "verdict": o.verdict,
-                 "measured": "; ".join(f"{d}: {p.text()} ({v})" for d, p, v in o.conditions),
+                 "measured": "; ".join(f"{d}: {p.text()}, {VERDICT_WORDS[v]}" for d, p, v in o.conditions),
                  "outcome": o, "resolve": o.resolve})
   return pd.DataFrame(rows)
 
