@@ -35,3 +35,35 @@ def cost_phrase(p: Paired) -> str:
     '+0.32% (95% interval -0.09% to +0.72%, 8 paired seeds)'
   """
   return f"{p.mean:+.2f}% (95% interval {p.low:+.2f}% to {p.high:+.2f}%, {p.n} paired seeds)"
+
+
+def cost_scale(df: pd.DataFrame) -> dict:
+  """The scale a :func:`diloco_cost` figure was measured at, from the same runs: the model's
+  parameters and the data's vocabulary (one value each over the ``dp`` and ``diloco`` arms),
+  the paired seeds and on how many of them DP ended lower.
+
+  Examples:
+    >>> df = pd.DataFrame({"arm": ["dp"] * 2 + ["diloco"] * 2, "seed": [0, 1] * 2, "params": [100] * 4,
+    ...                    "data_vocab_size": [8] * 4, "final_eval_loss": [2.0, 2.0, 2.02, 1.99]})
+    >>> cost_scale(df)
+    {'params': 100, 'vocab': 8, 'seeds': 2, 'dp_lower': 1}
+  """
+  both = df[df["arm"].isin(["dp", "diloco"])]
+  params, vocab = both["params"].unique(), both["data_vocab_size"].unique()
+  if len(params) != 1 or len(vocab) != 1:
+    raise ValueError(f"the dp and diloco arms differ in model or data: params {params}, vocabulary {vocab}.")
+  loss = both.pivot_table(index="seed", columns="arm", values="final_eval_loss").dropna()
+  return {"params": int(params[0]), "vocab": int(vocab[0]), "seeds": len(loss),
+          "dp_lower": int((loss["dp"] < loss["diloco"]).sum())}
+
+
+def scale_phrase(scale: dict) -> str:
+  """Where a cost figure comes from, in words (:func:`cost_scale`'s dict).
+
+  Examples:
+    >>> scale_phrase({"params": 21152, "vocab": 8, "seeds": 8, "dp_lower": 7})
+    'on a 21,152-parameter model and a synthetic language of 8 symbols (DP ended lower on 7 of the 8 seeds)'
+  """
+  return (f"on a {scale['params']:,}-parameter model and a synthetic language of {scale['vocab']} symbols"
+          f" (DP ended lower on {scale['dp_lower']} of the {scale['seeds']} seeds)")
+
