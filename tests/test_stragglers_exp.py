@@ -90,6 +90,10 @@ def test_the_claims_have_computed_verdicts(df):
   assert not naive_failed or v[9] == claims.NOT_RESOLVED  # every naive run diverged: no measurement
   quorum = out.set_index("claim").loc[11, "outcome"].conditions
   assert [c[2] for c in quorum][:3] == [claims.AGREES] * 3  # goodput up twice (exact), K = 1 worse (stored)
+  # claim 11 quotes Decoupled DiLoCo's abstract: never resolved against the paper, the runs' reading said
+  row = out.set_index("claim").loc[11]
+  assert row["source"] == "abstract" and v[11] == claims.NOT_RESOLVED and "abstract only" in row["resolve"]
+  assert (out.set_index("claim").loc[[9, 10], "source"] == "tables").all()
 
 
 def _fake(losses):

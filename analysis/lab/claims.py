@@ -187,6 +187,10 @@ class Claim:
   test: str
   check: Callable[[pd.DataFrame], Outcome]
   experiment: str = "claims"  # the stored experiment whose runs it tests
+  #: Where ``paper_result`` comes from: ``"tables"`` (the paper's own figures) or ``"abstract"``
+  #: (its abstract's words only): a finding quoted from an abstract is never counted as resolved
+  #: against the paper, whatever the runs say (:func:`evaluate_all`).
+  source: str = "tables"
 
 
 #: What a diverged run is, and what would resolve a condition over it (unless a claim says).
@@ -400,7 +404,8 @@ CLAIMS: tuple[Claim, ...] = (
 
 
 def evaluate_all(frames: pd.DataFrame | Mapping[str, pd.DataFrame], claims: Sequence[Claim] = ()) -> pd.DataFrame:
-  """One row per claim: number, finding, verdict, the conditions' text, what would resolve it.
+  """One row per claim: number, finding, verdict, the conditions' text, what would resolve it,
+  where the paper's figure comes from (``source``; one from an abstract is not resolved).
 
   Args:
     frames: the arms' runs (:func:`~analysis.lab.arm_frames.arm_frame`): one frame with every
@@ -414,9 +419,13 @@ def evaluate_all(frames: pd.DataFrame | Mapping[str, pd.DataFrame], claims: Sequ
     if df is None:
       continue
     o = c.check(df)
-    rows.append({"claim": c.number, "finding": c.finding, "verdict": o.verdict,
+    verdict, resolve = o.verdict, o.resolve
+    if c.source != "tables":  # the runs' reading stays in the conditions; the paper's figures are missing
+      verdict, resolve = NOT_RESOLVED, (f"the paper's own figures (the finding is quoted from its {c.source} only;"
+                                        f" the runs here read as '{o.verdict}')")
+    rows.append({"claim": c.number, "finding": c.finding, "verdict": verdict,
                  "measured": "; ".join(f"{d}: {p.text()}, {VERDICT_WORDS[v]}" for d, p, v in o.conditions),
-                 "outcome": o, "resolve": o.resolve})
+                 "outcome": o, "resolve": resolve, "source": c.source})
   return pd.DataFrame(rows)
 
 

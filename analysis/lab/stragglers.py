@@ -265,7 +265,7 @@ CLAIMS: tuple[Claim, ...] = (
           f"async DN+DyLU − sync (≤ {CLOSE:g}%); time to {TARGET_FACTOR:g} × sync's final loss against the next "
           "fastest arm", _c10, experiment=NAME),
     Claim(11, "A quorum K = 1 keeps goodput but loses quality; a grace window keeps both.",
-          "Decoupled DiLoCo, arXiv 2604.21428 (heterogeneous ablation)", "learners of unequal speeds",
+          "Decoupled DiLoCo, arXiv 2604.21428 (abstract)", "learners of unequal speeds",
           "K = M loses goodput, K = 1 quality; K = 1 with a grace window keeps both",
-          "goodput from the tapes; K=1 and K=1+grace − K=4 (= sync)", _c11, experiment=NAME),
+          "goodput from the tapes; K=1 and K=1+grace − K=4 (= sync)", _c11, experiment=NAME, source="abstract"),
 )
