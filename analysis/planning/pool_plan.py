@@ -64,7 +64,7 @@ MIN_GAIN = 1.05
 GRACE_PERIODS = 0.5
 
 __all__ = ["GRACE_PERIODS", "KNOB_DEFAULTS", "MIN_GAIN", "MIN_GOODPUT", "MIN_MERGED", "ON_PROCESSES", "ON_TAPE",
-           "pool_failure_cost", "pool_goodput", "pool_goodput_curves", "recommend_syncer", "runs_on"]
+           "choose_setting", "pool_failure_cost", "pool_goodput", "pool_goodput_curves", "recommend_syncer", "runs_on"]
 
 
 def pool_failure_cost(result: PoolResult, failures: Failures) -> dict[str, float]:
@@ -173,8 +173,9 @@ def _settings(m: int, grace_s, late: str) -> list[tuple[str, dict]]:
   return rows
 
 
-def _choose(table) -> tuple[str, str]:
-  """The rule of :func:`recommend_syncer`: (the setting, one sentence why)."""
+def choose_setting(table) -> tuple[str, str]:
+  """The rule of :func:`recommend_syncer` over the rows of its ``table`` (or some of them, which
+  must include a lossless one): (the setting, one sentence why)."""
   lossless = table[(table["merged"] == 1.0) & (table["stale"] == 0.0)]
   best = lossless.loc[lossless["goodput"].idxmax()]  # the first of equal ones: the simplest
   if best["goodput"] >= MIN_GOODPUT:
@@ -246,9 +247,9 @@ def recommend_syncer(speeds, *, sync_every: int, steps: int | None = None, laten
                   "merged": float(r.merged), "stale": float(r.stale), "dropped": float(r.dropped),
                   "runs_on": runs_on(kw)}
   table = pd.DataFrame.from_dict(rows, orient="index")
-  setting, reason = _choose(table)
+  setting, reason = choose_setting(table)
   if table.loc[setting, "runs_on"] == ON_TAPE:  # the same rule over what runs on real processes
-    real, why = _choose(table[table["runs_on"] == ON_PROCESSES])
+    real, why = choose_setting(table[table["runs_on"] == ON_PROCESSES])
     reason = (f"{reason[:-1]}; it runs on the tape player only (one device, simulated time). On real"
               f" processes: {why}")
   return table, setting, reason
