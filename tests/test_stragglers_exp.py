@@ -89,7 +89,10 @@ def test_the_claims_have_computed_verdicts(df):
   naive_failed = claims.did_not_train(df[df["arm"] == "async naive"]).all()
   assert not naive_failed or v[9] == claims.NOT_RESOLVED  # every naive run diverged: no measurement
   quorum = out.set_index("claim").loc[11, "outcome"].conditions
-  assert [c[2] for c in quorum][:3] == [claims.AGREES] * 3  # goodput up twice (exact), K = 1 worse (stored)
+  assert quorum[0][2] == quorum[2][2] == claims.AGREES  # goodput up twice (exact, from the tapes)
+  # quality is read before the budget's tail (the design's lone last contribution), not at the end
+  assert all("before the tail" in c[0] and c[1].label.endswith("before the tail") for c in (quorum[1], quorum[3]))
+  assert [c[0] for c in out.set_index("claim").loc[10, "outcome"].conditions][0].endswith("before the tail")
   # claim 11 quotes Decoupled DiLoCo's abstract: never resolved against the paper, the runs' reading said
   row = out.set_index("claim").loc[11]
   assert row["source"] == "abstract" and v[11] == claims.NOT_RESOLVED and "abstract only" in row["resolve"]
