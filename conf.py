@@ -66,7 +66,7 @@ extensions = [
 source_suffix = {".rst": "restructuredtext", ".md": "myst-nb", ".ipynb": "myst-nb"}
 exclude_patterns = [
     ".venv", "_build", "**/_build", ".git", ".ci", ".cache", ".pytest_cache", "runs",
-    "tests", "benchmarks", "diloco_core", "analysis", "README.md", "**/README.md",
+    "tests", "benchmarks", "diloco_core", "analysis", "README.md", "**/README.md", "CONTRIBUTING.md",
     # each notebook is rendered from its MyST twin (notebooks/*.md); the .ipynb twin is
     # what Colab opens, and rendering both would give two pages with one docname
     "notebooks/*.ipynb", "**/.ipynb_checkpoints", "**/__pycache__", "docs/_static/*.md",

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import claims, experiments
+from analysis import claims, experiments, realizations
 from diloco_core.algorithm.config import DiLoCoConfig
 from diloco_core.data.sources import DataConfig
 from diloco_core.train import TrainConfig, train
@@ -149,10 +149,10 @@ def test_each_claim_reads_its_own_experiment():
   only = claims.evaluate_all({"claims": by_experiment["claims"]})
   assert only["claim"].tolist() == [1, 2, 3, 4, 5, 6, 8]
   # a realization of the claims experiment alone: claim 7 is judged on the main file's verdict
-  combined = claims.across_realizations({"main": both, "twin": only}).set_index("claim")
+  combined = realizations.across_realizations({"main": both, "twin": only}).set_index("claim")
   assert combined.loc[7, "verdict"] == claims.AGREES and pd.isna(combined.loc[7, "twin"])
   with pytest.raises(ValueError, match="claims that 'main' lacks"):
-    claims.across_realizations({"main": only, "twin": both})
+    realizations.across_realizations({"main": only, "twin": both})
 
 
 def test_every_claim_names_its_paper_setting_and_number():

@@ -319,8 +319,7 @@ next();
 def test_no_table_is_wider_than_its_column(site):
   """At a 1280-pixel window, every table of every page fits the article's width (a wider one
   cuts off its last columns or makes the reader scroll sideways)."""
-  import html
-import json
+  import json
   pages = [str(p.relative_to(site)) for p in sorted((site / "docs").glob("*.html")) + sorted((site / "notebooks").glob("*.html"))]
   page = WIDTHS_PAGE.replace("PAGES", json.dumps(pages)).encode()
 

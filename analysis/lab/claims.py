@@ -49,10 +49,8 @@ class Paired:
   def text(self) -> str:
     """``+0.12% [−0.05, +0.29]`` (mean and 95% interval), ``+72.41% (exact)`` for a value with no
     spread (computed, not sampled over seeds), or ``no paired value`` when there is none."""
-    if not np.isfinite(self.mean):
-      return "no paired value"
-    if self.low == self.mean == self.high:
-      return f"{self.mean:+.2f}% (exact)"
+    if not np.isfinite(self.mean) or self.low == self.mean == self.high:
+      return f"{self.mean:+.2f}% (exact)" if np.isfinite(self.mean) else "no paired value"
     return f"{self.mean:+.2f}% [{self.low:+.2f}, {self.high:+.2f}]"
 
 
@@ -187,10 +185,7 @@ class Claim:
   test: str
   check: Callable[[pd.DataFrame], Outcome]
   experiment: str = "claims"  # the stored experiment whose runs it tests
-  #: Where ``paper_result`` comes from: ``"tables"`` (the paper's own figures) or ``"abstract"``
-  #: (its abstract's words only): a finding quoted from an abstract is never counted as resolved
-  #: against the paper, whatever the runs say (:func:`evaluate_all`).
-  source: str = "tables"
+  source: str = "tables"  # paper_result from the paper's "tables", or its "abstract" only: never resolved
 
 
 #: What a diverged run is, and what would resolve a condition over it (unless a claim says).
@@ -420,46 +415,9 @@ def evaluate_all(frames: pd.DataFrame | Mapping[str, pd.DataFrame], claims: Sequ
       continue
     o = c.check(df)
     verdict, resolve = o.verdict, o.resolve
-    if c.source != "tables":  # the runs' reading stays in the conditions; the paper's figures are missing
-      verdict, resolve = NOT_RESOLVED, (f"the paper's own figures (the finding is quoted from its {c.source} only;"
-                                        f" the runs here read as '{o.verdict}')")
+    if c.source != "tables":  # quoted from an abstract: the runs' reading stays in the conditions
+      verdict, resolve = NOT_RESOLVED, f"the paper's own figures (quoted from its {c.source} only; the runs read '{o.verdict}')"
     rows.append({"claim": c.number, "finding": c.finding, "verdict": verdict,
                  "measured": "; ".join(f"{d}: {p.text()}, {VERDICT_WORDS[v]}" for d, p, v in o.conditions),
                  "outcome": o, "resolve": resolve, "source": c.source})
   return pd.DataFrame(rows)
-
-
-def across_realizations(results: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
-  """One verdict per claim over several realizations of the claims experiment.
-
-  A realization is the same experiment trained on another kind of CPU (its rounding differs, so
-  every run drifts to another trajectory: :mod:`analysis.lab.recheck`). A verdict that one
-  realization reaches and another does not is not a finding: it is **not resolved**. A claim
-  whose experiment has no such realization is judged on the realizations that tested it.
-
-  Args:
-    results: realization label -> :func:`evaluate_all` of its runs; the first holds every claim,
-      the others the same claims or fewer.
-
-  Returns:
-    One row per claim: ``claim``, a column per realization with its verdict (None where it did
-    not test the claim), and ``verdict`` (the common verdict, or ``"not resolved"`` when they differ).
-
-  Examples:
-    >>> a = pd.DataFrame({"claim": [1, 2], "verdict": [AGREES, AGREES]})
-    >>> b = pd.DataFrame({"claim": [1, 2], "verdict": [AGREES, NOT_RESOLVED]})
-    >>> across_realizations({"x": a, "y": b})["verdict"].tolist()
-    ['agrees', 'not resolved']
-    >>> across_realizations({"x": a, "y": b[b["claim"] == 1]})["verdict"].tolist()  # y lacks claim 2
-    ['agrees', 'agrees']
-  """
-  labels = list(results)
-  out = pd.DataFrame({"claim": results[labels[0]]["claim"].tolist()})
-  for label in labels:
-    verdicts = dict(zip(results[label]["claim"], results[label]["verdict"]))
-    if not set(verdicts) <= set(out["claim"]):
-      raise ValueError(f"realization {label!r}: claims that {labels[0]!r} lacks.")
-    out[label] = [verdicts.get(c) for c in out["claim"]]
-  tested = [{v for v in row if pd.notna(v)} for row in out[labels].itertuples(index=False)]
-  out["verdict"] = [v.pop() if len(v) == 1 else NOT_RESOLVED for v in tested]
-  return out

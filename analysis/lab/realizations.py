@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+
+from analysis.lab.claims import AGREES, NOT_RESOLVED  # noqa: F401 (AGREES: the doctest's verdicts)
 
 #: A configuration whose seed spread exceeds this multiple of the experiment's
 #: (:func:`seed_spread`) is unstable and never sampled. For two seeds from one normal law the
@@ -207,3 +209,39 @@ def cross_cpu_noise(first, second) -> float:
         if np.all(np.isfinite(d)):
           values.append(float(np.sqrt(np.mean(d ** 2)) / math.sqrt(2)))
   return float(np.median(values)) if values else float("nan")
+
+
+def across_realizations(results: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+  """One verdict per claim over several realizations of the claims experiment.
+
+  A realization is the same experiment trained on another kind of CPU (its rounding differs, so
+  every run drifts to another trajectory: :mod:`analysis.lab.recheck`). A verdict that one
+  realization reaches and another does not is not a finding: it is **not resolved**. A claim
+  whose experiment has no such realization is judged on the realizations that tested it.
+
+  Args:
+    results: realization label -> :func:`evaluate_all` of its runs; the first holds every claim,
+      the others the same claims or fewer.
+
+  Returns:
+    One row per claim: ``claim``, a column per realization with its verdict (None where it did
+    not test the claim), and ``verdict`` (the common verdict, or ``"not resolved"`` when they differ).
+
+  Examples:
+    >>> a = pd.DataFrame({"claim": [1, 2], "verdict": [AGREES, AGREES]})
+    >>> b = pd.DataFrame({"claim": [1, 2], "verdict": [AGREES, NOT_RESOLVED]})
+    >>> across_realizations({"x": a, "y": b})["verdict"].tolist()
+    ['agrees', 'not resolved']
+    >>> across_realizations({"x": a, "y": b[b["claim"] == 1]})["verdict"].tolist()  # y lacks claim 2
+    ['agrees', 'agrees']
+  """
+  labels = list(results)
+  out = pd.DataFrame({"claim": results[labels[0]]["claim"].tolist()})
+  for label in labels:
+    verdicts = dict(zip(results[label]["claim"], results[label]["verdict"]))
+    if not set(verdicts) <= set(out["claim"]):
+      raise ValueError(f"realization {label!r}: claims that {labels[0]!r} lacks.")
+    out[label] = [verdicts.get(c) for c in out["claim"]]
+  tested = [{v for v in row if pd.notna(v)} for row in out[labels].itertuples(index=False)]
+  out["verdict"] = [v.pop() if len(v) == 1 else NOT_RESOLVED for v in tested]
+  return out
