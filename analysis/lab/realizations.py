@@ -220,7 +220,7 @@ def across_realizations(results: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
   whose experiment has no such realization is judged on the realizations that tested it.
 
   Args:
-    results: realization label -> :func:`evaluate_all` of its runs; the first holds every claim,
+    results: realization label -> :func:`~analysis.lab.claims.evaluate_all` of its runs; the first holds every claim,
       the others the same claims or fewer.
 
   Returns:
