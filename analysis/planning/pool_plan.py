@@ -151,8 +151,9 @@ def pool_goodput_curves(results: dict, rates_per_hour, failures: Failures) -> "p
 #: (:class:`~diloco_core.run.syncer_options.SyncerOptions`): a setting that changes only
 #: :data:`~diloco_core.spec.syncer.PROCESS_KNOBS` runs on real processes too.
 KNOB_DEFAULTS = {"dylu": False, "late": SyncerConfig().late, "quorum": None, "grace_s": 0.0}
-#: The ``runs_on`` values of :func:`recommend_syncer`'s table.
-ON_PROCESSES, ON_TAPE = "real processes and the tape", "the tape only"
+#: The ``runs_on`` values of :func:`recommend_syncer`'s table: on real processes (and on the
+#: tape player), or on the tape player only.
+ON_PROCESSES, ON_TAPE = "processes", "tape only"
 
 
 def runs_on(knobs: dict) -> str:
@@ -160,7 +161,7 @@ def runs_on(knobs: dict) -> str:
 
   Examples:
     >>> runs_on({"quorum": 2, "late": "drop"}), runs_on({"dylu": True})
-    ('real processes and the tape', 'the tape only')
+    ('processes', 'tape only')
   """
   return ON_TAPE if tape_only_knobs(knobs, KNOB_DEFAULTS) else ON_PROCESSES
 
