@@ -91,6 +91,51 @@ def test_fused_loss_equals_the_whole_logits_loss_and_gradients(chunk):
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0, atol=FUSED_RTOL * float(jnp.max(jnp.abs(a))))
 
 
+def test_a_chunk_larger_than_the_tokens_is_not_padded():
+  """Six tokens at chunk 4,096: one chunk of the six (the head's work is that of the six tokens,
+  not of 4,096 padded rows); the loss is the unchunked one."""
+  from diloco_core.model.fused_loss import chunked_cross_entropy
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 3, 4)), jnp.float32)
+  head = jnp.asarray(np.random.default_rng(1).normal(size=(4, 5)), jnp.float32)
+  t = jnp.array([[0, 1, 2], [3, 4, 0]])
+  jaxpr = str(jax.make_jaxpr(lambda x, h: jax.grad(chunked_cross_entropy)(x, h, t, 4096))(x, head))
+  assert "4096" not in jaxpr and "f32[6,5]" in jaxpr and "f32[1,6,4]" in jaxpr  # one chunk: 6 rows, 6 x V logits
+  with jax.default_matmul_precision("highest"):
+    np.testing.assert_allclose(float(chunked_cross_entropy(x, head, t, 4096)),
+                               float(chunked_cross_entropy(x, head, t, 6)), rtol=0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_embed_lookup_is_the_gather_bit_for_bit(dtype):
+  """The lookup and its gradient equal ``table[tokens]``'s, bit for bit: alone, under one vmap
+  (the replicas of a step), under two, and with the tokens shared by the replicas."""
+  from diloco_core.model.embedding import embed_lookup
+  rng = np.random.default_rng(0)
+  tables = jnp.asarray(rng.normal(size=(3, 50, 8)), dtype)
+  tokens = jnp.asarray(rng.integers(0, 50, (3, 4, 16)), jnp.int32)
+  loss = lambda look: (lambda e, t: jnp.sum(jnp.sin(look(e, t).astype(jnp.float32)) * jnp.arange(8.0)))
+  gather, ours = loss(lambda e, t: e[t]), loss(embed_lookup)
+  cases = {"alone": (lambda f: jax.grad(f), (tables[0], tokens[0])),
+           "vmap": (lambda f: jax.vmap(jax.grad(f)), (tables, tokens)),
+           "vmap of vmap": (lambda f: jax.vmap(jax.vmap(jax.grad(f))), (jnp.stack([tables] * 2), jnp.stack([tokens] * 2))),
+           "shared tokens": (lambda f: jax.vmap(jax.grad(f), (0, None)), (tables, tokens[0]))}
+  for name, (wrap, args) in cases.items():
+    want, got = jax.jit(wrap(gather))(*args), jax.jit(wrap(ours))(*args)
+    assert got.dtype == want.dtype and np.array_equal(np.asarray(got), np.asarray(want)), name
+  np.testing.assert_array_equal(np.asarray(embed_lookup(tables[0], tokens[0])), np.asarray(tables[0][tokens[0]]))
+
+
+def test_embed_lookup_on_one_device_scatters_each_replica_into_its_own_table():
+  """On one device the batched gradient is M scatters into [V, d] tables (stacked), not one
+  scatter into a flattened [M·V, d] table: the form XLA fuses with the optimizer update."""
+  from diloco_core.model.embedding import embed_lookup
+  tables, tokens = jnp.zeros((3, 50, 8)), jnp.zeros((3, 4, 16), jnp.int32)
+  grad = jax.vmap(jax.grad(lambda e, t: jnp.sum(embed_lookup(e, t))))
+  text = jax.jit(grad).lower(tables, tokens).as_text()
+  assert text.count('"stablehlo.scatter"') == 3 and "operand_batching_dims" not in text
+  assert "tensor<150x8xf32>" not in text and "tensor<3x50x8xf32>" in text
+
+
 def test_fused_loss_by_hand_on_two_tokens():
   """x = [[1, 0], [0, 1]], head = I, targets [0, 0]: losses log(1 + e^-1) and log(1 + e)."""
   from diloco_core.model.fused_loss import chunked_cross_entropy

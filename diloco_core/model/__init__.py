@@ -5,7 +5,9 @@ Layer 2.
 May import: spec, devices.
 
 Modules: :mod:`~diloco_core.model.transformer` (layer-stacked blocks, the losses),
-:mod:`~diloco_core.model.moe` (routing and the expert MLP).
+:mod:`~diloco_core.model.moe` (routing and the expert MLP), :mod:`~diloco_core.model.fused_loss`
+(the head and the cross-entropy fused, chunk by chunk), :mod:`~diloco_core.model.embedding` (the
+token lookup, whose gradient fuses with a replica-stacked optimizer update).
 """
 
 from diloco_core.lazy import lazy_exports

@@ -35,7 +35,7 @@ import optax
 from optax.contrib import MuonDimensionNumbers
 from flax import nnx
 
-from diloco_core.model import fused_loss, moe
+from diloco_core.model import embedding, fused_loss, moe
 from diloco_core.devices.backend import resolve_model_config
 from diloco_core.spec.model_config import ModelConfig
 
@@ -254,7 +254,7 @@ class Transformer(nnx.Module):
       raise ValueError(f"sequence length {t} exceeds the model's max_seq_len {self.cfg.max_seq_len}.")
     dtype = jnp.dtype(self.cfg.compute_dtype)
     embed = self.embed[...].astype(dtype)
-    x = embed[tokens]
+    x = embedding.embed_lookup(embed, tokens)  # embed[tokens], its gradient kept [M, V, d] under vmap
     if self.cfg.positions == "learned":
       x = x + self.pos_embed[...][:t].astype(dtype)
     x, per_layer = self.blocks(x)
