@@ -320,7 +320,9 @@ class Bench:
     if found:
       stem = os.path.splitext(os.path.basename(store_path(self.device.device_kind)))[0]
       os.makedirs(os.path.join(STORE_DIR, "traces"), exist_ok=True)
-      shutil.copyfile(found[-1], os.path.join(STORE_DIR, "traces", f"{stem}-{name}.json.gz"))
+      dest = os.path.join(STORE_DIR, "traces", f"{stem}-{name}.json.gz")
+      shutil.copyfile(found[-1], f"{dest}.tmp{os.getpid()}")
+      os.replace(f"{dest}.tmp{os.getpid()}", dest)  # replaces a stored trace even where it is read-only
 
   def run(self) -> dict:
     a = self.args
