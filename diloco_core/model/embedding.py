@@ -5,15 +5,15 @@ cotangents into a zero table. Under :func:`jax.vmap` (the M replicas of a DiLoCo
 program with a leading replica axis) JAX batches that scatter, and XLA lowers it as one scatter
 into a flattened ``[M·V, d]`` table. The optimizer update that reads the gradient is shaped
 ``[M, V, d]``, and on a TPU v5e XLA did not fuse the two across that reshape: AdamW's moments of
-the embedding took a separate pass over float32 copies, about 1.8 ms a step more than M plain
-steps (``benchmarks/accelerator.py``'s profile, 134M-parameter model, V = 32,768).
+the embedding took a separate pass over float32 copies (``benchmarks/accelerator.py``'s
+profile; the performance page shows the one after this fix).
 
 :func:`embed_lookup` is the same gather with the same gradient; when the program runs on one
 device its batched gradient is M scatters of one replica each, stacked
 (:func:`jax.custom_batching.custom_vmap`), which XLA fuses into the update as in one model's
-step (DiLoCo M = 2 on the v5e: 25.7 -> 23.8 ms a step). On a mesh of several devices it stays
-JAX's batched scatter, which the SPMD partitioner splits along a sharded replica axis without
-communication (stacked slices would make it gather them). Either way each replica's rows are
+step. On a mesh of several devices it stays JAX's batched scatter, which the SPMD partitioner
+splits along a sharded replica axis without communication (stacked slices would make it
+gather them). Either way each replica's rows are
 added in the same order as by ``E[tokens]``'s own gradient, so the numbers are the same.
 """
 
