@@ -61,6 +61,8 @@ from analysis.planning.roofline import critical_intensity
 from analysis.planning.roofline import diloco_critical_batch_per_slice
 from analysis.planning.roofline import dp_critical_batch_per_chip
 from analysis.planning.roofline import dp_critical_batch_per_slice
+from analysis.planning.roofline import elementwise_cost
+from analysis.planning.roofline import matmul_cost
 from analysis.planning.roofline import max_slices
 from analysis.planning.roofline import streaming_critical_batch_per_slice
 from analysis.planning.roofline import streaming_window_steps
