@@ -5,7 +5,8 @@ the branch the notebooks open from in ``[tool.diloco-suite]``. The docs build re
 (``conf.py``: the site's repository and launch buttons); this script writes it into
 
 * every notebook's Colab badge and install cell (the MyST twin ``notebooks/NN_*.md``, then
-  its ``.ipynb`` twin through jupytext),
+  its ``.ipynb`` twin through jupytext; the cell also names the JAX version ``requirements.txt``
+  pins, in the message it prints when a runtime's JAX is too old),
 * the tutorial's clone command (``docs/tutorial.md``) and the README's install line.
 
 ``python notebooks/sync.py --check`` changes nothing and exits 1 naming what is out of date
@@ -31,17 +32,34 @@ CLONE = re.compile(r"git clone \S+ && cd \S+")
 README_INSTALL = re.compile(r'pip install "diloco-suite @ git\+[^"]*"')
 
 INSTALL_CELL = '''```{{code-cell}} ipython3
-# This notebook needs the diloco-suite package. On Colab it is installed from the repository.
+# This notebook needs the diloco-suite package. On Colab it is installed from the repository,
+# keeping the runtime's own JAX, jaxlib and libtpu (a TPU runtime's JAX must not be replaced).
+import importlib.metadata
 import importlib.util
+import os
 import subprocess
 import sys
+import tempfile
 
 REPOSITORY = "{repository}"
 if importlib.util.find_spec("diloco_core") is None:
   if "google.colab" in sys.modules:
-    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q",
+    keep = []  # the runtime's versions, as pip constraints
+    for name in ("jax", "jaxlib", "libtpu"):
+      try:
+        keep.append(f"{{name}}=={{importlib.metadata.version(name)}}")
+      except importlib.metadata.PackageNotFoundError:
+        pass
+    constraints = os.path.join(tempfile.gettempdir(), "runtime-jax.txt")
+    with open(constraints, "w") as f:
+      f.write("\\n".join(keep) + "\\n")
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-c", constraints,
                           f"diloco-suite @ git+{{REPOSITORY}}"], capture_output=True, text=True)
-    if pip.returncode:
+    if pip.returncode and "conflict" in pip.stdout + pip.stderr:
+      print(f"This runtime's {{' '.join(keep)}} cannot run diloco-suite (it needs jax>={jax}, tested "
+            "with {jax}): upgrade the runtime's JAX with its accelerator support (on a TPU: "
+            "pip install -U 'jax[tpu]=={jax}'), restart the runtime and run this notebook again.")
+    elif pip.returncode:
       print(f"Could not install diloco-suite from {{REPOSITORY}} (no network, or a private fork?): "
             "set REPOSITORY to a repository this runtime can reach, or upload a wheel built "
             "with `pip wheel .` in a clone and `pip install` it, then run this notebook again.")
@@ -49,6 +67,19 @@ if importlib.util.find_spec("diloco_core") is None:
     print("diloco-suite is not installed in this kernel: `pip install .` in a clone (or "
           f"`pip install 'diloco-suite @ git+{{REPOSITORY}}'`), then restart the kernel.")
 ```'''
+
+
+def pinned_jax(root: pathlib.Path = ROOT) -> str:
+  """The JAX version ``requirements.txt`` pins (the one the suite is tested with)."""
+  found = re.search(r"^jax==(\S+)$", (root / "requirements.txt").read_text(), re.M)
+  if not found:
+    raise ValueError(f"{root / 'requirements.txt'}: no 'jax==VERSION' line")
+  return found.group(1)
+
+
+def install_cell(root: pathlib.Path = ROOT) -> str:
+  """The notebooks' install cell, with the repository's address and the pinned JAX written in."""
+  return INSTALL_CELL.format(repository=settings(root)["repository"], jax=pinned_jax(root))
 
 
 def settings(root: pathlib.Path = ROOT) -> dict[str, str]:
@@ -71,7 +102,7 @@ def notebook_text(text: str, name: str, root: pathlib.Path = ROOT) -> str:
   if not BADGE.search(text) or not FIRST_CELL.search(text):
     raise ValueError(f"{name}.md: no Colab badge or no first code cell to rewrite")
   text = BADGE.sub(lambda _: badge, text, count=1)
-  cell = INSTALL_CELL.format(repository=settings(root)["repository"])
+  cell = install_cell(root)
   return FIRST_CELL.sub(lambda _: cell, text, count=1)
 
 

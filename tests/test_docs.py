@@ -101,11 +101,70 @@ def test_notebook_starts_with_title_badge_install_and_devices(name):
   assert first.cell_type == "markdown" and first.source.startswith("# ")
   assert "colab-badge.svg" in first.source
   code = [c.source for c in nb.cells if c.cell_type == "code"]
-  assert code[0] == sync.INSTALL_CELL.format(repository=sync.settings()["repository"]).split("\n", 1)[1].rsplit("\n", 1)[0]
+  assert code[0] == sync.install_cell().split("\n", 1)[1].rsplit("\n", 1)[0]
   assert "jax.devices()" in code[1] and "SCALE" in code[1]
   body = "\n".join(code[2:])
   assert "glue(" in body, "figures are placed with glue"
   assert re.search(r"^from (analysis|diloco_core)", body, re.M)
+
+
+def _run_install_cell(monkeypatch, tmp_path, installed: dict, pip_result: tuple[int, str]):
+  """Runs the notebooks' install cell as Colab would: ``google.colab`` imported, diloco_core not
+  installed, ``installed`` the runtime's package versions, and ``pip`` a stub that records its
+  command and the constraints file it was given, and answers ``pip_result`` (code, stderr)."""
+  import importlib.metadata
+  import types
+  monkeypatch.setitem(sys.modules, "google", types.ModuleType("google"))
+  monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+  find_spec = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "diloco_core" else find_spec(name, *a))
+
+  def version(name):
+    if name not in installed:
+      raise importlib.metadata.PackageNotFoundError(name)
+    return installed[name]
+  monkeypatch.setattr(importlib.metadata, "version", version)
+  monkeypatch.setattr("tempfile.gettempdir", lambda: str(tmp_path))
+  calls = []
+
+  def pip(argv, **kwargs):
+    constraints = argv[argv.index("-c") + 1] if "-c" in argv else None
+    calls.append((argv, pathlib.Path(constraints).read_text().split() if constraints else None))
+    return subprocess.CompletedProcess(argv, pip_result[0], "", pip_result[1])
+  monkeypatch.setattr(subprocess, "run", pip)
+  source = sync.install_cell().split("\n", 1)[1].rsplit("\n", 1)[0]
+  exec(compile(source, "install-cell", "exec"), {})
+  return calls
+
+
+def test_the_install_cell_keeps_a_tpu_runtimes_jax(monkeypatch, tmp_path, capsys):
+  """On a Colab TPU runtime the cell installs the package with the runtime's jax, jaxlib and
+  libtpu as pip constraints (pip may not replace them with a CPU jaxlib); on a runtime without
+  libtpu only jax and jaxlib are kept; installed, it says nothing."""
+  tpu = {"jax": "0.10.2", "jaxlib": "0.10.2", "libtpu": "0.0.42.1"}
+  [(argv, kept)] = _run_install_cell(monkeypatch, tmp_path, tpu, (0, ""))
+  assert argv[:4] == [sys.executable, "-m", "pip", "install"] and argv[-1].startswith("diloco-suite @ git+")
+  assert kept == ["jax==0.10.2", "jaxlib==0.10.2", "libtpu==0.0.42.1"]
+  assert capsys.readouterr().out == ""
+  cpu = {"jax": "0.10.2", "jaxlib": "0.10.2"}
+  [(_, kept)] = _run_install_cell(monkeypatch, tmp_path, cpu, (0, ""))
+  assert kept == ["jax==0.10.2", "jaxlib==0.10.2"]
+
+
+def test_the_install_cell_says_what_to_do_when_the_runtimes_jax_is_too_old(monkeypatch, tmp_path, capsys):
+  """pip refuses (the runtime's JAX is older than the pin): one message naming the runtime's
+  versions, the version the suite is tested with and the command that upgrades JAX for the TPU;
+  any other failure: the message about the repository."""
+  old = {"jax": "0.4.33", "jaxlib": "0.4.33", "libtpu": "0.0.2"}
+  conflict = "ERROR: Cannot install diloco-suite because these package versions have conflicting dependencies."
+  _run_install_cell(monkeypatch, tmp_path, old, (1, conflict))
+  out = capsys.readouterr().out
+  jax_pin = sync.pinned_jax()
+  assert out.count("\n") == 1 and "jax==0.4.33 jaxlib==0.4.33 libtpu==0.0.2" in out
+  assert f"tested with {jax_pin}" in out and f"pip install -U 'jax[tpu]=={jax_pin}'" in out
+  _run_install_cell(monkeypatch, tmp_path, old, (1, "ERROR: could not resolve host github.com"))
+  out = capsys.readouterr().out
+  assert out.startswith("Could not install diloco-suite from") and out.count("\n") == 1
 
 
 def test_the_repository_address_is_written_from_its_one_setting():
@@ -114,7 +173,7 @@ def test_the_repository_address_is_written_from_its_one_setting():
 
 def test_a_fork_changes_the_setting_and_the_script_writes_it_everywhere(tmp_path):
   pytest.importorskip("jupytext")
-  for name in ("pyproject.toml", "README.md", "docs/tutorial.md", *[
+  for name in ("pyproject.toml", "requirements.txt", "README.md", "docs/tutorial.md", *[
       f"notebooks/{p.name}" for p in NOTEBOOKS.glob("[0-9][0-9]_*.*")]):
     (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
     (tmp_path / name).write_bytes((ROOT / name).read_bytes())
