@@ -47,6 +47,8 @@ from analysis.planning.models import model_stats
 from analysis.planning.models import model_table
 from analysis.planning.paper_tables import reference as paper_reference
 from analysis.planning.paper_tables import simulated as paper_simulated
+from analysis.planning.op_cost import elementwise_cost
+from analysis.planning.op_cost import matmul_cost
 from analysis.planning.plan import Plan
 from analysis.planning.plan import plan_run
 from analysis.planning.pool import PoolResult
@@ -61,8 +63,6 @@ from analysis.planning.roofline import critical_intensity
 from analysis.planning.roofline import diloco_critical_batch_per_slice
 from analysis.planning.roofline import dp_critical_batch_per_chip
 from analysis.planning.roofline import dp_critical_batch_per_slice
-from analysis.planning.roofline import elementwise_cost
-from analysis.planning.roofline import matmul_cost
 from analysis.planning.roofline import max_slices
 from analysis.planning.roofline import streaming_critical_batch_per_slice
 from analysis.planning.roofline import streaming_window_steps
@@ -89,10 +89,10 @@ _TRAINING = {"named_sweep": "analysis.lab.experiments", "grid": "analysis.lab.sw
              "run_sweep": "analysis.lab.sweeps", "sweep_curves": "analysis.lab.sweeps"}
 #: Every module of the two halves by its short name (``from analysis import roofline, stored``).
 _MODULES = {**{m: f"analysis.planning.{m}" for m in (
-    "hardware", "models", "roofline", "bandwidth", "memory", "simulate", "sim_events",
+    "hardware", "models", "roofline", "op_cost", "bandwidth", "memory", "simulate", "sim_events",
     "paper_tables", "plan", "candidates", "maxtext", "goodput", "pool", "pool_plan", "published_goodput")}, **{m: f"analysis.lab.{m}" for m in (
     "sweeps", "sweep_cache", "experiments", "live", "stored", "storing", "recheck", "realizations",
     "cpu_kind", "claims", "arm_frames", "delay_stability", "overlap_eta", "headline", "measured",
     "straggler_arms", "stragglers",
-    "wire_measured", "elastic_measured", "accelerator")}}
+    "wire_measured", "elastic_measured", "accelerator", "roofline_measured")}}
 __getattr__, __dir__ = lazy_exports(__name__, _TRAINING, globals(), modules=_MODULES)

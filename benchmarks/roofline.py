@@ -3,8 +3,8 @@
 bfloat16 matmuls ``[m, k] @ [k, k]`` with ``m`` from 1 (a matrix-vector product, about 1 FLOP
 per byte) up to ``k`` (about k/3 FLOPs per byte: compute-bound), plus an elementwise ``x + 1``
 over a large bfloat16 array (a quarter FLOP per byte) for the memory ceiling. The FLOPs and
-bytes of every point are the calculator's own (:func:`analysis.planning.roofline.matmul_cost`,
-:func:`~analysis.planning.roofline.elementwise_cost`); each time is the best of ``--repeats``
+bytes of every point are the calculator's own (:func:`analysis.planning.op_cost.matmul_cost`,
+:func:`~analysis.planning.op_cost.elementwise_cost`); each time is the best of ``--repeats``
 rounds of ``--iters`` back-to-back calls. Results go to ``analysis/results/accelerator/
 <device>-roofline.json`` with ``--store`` (provenance as ``benchmarks/accelerator.py`` writes
 it); the roofline page plots them on the calculator's roofline of the same chip.
@@ -26,7 +26,7 @@ import jax.numpy as jnp
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from accelerator import provenance, store_path, write_json  # noqa: E402  (the benchmarks' one writer)
 
-from analysis.planning.roofline import elementwise_cost, matmul_cost  # noqa: E402
+from analysis.planning.op_cost import elementwise_cost, matmul_cost  # noqa: E402
 
 
 def best_seconds(fn, args, iters: int, repeats: int) -> float:

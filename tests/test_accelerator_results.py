@@ -57,3 +57,30 @@ def test_a_trace_without_device_tracks_is_one_line(tmp_path):
     json.dump({"traceEvents": [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/host:CPU"}}]}, f)
   with pytest.raises(A.AcceleratorResultError, match="no device 'XLA Modules' track"):
     A.trace_breakdown(path)
+
+
+def test_the_roofline_benchmark_writes_what_the_reader_checks(tmp_path):
+  """``benchmarks/roofline.py --quick`` on this CPU: every point's FLOPs and bytes are the
+  calculator's, its rates its time's; the stored TPU roofline loads; an edited point is refused."""
+  import subprocess
+  import sys
+  from analysis.lab import roofline_measured as R
+  from analysis.planning.op_cost import matmul_cost
+  out = tmp_path / "roofline.json"
+  subprocess.run([sys.executable, str(A.ACCELERATOR_DIR.parents[2] / "benchmarks" / "roofline.py"), "--quick",
+                  "--json", str(out)], check=True, capture_output=True, text=True, env={**__import__("os").environ,
+                                                                                      "JAX_PLATFORMS": "cpu"})
+  doc = json.loads(out.read_text())
+  R.check_roofline(doc, "quick run")
+  matmuls = [p for p in doc["points"] if p["kind"] == "matmul"]
+  assert [p["m"] for p in matmuls] == [2**i for i in range(9)]  # m from 1 to k = 256
+  assert (matmuls[0]["flops"], matmuls[0]["bytes"]) == matmul_cost(1, 256, 256)
+  assert [p["kind"] for p in doc["points"]][-1] == "elementwise"
+  prov, points = R.load_roofline("tpu-v5-lite")
+  assert prov["device_kind"] == "TPU v5 lite" and points["intensity"].max() >= 2000
+  doc["points"][0]["seconds"] *= 0.5  # twice as fast, the rates left as they were
+  body = {k: v for k, v in doc.items() if k != "sha256"}
+  with pytest.raises(A.AcceleratorResultError, match=r"point 0 \(matmul\): stored flops_per_s .* is not its recomputed"):
+    R.check_roofline({**body, "sha256": content_hash(body)})
+  with pytest.raises(A.AcceleratorResultError, match="no stored roofline 'h100'"):
+    R.load_roofline("h100")

@@ -27,6 +27,8 @@ from diloco_core.spec.model_config import ModelConfig, flops_per_token, param_co
 ACCELERATOR_DIR = RESULTS_DIR / "accelerator"
 #: Provenance every stored file must carry.
 PROVENANCE = ("device_kind", "platform", "jax", "jaxlib", "git_commit", "date", "command")
+#: The stem suffix of a stored measured roofline (``benchmarks/roofline.py``).
+ROOFLINE_SUFFIX = "-roofline"
 #: Relative agreement required between a stored derived figure and its recomputation.
 RTOL = 1e-9
 
@@ -81,7 +83,7 @@ def _gib(x):
   return None if x is None else x / 2**30
 
 
-def _close(stored: float | None, computed: float | None) -> bool:
+def agrees(stored: float | None, computed: float | None) -> bool:
   if stored is None or computed is None:
     return stored is None and computed is None
   return math.isclose(stored, computed, rel_tol=RTOL)
@@ -94,7 +96,7 @@ def _check_row(where: str, r: dict, cfg: ModelConfig, seq: int, peak: float | No
   tflops = flops_per_token(cfg, seq) * tokens_s / 1e12
   mfu = None if peak is None else tflops / peak
   for name, want in (("tokens_per_s", tokens_s), ("tflops", tflops), ("mfu", mfu)):
-    if not _close(r.get(name), want):
+    if not agrees(r.get(name), want):
       raise AcceleratorResultError(f"{where}: stored {name} {r.get(name)!r} is not what its {r['ms_per_step']} ms"
                                    f" give ({want!r})")
 
@@ -102,6 +104,17 @@ def _check_row(where: str, r: dict, cfg: ModelConfig, seq: int, peak: float | No
 def _model(fields: dict) -> ModelConfig:
   names = {f.name for f in dataclasses.fields(ModelConfig)}
   return ModelConfig(**{k: v for k, v in fields.items() if k in names})
+
+
+def check_stamp(doc: dict, name: str, rerun: str) -> None:
+  """A stored document's content hash and provenance (a one-line error naming ``rerun``, the
+  command that stores it again, if not)."""
+  if doc.get("sha256") != content_hash(doc):
+    raise AcceleratorResultError(f"{name}: its sha256 does not match its content (edited by hand?); run"
+                                 f" `{rerun}` on the device to store it again.")
+  missing = [k for k in PROVENANCE if not doc["provenance"].get(k)]
+  if missing:
+    raise AcceleratorResultError(f"{name}: provenance lacks {missing}")
 
 
 def check(doc: dict, name: str = "stored result") -> None:
@@ -116,12 +129,7 @@ def check(doc: dict, name: str = "stored result") -> None:
     ...
     analysis.lab.accelerator.AcceleratorResultError: stored result: its sha256 does not match its content (edited by hand?); run `make bench-accel` on the device to store it again.
   """
-  if doc.get("sha256") != content_hash(doc):
-    raise AcceleratorResultError(f"{name}: its sha256 does not match its content (edited by hand?); run"
-                                 " `make bench-accel` on the device to store it again.")
-  missing = [k for k in PROVENANCE if not doc["provenance"].get(k)]
-  if missing:
-    raise AcceleratorResultError(f"{name}: provenance lacks {missing}")
+  check_stamp(doc, name, "make bench-accel")
   seq, peak = doc["seq_len"], doc["peak_tflops"]
   base = doc.get("lever_model")
   for r in doc["levers"]:
@@ -139,13 +147,14 @@ def check(doc: dict, name: str = "stored result") -> None:
       continue
     _check_row(f"{name}, {run}", {**r, "batch": doc["methods_model"]["batch_per_replica"]}, cfg, seq, peak,
                r["replicas"])
-    if not _close(r.get("step_over_M_plain"), None if plain is None else r["ms_per_step"] / (r["replicas"] * plain)):
+    if not agrees(r.get("step_over_M_plain"), None if plain is None else r["ms_per_step"] / (r["replicas"] * plain)):
       raise AcceleratorResultError(f"{name}, {run}: step_over_M_plain is not ms / (M x plain ms)")
 
 
 def stored_devices() -> list[str]:
-  """The devices with a stored file (file stems, e.g. ``tpu-v5-lite``)."""
-  return sorted(p.stem for p in ACCELERATOR_DIR.glob("*.json"))
+  """The devices with a stored benchmark (file stems, e.g. ``tpu-v5-lite``; the measured
+  rooflines beside them, ``*-roofline.json``, are :mod:`analysis.lab.roofline_measured`'s)."""
+  return sorted(p.stem for p in ACCELERATOR_DIR.glob("*.json") if not p.stem.endswith(ROOFLINE_SUFFIX))
 
 
 def load(device: str) -> AcceleratorResult:

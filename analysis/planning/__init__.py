@@ -1,7 +1,7 @@
 """The planning library: numpy / pandas / matplotlib only, no JAX and no trainer.
 
 Catalogs (:mod:`~analysis.planning.hardware`, :mod:`~analysis.planning.models`), closed forms
-(:mod:`~analysis.planning.roofline`, :mod:`~analysis.planning.bandwidth`,
+(:mod:`~analysis.planning.roofline`, :mod:`~analysis.planning.op_cost`, :mod:`~analysis.planning.bandwidth`,
 :mod:`~analysis.planning.memory`), the compute-utilization simulator
 (:mod:`~analysis.planning.simulate`, :mod:`~analysis.planning.sim_events`), goodput under
 failures (:mod:`~analysis.planning.goodput`), a heterogeneous pool under the syncer rule
