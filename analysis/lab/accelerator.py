@@ -37,6 +37,17 @@ class AcceleratorResultError(ValueError):
   """A stored accelerator result is missing, edited, or inconsistent with its own timings."""
 
 
+def provenance_sentence(p: dict, filename: str, rerun: str) -> str:
+  """A stored measurement's provenance ``p`` as one sentence: what, where, with which code, the
+  file (``filename`` under ``analysis/results/accelerator/``) and the command ``rerun`` that
+  measures it again (with the command line that stored it)."""
+  libtpu = f", libtpu {p['libtpu']}" if p.get("libtpu") else ""
+  here = "" if p["command"] == rerun else f" (here: `{p['command']}`)"
+  return (f"Measured {p['date'][:10]} on one {p['device_kind']} ({p['platform']}) with JAX {p['jax']}{libtpu},"
+          f" code at commit `{p['git_commit'][:7]}`; stored in `analysis/results/accelerator/{filename}`;"
+          f" measure again with `{rerun}`{here}.")
+
+
 @dataclasses.dataclass(frozen=True)
 class AcceleratorResult:
   """One device's stored benchmark, checked (see :func:`load`)."""
@@ -50,11 +61,7 @@ class AcceleratorResult:
 
   def provenance_line(self) -> str:
     """One sentence for the page: what, where, with which code and how to measure it again."""
-    p = self.provenance
-    libtpu = f", libtpu {p['libtpu']}" if p.get("libtpu") else ""
-    return (f"Measured {p['date'][:10]} on one {p['device_kind']} ({p['platform']}) with JAX {p['jax']}{libtpu},"
-            f" code at commit `{p['git_commit'][:7]}`; stored in `analysis/results/accelerator/{self.path.name}`;"
-            f" measure again with `make bench-accel` (here: `{p['command']}`).")
+    return provenance_sentence(self.provenance, self.path.name, "make bench-accel")
 
   def levers(self) -> pd.DataFrame:
     """The plain step lever by lever: one row per lever (``skipped`` rows say why they did not run)."""

@@ -13,7 +13,7 @@ import json
 import pandas as pd
 
 from analysis.lab.accelerator import (ACCELERATOR_DIR, PROVENANCE, ROOFLINE_SUFFIX, AcceleratorResultError, agrees,
-                                      check_stamp)
+                                      check_stamp, provenance_sentence)
 from analysis.lab.stored import content_hash
 from analysis.planning.op_cost import elementwise_cost, matmul_cost
 
@@ -72,3 +72,9 @@ def load_roofline(device: str) -> tuple[dict, pd.DataFrame]:
   doc = json.loads(path.read_text())
   check_roofline(doc, f"analysis/results/accelerator/{path.name}")
   return doc["provenance"], pd.DataFrame(doc["points"])
+
+
+def provenance_line(provenance: dict, device: str) -> str:
+  """The stored roofline's provenance as one sentence for a page (see
+  :func:`~analysis.lab.accelerator.provenance_sentence`)."""
+  return provenance_sentence(provenance, f"{device}{ROOFLINE_SUFFIX}.json", "python benchmarks/roofline.py --store")

@@ -25,6 +25,7 @@ from analysis.plots.results import plot_goodput
 from analysis.plots.results import plot_intervals
 from analysis.plots.results import plot_lines
 from analysis.plots.results import plot_metric
+from analysis.plots.results import plot_roofline
 from analysis.plots.results import plot_tradeoff
 from analysis.plots.tables import STEP_COLORS
 from analysis.plots.tables import side_by_side

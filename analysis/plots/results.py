@@ -305,3 +305,39 @@ def plot_intervals(rows: pd.DataFrame, *, title: str | None = None):
   if title:
     ax.set_title(title)
   return done(fig)
+
+
+def plot_roofline(points: pd.DataFrame, ceilings: dict, *, title: str | None = None):
+  """Measured FLOP/s against arithmetic intensity, on rooflines ``min(C, I·W)`` (log-log).
+
+  Args:
+    points: one row per measured operation (``kind``, ``intensity``, ``flops_per_s``), as
+      :func:`analysis.lab.roofline_measured.load_roofline` returns them.
+    ceilings: line label -> ``(C, W)``: peak FLOP/s and bytes/s of one roofline each (the
+      calculator's, the measured one).
+    title: the axes title.
+
+  Returns:
+    The matplotlib Figure.
+  """
+  fig, (ax,) = new_figure()
+  lo, hi = points["intensity"].min() / 2, points["intensity"].max() * 2
+  x = np.geomspace(lo, hi, 400)
+  for i, (name, (peak, bandwidth)) in enumerate(ceilings.items()):
+    ax.plot(x, np.minimum(peak, x * bandwidth) / 1e12, color=f"C{i}", lw=1.8, ls="-" if i == 0 else "--",
+            label=name)
+    ax.axvline(peak / bandwidth, color=f"C{i}", lw=0.8, ls=":")
+  markers = {"matmul": ("o", "bf16 matmul [m, k] @ [k, k]"), "elementwise": ("s", "x + 1 (bf16)")}
+  for kind, (marker, text) in markers.items():
+    p = points[points["kind"] == kind]
+    if len(p):
+      ax.scatter(p["intensity"], p["flops_per_s"] / 1e12, marker=marker, color="k", s=22, zorder=3,
+                 label=f"measured: {text}")
+  ax.set_xscale("log")
+  ax.set_yscale("log")
+  ax.set_xlabel("arithmetic intensity (FLOPs per HBM byte)")
+  ax.set_ylabel("TFLOP/s")
+  if title:
+    ax.set_title(title)
+  ax.legend(fontsize=8, loc="lower right")
+  return done(fig)
