@@ -263,7 +263,8 @@ def reader_problems(page: pathlib.Path) -> list[str]:
   """A built page's problems as a reader sees them: a missing value printed in a table cell,
   backticks or TeX left raw in the prose, a figure image that is empty (tiny, or one colour),
   and anywhere on the page a Python repr (``<... object>``, ``object at 0x...``), a flag
-  typeset with a dash (``–processes``: ``--`` outside code) or an option's default said twice."""
+  typeset with a dash (``–processes``: ``--`` outside code), an option's default said twice, or
+  a table header that is a float printed to pandas' six digits (``0.500000``)."""
   import matplotlib.image
   import numpy as np
   r = _Reading()
@@ -279,6 +280,8 @@ def reader_problems(page: pathlib.Path) -> list[str]:
   found += [f"a Python repr: …{m.group(0)}…" for m in re.finditer(r".{0,30}(<[\w.]+ object>|object at 0x[0-9a-f]+)", shown)]
   found += [f"a dash where -- belongs: …{m.group(0)}…" for m in re.finditer(r".{0,30}(?<![\w–-])[–—][a-z][\w-]*", shown)]
   found += [f"two defaults: …{m.group(0)}…" for m in re.finditer(r"\(default:[^)]*\)\s*\(default:[^)]*\)", shown)]
+  found += [f"a table header printed as a raw float: {m.group(1)}" for m in re.finditer(
+      r"<th[^>]*>\s*(-?\d+\.\d{6})\s*</th>", text)]
   for src in re.findall(r'<img[^>]+src="([^"]+_images/[^"]+\.png)"', text):
     path = (page.parent / urllib.parse.unquote(src)).resolve()
     pixels = matplotlib.image.imread(path) if path.is_file() else None
