@@ -24,7 +24,7 @@ demo: $(VENV)/.installed  ## the main job: DP vs DiLoCo vs Streaming on the buil
 	$(PY) -m diloco_core.compare --out runs/compare --overwrite
 
 test: $(VENV)/.installed  ## the whole test suite (doctests included), 2 workers
-	$(PY) -m pytest -n 2 -q $(PYTEST_ARGS); rc=$$?; \
+	$(PY) -m pytest -n 2 -q --durations=30 $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
 
 test-fast: $(VENV)/.installed  ## everything but the tests marked slow

@@ -113,6 +113,13 @@ def _model(fields: dict) -> ModelConfig:
   return ModelConfig(**{k: v for k, v in fields.items() if k in names})
 
 
+def model_of_lever(doc: dict, row: dict) -> ModelConfig:
+  """The model a lever row of a stored benchmark measured: the document's ``lever_model`` with
+  the row's heads, attention, remat and loss chunk."""
+  return _model({**(doc.get("lever_model") or {}),
+                 **{k: row[k] for k in ("n_heads", "attention", "remat", "loss_chunk")}})
+
+
 def check_stamp(doc: dict, name: str, rerun: str) -> None:
   """A stored document's content hash and provenance (a one-line error naming ``rerun``, the
   command that stores it again, if not)."""
@@ -138,11 +145,9 @@ def check(doc: dict, name: str = "stored result") -> None:
   """
   check_stamp(doc, name, "make bench-accel")
   seq, peak = doc["seq_len"], doc["peak_tflops"]
-  base = doc.get("lever_model")
   for r in doc["levers"]:
     if "skipped" not in r:
-      fields = {**(base or {}), **{k: r[k] for k in ("n_heads", "attention", "remat", "loss_chunk")}}
-      cfg = _model(fields)
+      cfg = model_of_lever(doc, r)
       if param_count(cfg) != r["params"]:
         raise AcceleratorResultError(f"{name}, lever {r['lever']!r}: lever_model gives {param_count(cfg)} params,"
                                      f" the row measured {r['params']}")
