@@ -22,7 +22,7 @@ def matmul_cost(m: int, k: int, n: int, bytes_per_element: int = 2) -> tuple[flo
     bytes_per_element: b (2 for bfloat16).
 
   Returns:
-    ``(F, V)``; their ratio is the matmul's :func:`arithmetic_intensity`.
+    ``(F, V)``; their ratio is the matmul's :func:`~analysis.planning.roofline.arithmetic_intensity`.
 
   Examples:
     >>> matmul_cost(256, 8192, 8192)  # the example of arithmetic_intensity

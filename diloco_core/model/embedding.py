@@ -52,6 +52,10 @@ def _rows_grad(vocab: int, tokens: jax.Array, g: jax.Array) -> jax.Array:
 
 
 @jax.custom_vjp
+def _lookup(table, tokens):
+  return table[tokens]
+
+
 def embed_lookup(table: jax.Array, tokens: jax.Array) -> jax.Array:
   """The rows of ``table`` at ``tokens``: ``table[tokens]``, shaped ``[*tokens.shape, d]``.
 
@@ -59,8 +63,8 @@ def embed_lookup(table: jax.Array, tokens: jax.Array) -> jax.Array:
      x_{\\ldots} = E_{t_{\\ldots}}, \\qquad
      \\frac{\\partial \\mathcal{L}}{\\partial E_v} = \\sum_{i:\\, t_i = v} \\frac{\\partial \\mathcal{L}}{\\partial x_i}
 
-  Under :func:`jax.vmap` the gradient is one scatter into a ``[M, V, d]`` table (see the module
-  docstring); the values are those of ``table[tokens]`` and its gradient.
+  Under :func:`jax.vmap` on one device the gradient is one scatter per replica, stacked (see the
+  module docstring); the values are those of ``table[tokens]`` and its gradient.
 
   Args:
     table: the embedding table ``[V, d]`` (any float dtype; the gradient has its dtype).
@@ -80,7 +84,7 @@ def embed_lookup(table: jax.Array, tokens: jax.Array) -> jax.Array:
     >>> jax.vmap(jax.grad(lambda e, t: (embed_lookup(e, t) ** 2).sum()))(stacked, jnp.array([[0], [1]])).tolist()
     [[[0.0, 2.0], [0.0, 0.0], [0.0, 0.0]], [[0.0, 0.0], [40.0, 60.0], [0.0, 0.0]]]
   """
-  return table[tokens]
+  return _lookup(table, tokens)
 
 
 def _fwd(table, tokens):
@@ -92,4 +96,4 @@ def _bwd(res, g):
   return _rows_grad(vocab, tokens, g), None
 
 
-embed_lookup.defvjp(_fwd, _bwd)
+_lookup.defvjp(_fwd, _bwd)
