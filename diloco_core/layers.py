@@ -1,16 +1,22 @@
 """The trainer's layers: which sub-package may import which, and the import graph read from the source.
 
-``diloco_core`` is a house of sub-packages on floors. A sub-package imports only those of
-lower floors (:data:`LAYERS`), plus the two helpers every floor may use (:data:`HELPERS`,
-which import nothing of the trainer); the entry points (:data:`ENTRY_POINTS`) may use every
-floor. ``tests/test_layout.py`` checks every import against this rule (function-level ones
-included, read with ``ast``), and the contributing page draws the house from it.
+``diloco_core`` is a house of sub-packages on floors (:data:`LAYERS`). A sub-package imports
+only the sub-packages its entry of :data:`ALLOWED` names, an explicit list of the pairs in use,
+each on a lower floor, plus the helpers every floor may use (:data:`HELPERS`, which import
+nothing of the trainer); the entry points (:data:`ENTRY_POINTS`) may use every floor. A new
+arrow between two packages is a decision: it is added to :data:`ALLOWED` (and to the package's
+"May import:" line), never let in because some floor lies below. ``tests/test_layout.py``
+checks every import against this rule (function-level and relative ones included, read with
+``ast``), that every allowed pair goes down and is in use, and the contributing page draws the
+house from it.
 
 Examples:
   >>> layer_of("spec"), layer_of("store"), layer_of("launch")
   (0, 2, 6)
   >>> allowed("model")
   ('spec', 'devices')
+  >>> "data" in allowed("runtime")  # on a lower floor, but not a pair in use
+  False
   >>> package_of("diloco_core.run.loop"), package_of("diloco_core.train")
   ('run', None)
 """
@@ -23,6 +29,20 @@ import pathlib
 #: The sub-packages of ``diloco_core`` by floor, lowest first.
 LAYERS = (("spec",), ("devices",), ("wire", "model", "data", "store"), ("algorithm",), ("runtime",),
           ("run",), ("launch",))
+#: The sub-packages each one may import (besides itself and :data:`HELPERS`), lowest floor first:
+#: the pairs in use, each going down :data:`LAYERS` (checked by :func:`upward_pairs`).
+ALLOWED: dict[str, tuple[str, ...]] = {
+    "spec": (),
+    "devices": ("spec",),
+    "wire": ("spec",),
+    "model": ("spec", "devices"),
+    "data": ("spec",),
+    "store": ("devices",),
+    "algorithm": ("spec", "devices", "wire"),
+    "runtime": ("spec", "devices", "wire", "algorithm"),
+    "run": ("spec", "devices", "data", "model", "store", "algorithm", "runtime"),
+    "launch": ("spec", "devices", "store", "runtime", "run"),
+}
 #: Top-level modules every floor may import (they import nothing of the trainer but each other).
 HELPERS = ("diloco_core.lazy", "diloco_core.interrupts", "diloco_core.layers")
 #: Top-level modules that start the trainer (``python -m ...``); they may import every floor.
@@ -42,8 +62,51 @@ def layer_of(package: str) -> int:
 
 
 def allowed(package: str) -> tuple[str, ...]:
-  """The sub-packages ``package`` may import: those of every lower floor."""
-  return sum(LAYERS[:layer_of(package)], ())
+  """The sub-packages ``package`` may import: its entry of :data:`ALLOWED`."""
+  layer_of(package)  # a one-line error for a name that is no sub-package
+  return ALLOWED[package]
+
+
+def upward_pairs(allow: dict[str, tuple[str, ...]] | None = None) -> list[str]:
+  """The pairs of an allow-list (default :data:`ALLOWED`) that do not go to a lower floor.
+
+  Examples:
+    >>> upward_pairs()
+    []
+    >>> upward_pairs({"wire": ("model",), "spec": ("run",)})
+    ['spec -> run', 'wire -> model']
+  """
+  allow = ALLOWED if allow is None else allow
+  return sorted(f"{a} -> {b}" for a, deps in allow.items() for b in deps if layer_of(b) >= layer_of(a))
+
+
+def resolve(module: str, node: ast.ImportFrom, is_package: bool = False) -> str | None:
+  """The absolute module a ``from ... import`` names, relative ones (``from .x import y``) included.
+
+  Args:
+    module: the dotted name of the importing module.
+    node: the import.
+    is_package: whether ``module`` is a package (an ``__init__.py``): its dots count from itself.
+
+  Returns:
+    The dotted name, or None for a relative import that climbs above the top package.
+
+  Examples:
+    >>> resolve("diloco_core.run.loop", ast.parse("from .config import TrainConfig").body[0])
+    'diloco_core.run.config'
+    >>> resolve("diloco_core.run", ast.parse("from . import loop").body[0], is_package=True)
+    'diloco_core.run'
+    >>> resolve("diloco_core.run.loop", ast.parse("from ..spec import fields").body[0])
+    'diloco_core.spec'
+  """
+  if node.level == 0:
+    return node.module
+  parts = module.split(".")
+  base = parts if is_package else parts[:-1]
+  if node.level - 1 >= len(base):
+    return None
+  base = base[:len(base) - (node.level - 1)]
+  return ".".join(base + ([node.module] if node.module else []))
 
 
 def package_of(module: str) -> str | None:
@@ -87,15 +150,20 @@ def import_graph(packages: tuple[str, ...] = ("diloco_core",), root: pathlib.Pat
     for node in ast.walk(ast.parse(path.read_text())):
       if isinstance(node, ast.Import):
         edges[name] |= {a.name for a in node.names if a.name in mods}
-      elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in mods:
-        for alias in node.names:
-          sub = f"{node.module}.{alias.name}"
-          if sub in mods:
-            edges[name].add(sub)
-          else:
-            edges[name].add(node.module)
-            if alias.name.startswith("_"):
-              private.append((name, node.module, alias.name))
+        continue
+      if not isinstance(node, ast.ImportFrom):
+        continue
+      target = resolve(name, node, is_package=path.name == "__init__.py")
+      if target not in mods:
+        continue
+      for alias in node.names:
+        sub = f"{target}.{alias.name}"
+        if sub in mods:
+          edges[name].add(sub)
+        else:
+          edges[name].add(target)
+          if alias.name.startswith("_"):
+            private.append((name, target, alias.name))
   return edges, private
 
 
@@ -123,6 +191,19 @@ def against_the_layers(edges: dict[str, set[str]]) -> list[str]:
       if not ok:
         bad.append(f"{module} -> {dep}")
   return sorted(bad)
+
+
+def unused_pairs(edges: dict[str, set[str]], allow: dict[str, tuple[str, ...]] | None = None) -> list[str]:
+  """The pairs of an allow-list (default :data:`ALLOWED`) that no import uses: allowed by accident.
+
+  Examples:
+    >>> unused_pairs({"diloco_core.model.moe": {"diloco_core.spec.fields"}},
+    ...              {"model": ("spec", "devices")})
+    ['model -> devices']
+  """
+  allow = ALLOWED if allow is None else allow
+  used = set(package_graph(edges))
+  return sorted(f"{a} -> {b}" for a, deps in allow.items() for b in deps if (a, b) not in used)
 
 
 def package_graph(edges: dict[str, set[str]]) -> dict[tuple[str, str], int]:

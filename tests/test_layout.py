@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 from diloco_core import layers
 from diloco_core.layers import HELPERS, LAYERS, PLANNING_MAY_IMPORT, allowed, package_of
@@ -77,6 +78,42 @@ def test_imports_follow_the_layers():
   """Every import of the trainer (function-level ones included) goes down the layers, never up or across."""
   bad = layers.against_the_layers(import_graph()[0])
   assert not bad, "imports against the layers (see LAYERS):\n" + "\n".join(sorted(bad))
+
+
+def test_the_allow_list_goes_down_names_every_package_and_every_pair_is_in_use():
+  """ALLOWED is the rule and the picture: no pair up or across, none allowed by accident."""
+  assert set(layers.ALLOWED) == {p for names in LAYERS for p in names}
+  assert layers.upward_pairs() == []
+  assert layers.unused_pairs(import_graph()[0]) == [], "pairs no import uses: drop them from ALLOWED"
+
+
+def test_relative_imports_are_checked_like_absolute_ones(tmp_path):
+  """A ``from ..run import loop`` in a lower package is caught, as its absolute form would be."""
+  pkg = tmp_path / "diloco_core"
+  for sub, text in {"spec": "from ..run import loop\nfrom . import fields\n", "run": ""}.items():
+    (pkg / sub).mkdir(parents=True)
+    (pkg / sub / "__init__.py").write_text(text)
+  (pkg / "__init__.py").write_text("")
+  (pkg / "spec" / "fields.py").write_text("from .. import lazy\n")
+  (pkg / "run" / "loop.py").write_text("")
+  (pkg / "lazy.py").write_text("")
+  edges, _ = layers.import_graph(("diloco_core",), tmp_path)
+  assert edges["diloco_core.spec"] == {"diloco_core.run.loop", "diloco_core.spec.fields"}
+  assert edges["diloco_core.spec.fields"] == {"diloco_core.lazy"}  # a helper: allowed
+  assert layers.against_the_layers(edges) == ["diloco_core.spec -> diloco_core.run.loop"]
+
+
+def test_the_contributing_page_lists_every_module_in_its_package_row():
+  """The module map on docs/contributing.md names each module of each sub-package (the map stays true)."""
+  rows = {}
+  for line in (ROOT / "docs" / "contributing.md").read_text().splitlines():
+    m = re.match(r"\| (?:\d|-) \| `(\w+)` \| (.*) \|$", line)
+    if m:
+      rows[m.group(1)] = m.group(2)
+  assert set(rows) == {p for names in LAYERS for p in names}
+  missing = [name for name in modules() if (package := package_of(name)) and name != f"diloco_core.{package}"
+             and f"`{name.rsplit('.', 1)[1]}`" not in rows[package]]
+  assert not missing, f"modules missing from the contributing page's table: {missing}"
 
 
 def test_the_planning_library_imports_only_the_spec():

@@ -3,7 +3,7 @@
 Layer 3. :class:`~diloco_core.algorithm.phases.Phases` is the contract with the runtimes: the
 steps of a sync (send, settle, merge) that both the in-step and the background runtime compose.
 
-May import: spec, devices, wire, model, data, store.
+May import: spec, devices, wire.
 
 Modules: :mod:`~diloco_core.algorithm.config` (``DiLoCoConfig`` and its checks),
 :mod:`~diloco_core.algorithm.base` (the ``Algorithm`` protocol), :mod:`~diloco_core.algorithm.state`,

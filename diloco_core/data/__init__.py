@@ -2,7 +2,7 @@
 
 Layer 2. Pure numpy (Grain for files): batches are a function of ``(seed, replica, step)``.
 
-May import: spec, devices.
+May import: spec.
 
 Modules: :mod:`~diloco_core.data.sources` (``DataConfig``, ``make_dataset``),
 :mod:`~diloco_core.data.dataset` (the batch interface and random streams),

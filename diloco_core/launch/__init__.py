@@ -3,7 +3,7 @@ and the commands for several hosts.
 
 Layer 6. ``python -m diloco_core.launch`` runs :func:`~diloco_core.launch.supervisor.main`.
 
-May import: spec, devices, wire, model, data, store, algorithm, runtime, run.
+May import: spec, devices, store, runtime, run.
 
 Modules: :mod:`~diloco_core.launch.supervisor` (start, watch and stop the processes),
 :mod:`~diloco_core.launch.shaped_link` (a link of given bandwidth and latency),

@@ -2,7 +2,7 @@
 
 Layer 5.
 
-May import: spec, devices, wire, model, data, store, algorithm, runtime.
+May import: spec, devices, data, model, store, algorithm, runtime.
 
 Modules: :mod:`~diloco_core.run.config` (``TrainConfig``), :mod:`~diloco_core.run.preflight`
 (the disk and device checks), :mod:`~diloco_core.run.loop`

@@ -3,7 +3,7 @@
 Layer 4. :class:`~diloco_core.runtime.communication.Runtime` is the protocol the training loop
 calls (its every method); the runtimes compose the algorithm's phases.
 
-May import: spec, devices, wire, model, data, store, algorithm.
+May import: spec, devices, wire, algorithm.
 
 Modules: :mod:`~diloco_core.runtime.communication` (``Runtime``, ``InStep``),
 :mod:`~diloco_core.runtime.background` with :mod:`~diloco_core.runtime.background_programs` and

@@ -2,7 +2,7 @@
 
 Layer 2.
 
-May import: spec, devices.
+May import: devices.
 
 Modules: :mod:`~diloco_core.store.checkpoint` (Orbax checkpoints and resume),
 :mod:`~diloco_core.store.params_io` (final params), :mod:`~diloco_core.store.tree_io` (tree

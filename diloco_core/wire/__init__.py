@@ -2,7 +2,7 @@
 
 Layer 2.
 
-May import: spec, devices.
+May import: spec.
 
 Modules: :mod:`~diloco_core.wire.minifloat` (rounding to low-precision formats),
 :mod:`~diloco_core.wire.compression` (quantize, error feedback, bits on the wire),
