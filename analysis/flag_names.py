@@ -4,7 +4,8 @@ The library's checks name an option by its argument (``link_gbps must be ...``) 
 trainer's, in backticks (`` `topk` ``); the command line shows ``--link-gbps`` and ``--topk``.
 No flag is made from a name here: a name becomes the flag its parser declared for it
 (:func:`option_flags`, argparse's own record), else the trainer's flag of the field of that
-name (the field metadata, :data:`diloco_core.run.cli.FLAGS`, read only when needed: it imports JAX).
+name (the field metadata, :data:`diloco_core.run.flags.FLAGS`, read only when needed: it loads the
+trainer's config modules).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def as_flags(message: str, options: dict[str, str]) -> str:
     name = m.group(1)
     if name in options:
       return options[name]
-    from diloco_core.run.cli import FLAGS  # the trainer's flags (imports JAX): only when needed
+    from diloco_core.run.flags import FLAGS  # the trainer's flags (its config modules): only when needed
     return FLAGS.get(name, name)
 
   message = re.sub(r"`([A-Za-z_][\w.]*)`", backticked, message)

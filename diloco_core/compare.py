@@ -15,7 +15,7 @@ import sys
 from diloco_core.run import main_job
 from diloco_core import interrupts
 from diloco_core.devices.backend import configure_determinism, default_demo_steps
-from diloco_core.run.cli import OneDefaultHelpFormatter, add_options, field_defaults, command_error, one_line_errors
+from diloco_core.run.flags import OneDefaultHelpFormatter, add_options, field_defaults, command_error, one_line_errors
 from diloco_core.run.config import TrainConfig
 
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import sys
 
-from diloco_core.run.cli import build_parser, config_from_args, main
+from diloco_core.run.cli import main
+from diloco_core.run.flags import build_parser, config_from_args
 from diloco_core.run.drops import participation
 from diloco_core.run.loop import TrainResult, train
 from diloco_core.algorithm.optimizers import inner_optimizer_factory

@@ -298,7 +298,7 @@ def _self_uses(node: ast.ClassDef) -> dict[str, bool]:
 #: for a reason: the API of another library, with no public spelling (key: module, expression).
 FOREIGN_PRIVATE_READS = {
     ("diloco_core.compare", "p._actions"): "argparse: the actions of a parser (no public accessor)",
-    ("diloco_core.run.cli", "p._action_groups"): "argparse: the argument groups (no public accessor)",
+    ("diloco_core.run.flags", "p._action_groups"): "argparse: the argument groups (no public accessor)",
     ("diloco_core.data.files", "ids._mmap"): "numpy.memmap: its mmap, closed explicitly",
     ("diloco_core.algorithm.base", "self._step._cache_size"): "jax: a jitted function's compiled count",
     ("diloco_core.store.tree_io", "hook._diloco_quiet"): "a marker this module sets on its own hook function",
@@ -383,3 +383,27 @@ def test_the_runtimes_read_the_algorithm_through_its_documented_contract_only():
   algo.prepare(jnp.zeros(3))
   assert not [n for n in documented if not hasattr(algo, n)], "the contract lists names DiLoCo lacks"
   assert not [n for n in documented if _private(n)]
+
+
+def _loaded_after(code: str) -> set[str]:
+  """The top-level packages loaded by a fresh interpreter after ``code``."""
+  import json
+  import subprocess
+  import sys
+  probe = f"{code}\nimport json, sys\nprint(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}})))"
+  out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0, out.stderr[-2000:]
+  return set(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def test_the_configs_and_the_launchers_help_load_no_jax():
+  """The flag tables, the configs and ``python -m diloco_core.launch --help`` answer without JAX."""
+  loaded = _loaded_after("import diloco_core.algorithm.config, diloco_core.run.config, diloco_core.run.flags")
+  assert not loaded & {"jax", "jaxlib", "flax", "optax"}, sorted(loaded & {"jax", "jaxlib", "flax", "optax"})
+  help_run = ("import contextlib, io, runpy, sys\nsys.argv = ['launch', '--help']\n"
+              "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+              "  try:\n    runpy.run_module('diloco_core.launch', run_name='__main__')\n"
+              "  except SystemExit as e:\n    assert e.code == 0, e.code\n"
+              "assert '--processes' in out.getvalue()")
+  loaded = _loaded_after(help_run)
+  assert "jax" not in loaded and "diloco_core" in loaded

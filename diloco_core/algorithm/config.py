@@ -11,8 +11,7 @@ import dataclasses
 
 from diloco_core.spec import fields
 from diloco_core.spec import validity as v
-from diloco_core.wire.compression import FORMATS, check_topk_block
-from diloco_core.spec.wire_formats import DEFAULT_CHUNK, check_topk
+from diloco_core.spec.wire_formats import DEFAULT_CHUNK, FORMATS, check_topk, check_topk_block
 
 ALGORITHMS = ("dp", "diloco", "streaming")
 FRAGMENT_PATTERNS = v.FRAGMENT_PATTERNS

@@ -7,6 +7,7 @@ May import: spec.
 Modules: :mod:`~diloco_core.devices.backend` (defaults per platform, determinism),
 :mod:`~diloco_core.devices.mesh` (the ``(diloco, data, model)`` mesh and placement),
 :mod:`~diloco_core.devices.processes` (``jax.distributed`` set-up, agreed stops, lost peers),
+:mod:`~diloco_core.devices.process_options` (the process options and waits, without JAX),
 :mod:`~diloco_core.devices.compile_cache` (every process writes the persistent compilation cache).
 """
 
@@ -19,7 +20,7 @@ _PUBLIC = {
     "default_demo_steps": "diloco_core.devices.backend",
     "resolve_model_config": "diloco_core.devices.backend",
     "make_mesh": "diloco_core.devices.mesh",
-    "parse_mesh": "diloco_core.devices.mesh",
+    "parse_mesh": "diloco_core.spec.mesh_shape",
     "initialize_distributed": "diloco_core.devices.processes",
     "cache_every_process": "diloco_core.devices.compile_cache",
 }

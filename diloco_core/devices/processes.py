@@ -6,7 +6,7 @@ CPU the cross-process collectives go through gloo). Two things a single process 
 
 * **A bounded wait for the others.** JAX waits for every process to register with the
   coordinator, then aborts the process with a C++ stack (five minutes by default). Here a
-  process that is still alone after ``join_timeout`` seconds (:data:`JOIN_TIMEOUT_S`,
+  process that is still alone after ``join_timeout`` seconds (:data:`~diloco_core.devices.process_options.JOIN_TIMEOUT_S`,
   ``--join-timeout``) prints one ``error:`` line naming the coordinator and the process
   count, and exits with 2.
 * **One step at which every process stops.** A stop request reaches each process at its own
@@ -26,7 +26,6 @@ Examples:
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import threading
 import time
@@ -34,22 +33,13 @@ import time
 import jax
 
 from diloco_core.devices.compile_cache import cache_every_process
+from diloco_core.devices.process_options import (ELSEWHERE_ENV, HEARTBEAT_S, JOIN_TIMEOUT_S,  # noqa: F401
+                                                 SHUTDOWN_S, check_process_options, free_port,
+                                                 own_coordinator, spare_bind_address)
 
-#: Seconds a process waits for every process to join before it gives up (``--join-timeout``).
-JOIN_TIMEOUT_S = 120.0
-#: Seconds after which the coordinator declares a silent process lost (JAX's heartbeat; it then
-#: aborts every process). Longer than the link's own wait (``link.PEER_TIMEOUT_S``), so that a
-#: lost peer of a background run is reported by the link, in one line, first.
-HEARTBEAT_S = 100
 #: The XLA status codes of a failure at run time (the text before the first colon of the error).
 RUNTIME_STATUSES = frozenset({"UNKNOWN", "INTERNAL", "UNAVAILABLE", "ABORTED", "DEADLINE_EXCEEDED",
                               "CANCELLED", "DATA_LOSS", "FAILED_PRECONDITION"})
-#: Set to ``1`` in the trainers' environment when the coordination service runs in a process of
-#: its own (:mod:`diloco_core.launch.coordination_service`, ``launch --own-coordinator``): process 0
-#: then hosts none (:func:`spare_bind_address`), and any process may be lost.
-ELSEWHERE_ENV = "DILOCO_OWN_COORDINATOR"
-#: Seconds a process waits at exit for the others to exit too (JAX's shutdown barrier).
-SHUTDOWN_S = 10
 #: Seconds a process that ended its run (or stopped at the agreed step) waits at the end for
 #: the others to end theirs: a peer may still evaluate and write its final checkpoint and
 #: params long after the last collective (process 0 hosts the coordination service and must
@@ -57,7 +47,7 @@ SHUTDOWN_S = 10
 END_WAIT_S = HEARTBEAT_S
 #: The longest process 0 (the coordination service's host) waits at the end of an elastic run for
 #: a peer that is still alive to say it leaves: a loaded machine can hold a peer's exit past
-#: :data:`SHUTDOWN_S`, and leaving first would take the service from under it (it aborts).
+#: :data:`~diloco_core.devices.process_options.SHUTDOWN_S`, and leaving first would take the service from under it (it aborts).
 LEAVE_WAIT_S = 6 * SHUTDOWN_S
 #: Seconds process 0 (the coordination service's host) still waits after the last live peer of
 #: an elastic run said it leaves: that peer exits right after saying so, but a loaded machine
@@ -82,7 +72,7 @@ def initialize_distributed(coordinator: str | None = None, num_processes: int | 
       keeps going when a process dies (``jax_enable_recoverability``: it leaves the process out
       after this many seconds without its heartbeat, instead of ending every process) and lets
       a replacement with the same ``process_id`` in. None: a process lost ends the run
-      (heartbeat :data:`HEARTBEAT_S`).
+      (heartbeat :data:`~diloco_core.devices.process_options.HEARTBEAT_S`).
 
   Returns:
     True if :func:`jax.distributed.initialize` was called. On CPU it selects the gloo
@@ -118,71 +108,6 @@ def initialize_distributed(coordinator: str | None = None, num_processes: int | 
   joined.set()
   cache_every_process(jax.config.jax_compilation_cache_dir)  # processes 1.. write their programs too
   return True
-
-
-def check_process_options(coordinator: str | None, num_processes: int | None, process_id: int | None) -> bool:
-  """Whether the process options ask for several processes; a one-line ``ValueError`` if they
-  are incomplete or out of range (:func:`initialize_distributed` and the trainer's up-front
-  check, :func:`diloco_core.run.cli.check_launch`, both apply it).
-
-  Args:
-    coordinator: ``host:port`` of process 0, or None.
-    num_processes: total processes, or None.
-    process_id: this process, or None.
-
-  Returns:
-    False when neither ``coordinator`` nor ``num_processes`` is given (a single process), True
-    when all three are given and consistent.
-
-  Examples:
-    >>> check_process_options(None, None, None), check_process_options("host0:1234", 2, 1)
-    (False, True)
-    >>> check_process_options("host0:1234", 2, 2)
-    Traceback (most recent call last):
-    ...
-    ValueError: process_id must be in [0, `num_processes`=2), got 2.
-    >>> check_process_options("host0", 2, 0)
-    Traceback (most recent call last):
-    ...
-    ValueError: `coordinator` must be host:port with a port in [1, 65535], got 'host0'.
-  """
-  if coordinator is None and num_processes is None:
-    return False
-  if coordinator is None or num_processes is None or process_id is None:
-    raise ValueError("multi-process runs need all of `coordinator`, `num_processes` and `process_id`"
-                     " (or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID).")
-  host, _, port = str(coordinator).rpartition(":")
-  if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-    raise ValueError(f"`coordinator` must be host:port with a port in [1, 65535], got {coordinator!r}.")
-  if isinstance(num_processes, bool) or num_processes < 1:
-    raise ValueError(f"num_processes must be an integer >= 1, got {num_processes}.")
-  if not 0 <= process_id < num_processes:
-    raise ValueError(f"process_id must be in [0, `num_processes`={num_processes}), got {process_id}.")
-  return True
-
-
-def own_coordinator() -> bool:
-  """Whether the coordination service runs in a process of its own (:data:`ELSEWHERE_ENV`)."""
-  return os.environ.get(ELSEWHERE_ENV) == "1"
-
-
-def spare_bind_address() -> str:
-  """Where process 0 starts the coordination service that ``jax.distributed.initialize`` always
-  starts there, when the run's service runs elsewhere (:func:`own_coordinator`): a free local
-  port that no process connects to.
-
-  Examples:
-    >>> spare_bind_address().startswith("127.0.0.1:")
-    True
-  """
-  return f"127.0.0.1:{free_port()}"
-
-
-def free_port() -> int:
-  """A TCP port on 127.0.0.1 that nothing listens on now."""
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
 
 
 def join_timeout_message(timeout: float, coordinator: str, num_processes: int, process_id: int) -> str:
@@ -264,7 +189,7 @@ def leave_together(code: int, timeout: float = END_WAIT_S) -> int:
   Args:
     code: the exit code of this process.
     timeout: :data:`END_WAIT_S` after a run that ended or stopped at the agreed step (the
-      others end too, maybe after long final writes); :data:`SHUTDOWN_S` after an error of
+      others end too, maybe after long final writes); :data:`~diloco_core.devices.process_options.SHUTDOWN_S` after an error of
       this process alone (the others are not ending: they wait for it in a collective).
   """
   from jax._src import distributed  # the coordination service's client (no public accessor)
@@ -298,7 +223,7 @@ def leave_elastic(code: int) -> None:
   leave: it waits for each as long as the service still counts it alive (a lost one is left
   out after the heartbeat), at most :data:`LEAVE_WAIT_S` in all, then :data:`LEFT_GRACE_S`
   more for the last one's exit (the service sees it only at the heartbeat). A service of its own
-  (:func:`own_coordinator`) outlives every trainer: nobody waits."""
+  (:func:`~diloco_core.devices.process_options.own_coordinator`) outlives every trainer: nobody waits."""
   from jax._src import distributed  # the coordination service's client (no public accessor)
   client, rank = distributed.global_state.client, jax.process_index()
   try:

@@ -2,14 +2,14 @@
 
 One process per host (or node), each with its own devices, joined by ``jax.distributed``:
 every process runs the same trainer flags plus the process options of
-:data:`~diloco_core.run.cli.PROCESS_FLAGS` (``--coordinator`` host:port of process 0,
+:data:`~diloco_core.run.flags.PROCESS_FLAGS` (``--coordinator`` host:port of process 0,
 ``--num-processes``, ``--process-id``). :func:`host_commands` writes each host's command;
 :func:`slurm_script` writes a batch script whose ``srun`` starts one task per node and takes the
 three values from SLURM's environment (the first node of ``SLURM_JOB_NODELIST``,
 ``SLURM_NTASKS``, ``SLURM_PROCID``); :func:`tpu_vm_command` writes the ``gcloud`` command for a
 Cloud TPU VM slice, where JAX reads them from the TPU's environment. Both build a process's options with one function,
 :func:`process_options`, and both are checked before they are returned: :func:`check_commands`
-runs the trainer's own up-front checks (:func:`~diloco_core.run.cli.check_launch`) on every
+runs the trainer's own up-front checks (:func:`~diloco_core.run.flags.check_launch`) on every
 command, and that they form one run. :func:`slurm_dry_run` runs a script under ``bash`` with
 stand-ins for ``srun``, ``scontrol`` and ``python`` and returns the command each task would run,
 so that what the shell makes of the script can be checked too. On one machine,
@@ -31,7 +31,7 @@ import tempfile
 import textwrap
 from typing import Sequence
 
-from diloco_core.run.cli import PROCESS_FLAGS, build_parser, check_launch
+from diloco_core.run.flags import PROCESS_FLAGS, build_parser, check_launch
 
 #: The trainer's command.
 TRAINER = ("python", "-m", "diloco_core.train")
@@ -53,7 +53,7 @@ def process_options(coordinator, num_processes, process_id) -> list[str]:
 def check_commands(commands: Sequence[Sequence[str]], devices_per_process: int | None = None) -> None:
   """Raises a one-line ``ValueError`` unless ``commands`` are one trainer run, one per process.
 
-  Each must be :data:`TRAINER` with flags :func:`~diloco_core.run.cli.check_launch` accepts for
+  Each must be :data:`TRAINER` with flags :func:`~diloco_core.run.flags.check_launch` accepts for
   ``len(commands)`` processes (of ``devices_per_process`` devices each, if given), and all must
   carry the same flags but ``--process-id``, which runs 0, 1, ... in their order.
 

@@ -9,9 +9,9 @@ the service outlives any trainer, so an elastic run may lose any replica, proces
   they end; losing it is one line and a resume from the last checkpoint.
 * On several hosts: start ``python -m diloco_core.coordination_service --address HOST:PORT
   --processes N`` on a host of its own, and every trainer with ``--coordinator HOST:PORT`` and
-  :data:`~diloco_core.devices.processes.ELSEWHERE_ENV` ``=1`` in its environment (process 0 then starts
+  :data:`~diloco_core.devices.process_options.ELSEWHERE_ENV` ``=1`` in its environment (process 0 then starts
   JAX's service, which it cannot skip, on a spare local port that nothing uses:
-  :func:`~diloco_core.devices.processes.spare_bind_address`). Stop it (SIGTERM or Ctrl-C) once the
+  :func:`~diloco_core.devices.process_options.spare_bind_address`). Stop it (SIGTERM or Ctrl-C) once the
   trainers have ended.
 
 The service is JAX's own (``get_distributed_runtime_service``), recoverable (a process lost
@@ -47,7 +47,7 @@ def serve(address: str, processes: int, heartbeat: int, stop: threading.Event | 
     address: ``host:port`` to listen on (the trainers' ``--coordinator``).
     processes: the number of trainer processes.
     heartbeat: seconds without a trainer's heartbeat after which it is left out (as
-      :data:`diloco_core.runtime.elastic.HEARTBEAT_S`).
+      :data:`diloco_core.runtime.option_checks.HEARTBEAT_S`).
     stop: set it to end the service (tests); None: a signal ends it.
   """
   from jax._src.lib import _jax  # JAX's own service (no public constructor)

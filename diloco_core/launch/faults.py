@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from diloco_core.run.cli import FLAGS
+from diloco_core.run.flags import FLAGS
 
 
 #: The process ``--kill-at`` names for the coordination service's own (``coordinator:S``).
@@ -58,7 +58,7 @@ def train_flag_value(train_args: list[str], name: str) -> str | None:
   Args:
     train_args: the trainer's command line (or a whole command holding it).
     name: the option as errors name it (``"out"``); its flag is the field metadata's
-      (:data:`diloco_core.run.cli.FLAGS`).
+      (:data:`diloco_core.run.flags.FLAGS`).
 
   Returns:
     The text after the flag, or None.

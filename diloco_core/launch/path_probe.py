@@ -23,7 +23,7 @@ With ``--limit``, the last process also puts one value of
 :data:`~diloco_core.spec.footprint.PROTOBUF_LIMIT` bytes, which the service must refuse (about
 70 s and 12 GB of memory on a small CPU). The processes then join with the heartbeat of a run
 without ``elastic`` (:data:`LIMIT_HEARTBEAT_S`): on a small CPU a 2 GiB request keeps the service
-busy past an elastic run's heartbeat (:data:`~diloco_core.runtime.elastic.HEARTBEAT_S`), and JAX
+busy past an elastic run's heartbeat (:data:`~diloco_core.runtime.option_checks.HEARTBEAT_S`), and JAX
 then aborts process 0 for a heartbeat its own service did not answer.
 
 Process 0 writes the JSON: ``{"processes", "repeats", "heartbeat_s", "rows": [{"size_mib", "path",
@@ -54,7 +54,7 @@ from diloco_core.devices.processes import initialize_distributed, leave_elastic
 from diloco_core.runtime.elastic import HEARTBEAT_S
 from diloco_core.runtime.link import Link
 from diloco_core.runtime.membership import Membership
-from diloco_core.run.cli import one_line_errors
+from diloco_core.run.flags import one_line_errors
 from diloco_core.spec.footprint import KV_VALUE_LIMIT, PROTOBUF_LIMIT, host_bytes
 
 #: Bytes of one MiB (the sizes' unit).
@@ -65,7 +65,7 @@ WAIT_S = 600.0
 #: The key-value prefix of the probe's agreements and puts (no trainer runs beside it).
 PREFIX = "diloco/path-probe"
 #: The heartbeat (s) of a ``--limit`` probe: that of a run without ``elastic``
-#: (:data:`diloco_core.devices.processes.HEARTBEAT_S`), which a 2 GiB request does not outlast.
+#: (:data:`diloco_core.devices.process_options.HEARTBEAT_S`), which a 2 GiB request does not outlast.
 LIMIT_HEARTBEAT_S = processes.HEARTBEAT_S
 
 

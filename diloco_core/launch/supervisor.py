@@ -57,8 +57,8 @@ import time
 from diloco_core import interrupts
 
 from diloco_core.launch import faults
-from diloco_core.run.cli import FLAGS, PROCESS_FLAGS
-from diloco_core.devices.processes import ELSEWHERE_ENV, free_port
+from diloco_core.run.flags import FLAGS, PROCESS_FLAGS
+from diloco_core.devices.process_options import ELSEWHERE_ENV, free_port
 from diloco_core.launch.shaped_link import ShapedLink
 
 #: The module every process runs unless ``--module`` names another (the trainer).

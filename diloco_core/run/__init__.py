@@ -9,6 +9,7 @@ Modules: :mod:`~diloco_core.run.config` (``TrainConfig``), :mod:`~diloco_core.ru
 (``train``), :mod:`~diloco_core.run.programs` (the program cache), :mod:`~diloco_core.run.drops`,
 :mod:`~diloco_core.run.divergence`, :mod:`~diloco_core.run.metrics_log`,
 :mod:`~diloco_core.run.main_job` (DP vs DiLoCo vs Streaming), :mod:`~diloco_core.run.cli`,
+:mod:`~diloco_core.run.flags` (the flags and the launch check, without JAX),
 :mod:`~diloco_core.run.syncer_options` (the syncer's flags), :mod:`~diloco_core.run.tape_play`
 (the trainer plays a syncer tape), :mod:`~diloco_core.run.tape_run` (``train`` from a tape) and
 :mod:`~diloco_core.run.trace_tape` (a real elastic run's trace as a tape, replayed by ``--tape``).

@@ -18,12 +18,11 @@ import dataclasses
 from typing import Any
 
 from diloco_core.spec import validity as v
-from diloco_core.runtime.background_mesh import check_background
-from diloco_core.runtime.elastic import HEARTBEAT_S as ELASTIC_HEARTBEAT_S, check_elastic
+from diloco_core.runtime.option_checks import HEARTBEAT_S as ELASTIC_HEARTBEAT_S, check_background, check_elastic
 from diloco_core.algorithm.config import DiLoCoConfig
 from diloco_core.data.sources import DataConfig
 from diloco_core.spec.fields import field
-from diloco_core.devices.mesh import parse_mesh
+from diloco_core.spec.mesh_shape import parse_mesh
 from diloco_core.run.syncer_options import SyncerOptions
 from diloco_core.spec.model_config import (ATTENTIONS, COMPUTE_DTYPES, POSITIONS, PRESETS, REMATS, ModelConfig,
                                            check_preset, get_preset, param_count)

@@ -6,6 +6,7 @@ calls (its every method); the runtimes compose the algorithm's phases.
 May import: spec, devices, wire, algorithm.
 
 Modules: :mod:`~diloco_core.runtime.communication` (``Runtime``, ``InStep``),
+:mod:`~diloco_core.runtime.option_checks` (the refusals of options alone, without JAX),
 :mod:`~diloco_core.runtime.background` with :mod:`~diloco_core.runtime.background_programs` and
 :mod:`~diloco_core.runtime.background_mesh`, :mod:`~diloco_core.runtime.link` (payloads between
 processes), :mod:`~diloco_core.runtime.membership` (agreements over the coordination service),

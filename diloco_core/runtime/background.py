@@ -58,7 +58,7 @@ masked settle averages the present, the merge heals; a ``skip`` row when nobody 
 each ``settle`` row says who took part. A dropped replica's payload still crosses the link.
 **Elastic runs** (:mod:`diloco_core.runtime.elastic`) settle with the live processes' mask the same way.
 
-Not supported here (one-line errors, :func:`~diloco_core.runtime.background_mesh.check_background`): data parallelism (it
+Not supported here (one-line errors, :func:`~diloco_core.runtime.option_checks.check_background`): data parallelism (it
 all-reduces every step), simulated drops with ``reduction="reduce-scatter"``.
 """
 

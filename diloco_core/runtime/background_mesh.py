@@ -1,6 +1,6 @@
 """Where a background run can go: its one-line refusals and its mesh (before anything compiles).
 
-:func:`check_background` (the options alone) is called by :meth:`TrainConfig.validate
+:func:`~diloco_core.runtime.option_checks.check_background` (the options alone) is called by :meth:`TrainConfig.validate
 <diloco_core.TrainConfig.validate>` for ``communication="background"``, and
 :func:`check_background_processes` (the processes and their devices) by
 :func:`~diloco_core.run.preflight.preflight`; :func:`background_mesh` lays the replicas out over
@@ -14,32 +14,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh
 
 from diloco_core.devices.mesh import AXES, parse_mesh
-
-
-def check_background(cfg) -> None:
-  """One-line errors for options that cannot use ``communication="background"`` (no process or
-  device is asked): DP, drops with reduce-scatter.
-
-  Args:
-    cfg: a :class:`~diloco_core.TrainConfig` with ``communication="background"``.
-
-  Returns:
-    None.
-
-  Examples:
-    >>> from diloco_core import TrainConfig, DiLoCoConfig
-    >>> check_background(TrainConfig(communication="background", algo=DiLoCoConfig(algorithm="dp")))
-    Traceback (most recent call last):
-    ...
-    ValueError: `communication` background needs algorithm diloco or streaming; dp all-reduces every step (use `communication` in-step).
-  """
-  if cfg.algo.algorithm == "dp":
-    raise ValueError("`communication` background needs algorithm diloco or streaming; dp all-reduces"
-                     " every step (use `communication` in-step).")
-  if (cfg.drop_schedule or cfg.drop_prob) and cfg.algo.reduction == "reduce-scatter":
-    raise ValueError("`communication` background simulates replica drops with `reduction` all-gather"
-                     " only (the reduce-scatter's owners average every replica); use `reduction`"
-                     " all-gather or `communication` in-step.")
+from diloco_core.runtime.option_checks import check_background  # noqa: F401  (re-exported)
 
 
 def check_background_processes(cfg, processes: int | None = None) -> None:
@@ -48,7 +23,7 @@ def check_background_processes(cfg, processes: int | None = None) -> None:
 
   Args:
     cfg: a :class:`~diloco_core.TrainConfig` with ``communication="background"`` whose options
-      :func:`check_background` accepted.
+      :func:`~diloco_core.runtime.option_checks.check_background` accepted.
     processes: the process count N (default: JAX's). Given, only the counts are checked (the
       launcher, before it starts any process); the devices are checked by each process.
 

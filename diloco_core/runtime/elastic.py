@@ -5,7 +5,7 @@ waits for it; the job resumes from its last checkpoint). With ``elastic``, each 
 agreement over the live processes (:mod:`diloco_core.runtime.membership`, through JAX's coordination
 service, started with ``jax_enable_recoverability``): a process that dies or is cut off is
 left out from the first sync that cannot include it, after at most the service's heartbeat
-(:data:`HEARTBEAT_S`), and its replicas stop counting in the outer average: the average is
+(:data:`~diloco_core.runtime.option_checks.HEARTBEAT_S`), and its replicas stop counting in the outer average: the average is
 over the replicas present, the semantics of ``drop_schedule`` (docs/semantics.md). Every
 ``settle`` row of the trace says who took part, so
 :func:`~diloco_core.run.drops.schedule_from_trace` replays the run as a drop schedule. Below
@@ -40,7 +40,7 @@ limit): a run whose largest value would be larger is refused before anything sta
 (:func:`check_elastic_processes`; the largest model that fits:
 :func:`~diloco_core.spec.footprint.elastic_max_params`).
 
-Not yet (one-line refusals, :func:`check_elastic`): ``eval_replicas``,
+Not yet (one-line refusals, :func:`~diloco_core.runtime.option_checks.check_elastic`): ``eval_replicas``,
 ``reduction="reduce-scatter"``, ``outer_overlap`` other than ``"none"`` (as for simulated
 drops). A replacement for process 0 (``launch --restart`` starts the others again only).
 """
@@ -50,52 +50,9 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from diloco_core.spec import validity as v
 from diloco_core.spec.footprint import check_elastic_fits
+from diloco_core.runtime.option_checks import HEARTBEAT_S, check_elastic  # noqa: F401  (re-exported)
 
-#: Seconds without a heartbeat after which the coordination service declares a process of an
-#: elastic run lost: the longest the others wait for a dead one at a sync.
-HEARTBEAT_S = 10
-
-
-def check_elastic(cfg) -> None:
-  """One-line errors for ``elastic``, ``min_replicas`` and ``heal_wait``: the options alone (no
-  process or device is asked; :func:`check_elastic_processes` is the pre-flight's part).
-
-  Args:
-    cfg: a :class:`~diloco_core.TrainConfig`.
-
-  Returns:
-    None.
-
-  Examples:
-    >>> from diloco_core import TrainConfig
-    >>> check_elastic(TrainConfig(elastic=True))
-    Traceback (most recent call last):
-    ...
-    ValueError: `elastic` needs `communication` background (in-step runs every replica in one program: no process to lose); pass `communication` background.
-  """
-  v.check_bool("elastic", cfg.elastic)
-  M, k = cfg.algo.replicas, cfg.min_replicas
-  if not v.is_int(k) or not 1 <= k <= M:
-    raise ValueError(f"`min_replicas` must be an integer in [1, replicas={M}], got {k!r}.")
-  v.check_real("heal_wait", cfg.heal_wait, low=0.0)
-  if not cfg.elastic:
-    for name, value, default in (("min_replicas", k, 1), ("heal_wait", cfg.heal_wait, 0.0)):
-      if value != default:
-        raise ValueError(f"`{name}` applies to `elastic` runs only: add `elastic`, or drop `{name}`.")
-    return
-  if cfg.communication != "background":
-    raise ValueError("`elastic` needs `communication` background (in-step runs every replica in one"
-                     " program: no process to lose); pass `communication` background.")
-  a = cfg.algo
-  refused = [("eval_replicas", cfg.eval_replicas, cfg.eval_replicas, "a lost replica has no params to evaluate"),
-             ("reduction", a.reduction, a.reduction == "reduce-scatter", "its owners average every replica"),
-             ("outer_overlap", a.outer_overlap, a.outer_overlap != "none", "as for simulated drops: only 'none'")]
-  for name, value, bad, why in refused:
-    if bad:
-      shown = "" if isinstance(value, bool) else f" {value!r}"
-      raise ValueError(f"`elastic` does not support `{name}`{shown} ({why}); drop `elastic` or `{name}`.")
 
 
 def check_elastic_processes(cfg, processes: int | None = None) -> None:
@@ -105,7 +62,7 @@ def check_elastic_processes(cfg, processes: int | None = None) -> None:
   sync payload over :data:`~diloco_core.spec.footprint.KV_VALUE_LIMIT`), or one process.
 
   Args:
-    cfg: a :class:`~diloco_core.TrainConfig` whose options :func:`check_elastic` accepted.
+    cfg: a :class:`~diloco_core.TrainConfig` whose options :func:`~diloco_core.runtime.option_checks.check_elastic` accepted.
     processes: the process count (default: JAX's; the launcher passes its own).
 
   Returns:

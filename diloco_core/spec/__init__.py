@@ -9,7 +9,7 @@ Modules: :mod:`~diloco_core.spec.validity` (the option checks and their one-line
 :mod:`~diloco_core.spec.fields` (config field metadata), :mod:`~diloco_core.spec.model_config`
 (model shapes, presets, parameter and FLOP counts), :mod:`~diloco_core.spec.wire_formats` (the
 formats' table: bits per element), :mod:`~diloco_core.spec.schedule` (which fragment is sent and
-merged at a step), :mod:`~diloco_core.spec.fragment_layers` (layers dealt to fragments),
+merged at a step), :mod:`~diloco_core.spec.mesh_shape` (the ``mesh`` option's axes and sizes), :mod:`~diloco_core.spec.fragment_layers` (layers dealt to fragments),
 :mod:`~diloco_core.spec.footprint` (bytes a replica holds, and the values an elastic run puts in the
 coordination service), :mod:`~diloco_core.spec.syncer` (the syncer rule of stragglers and asynchronous
 replicas: its knobs and checks), :mod:`~diloco_core.spec.syncer_settings` (which setting is which

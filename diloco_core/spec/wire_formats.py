@@ -111,6 +111,13 @@ def check_topk(k, chunk) -> None:
                      f" got {k!r}.")
 
 
+def check_topk_block(block_size) -> None:
+  """Refuses a ``compression_block`` with ``topk`` (one line): top-k scales once per chunk."""
+  if block_size is not None:
+    raise ValueError(f"`compression_block` {block_size!r} cannot be combined with `topk`: top-k"
+                     " values take one scale per chunk (set `topk_chunk`); drop `compression_block`.")
+
+
 def index_bits(chunk_length: int) -> int:
   """Bits of one position within a chunk of ``chunk_length`` elements: ⌈log2 length⌉ (0 for 1).
 

@@ -80,7 +80,7 @@ from diloco_core.wire.minifloat import round_to_format
 from diloco_core.wire import sparse
 from diloco_core.spec.wire_formats import BITS
 from diloco_core.spec.wire_formats import DEFAULT_CHUNK
-from diloco_core.spec.wire_formats import FORMATS  # noqa: F401  (re-exported)
+from diloco_core.spec.wire_formats import FORMATS, check_topk_block  # noqa: F401  (re-exported)
 from diloco_core.spec.wire_formats import MINIFLOATS
 from diloco_core.spec.wire_formats import SCALE_BITS
 from diloco_core.spec.wire_formats import bits_per_element  # noqa: F401
@@ -155,13 +155,6 @@ def quantize(x: jax.Array, name: str, *, block_size: int | None = None, topk: in
 def _quantize_topk(x: jax.Array, name: str, k: int, chunk: int) -> jax.Array:
   # The kept values of each chunk (one row) go through the format as one block.
   return sparse.sparsify(x, k=k, chunk=chunk, values=lambda v: _quantize(v, name, v.shape[1]))
-
-
-def check_topk_block(block_size) -> None:
-  """Refuses a ``compression_block`` with ``topk`` (one line): top-k scales once per chunk."""
-  if block_size is not None:
-    raise ValueError(f"`compression_block` {block_size!r} cannot be combined with `topk`: top-k"
-                     " values take one scale per chunk (set `topk_chunk`); drop `compression_block`.")
 
 
 @functools.partial(jax.jit, static_argnames=("name", "block_size"))

@@ -1,0 +1,85 @@
+"""The runtimes' checks of a run's options alone, and the elastic heartbeat: no JAX, no device asked.
+
+:meth:`TrainConfig.validate <diloco_core.TrainConfig.validate>` refuses here, in one line, the
+options a runtime cannot carry whatever the devices: :func:`check_background` for
+``communication="background"`` (:mod:`diloco_core.runtime.background_mesh` lays such a run out)
+and :func:`check_elastic` for ``elastic`` (:mod:`diloco_core.runtime.elastic`). What the processes
+and devices can hold is the pre-flight's part
+(:func:`~diloco_core.runtime.background_mesh.check_background_processes`,
+:func:`~diloco_core.runtime.elastic.check_elastic_processes`). Kept apart from those modules so
+that the run's config and its flags (``python -m diloco_core.launch --help``) load without JAX.
+"""
+
+from __future__ import annotations
+
+from diloco_core.spec import validity as v
+
+#: Seconds without a heartbeat after which the coordination service declares a process of an
+#: elastic run lost: the longest the others wait for a dead one at a sync.
+HEARTBEAT_S = 10
+
+
+def check_background(cfg) -> None:
+  """One-line errors for options that cannot use ``communication="background"`` (no process or
+  device is asked): DP, drops with reduce-scatter.
+
+  Args:
+    cfg: a :class:`~diloco_core.TrainConfig` with ``communication="background"``.
+
+  Returns:
+    None.
+
+  Examples:
+    >>> from diloco_core import TrainConfig, DiLoCoConfig
+    >>> check_background(TrainConfig(communication="background", algo=DiLoCoConfig(algorithm="dp")))
+    Traceback (most recent call last):
+    ...
+    ValueError: `communication` background needs algorithm diloco or streaming; dp all-reduces every step (use `communication` in-step).
+  """
+  if cfg.algo.algorithm == "dp":
+    raise ValueError("`communication` background needs algorithm diloco or streaming; dp all-reduces"
+                     " every step (use `communication` in-step).")
+  if (cfg.drop_schedule or cfg.drop_prob) and cfg.algo.reduction == "reduce-scatter":
+    raise ValueError("`communication` background simulates replica drops with `reduction` all-gather"
+                     " only (the reduce-scatter's owners average every replica); use `reduction`"
+                     " all-gather or `communication` in-step.")
+
+
+def check_elastic(cfg) -> None:
+  """One-line errors for ``elastic``, ``min_replicas`` and ``heal_wait``: the options alone (no
+  process or device is asked; :func:`check_elastic_processes` is the pre-flight's part).
+
+  Args:
+    cfg: a :class:`~diloco_core.TrainConfig`.
+
+  Returns:
+    None.
+
+  Examples:
+    >>> from diloco_core import TrainConfig
+    >>> check_elastic(TrainConfig(elastic=True))
+    Traceback (most recent call last):
+    ...
+    ValueError: `elastic` needs `communication` background (in-step runs every replica in one program: no process to lose); pass `communication` background.
+  """
+  v.check_bool("elastic", cfg.elastic)
+  M, k = cfg.algo.replicas, cfg.min_replicas
+  if not v.is_int(k) or not 1 <= k <= M:
+    raise ValueError(f"`min_replicas` must be an integer in [1, replicas={M}], got {k!r}.")
+  v.check_real("heal_wait", cfg.heal_wait, low=0.0)
+  if not cfg.elastic:
+    for name, value, default in (("min_replicas", k, 1), ("heal_wait", cfg.heal_wait, 0.0)):
+      if value != default:
+        raise ValueError(f"`{name}` applies to `elastic` runs only: add `elastic`, or drop `{name}`.")
+    return
+  if cfg.communication != "background":
+    raise ValueError("`elastic` needs `communication` background (in-step runs every replica in one"
+                     " program: no process to lose); pass `communication` background.")
+  a = cfg.algo
+  refused = [("eval_replicas", cfg.eval_replicas, cfg.eval_replicas, "a lost replica has no params to evaluate"),
+             ("reduction", a.reduction, a.reduction == "reduce-scatter", "its owners average every replica"),
+             ("outer_overlap", a.outer_overlap, a.outer_overlap != "none", "as for simulated drops: only 'none'")]
+  for name, value, bad, why in refused:
+    if bad:
+      shown = "" if isinstance(value, bool) else f" {value!r}"
+      raise ValueError(f"`elastic` does not support `{name}`{shown} ({why}); drop `elastic` or `{name}`.")
