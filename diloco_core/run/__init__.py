@@ -6,7 +6,7 @@ May import: spec, devices, data, model, store, algorithm, runtime.
 
 Modules: :mod:`~diloco_core.run.config` (``TrainConfig``), :mod:`~diloco_core.run.preflight`
 (the disk and device checks), :mod:`~diloco_core.run.loop`
-(``train``), :mod:`~diloco_core.run.programs` (the program cache), :mod:`~diloco_core.run.drops`,
+(``train``), :mod:`~diloco_core.run.run_setup` (a run set up before its first step), :mod:`~diloco_core.run.programs` (the program cache), :mod:`~diloco_core.run.drops`,
 :mod:`~diloco_core.run.divergence`, :mod:`~diloco_core.run.metrics_log`,
 :mod:`~diloco_core.run.main_job` (DP vs DiLoCo vs Streaming), :mod:`~diloco_core.run.cli`,
 :mod:`~diloco_core.run.flags` (the flags and the launch check, without JAX),

@@ -25,35 +25,22 @@ from diloco_core.runtime import communication
 from diloco_core.data import files
 from diloco_core import interrupts
 from diloco_core.store import params_io
-from diloco_core.store import run_files
 from diloco_core.store import solo_write
-from diloco_core.data.sources import make_dataset
 from diloco_core.run.divergence import Watch, check_finite  # noqa: F401 (check_finite: re-exported)
-from diloco_core.store.disk_space import check_run_space, disk_full, full_disk_message
+from diloco_core.store.disk_space import disk_full, full_disk_message
 from diloco_core.run.metrics_log import MetricsLog, RunFileError
 from diloco_core.run.drops import participation
 from diloco_core.runtime.elastic import replica_means
-from diloco_core.spec.fields import must_match_fields
-from diloco_core.devices.backend import resolve_model_config
-from diloco_core.model.transformer import init_model, train_loss
 from diloco_core.spec.model_config import param_count
 from diloco_core.devices.processes import lost_process, stop_agreed
-from diloco_core.run.programs import PROGRAMS
-from diloco_core.run.config import TrainConfig, effective_config
+from diloco_core.run.config import TrainConfig
+from diloco_core.run.run_setup import METRICS_FILE, RunWarning, SetUp, prepare_out, set_up  # noqa: F401 (re-exported)
 from diloco_core.run.preflight import preflight
 from diloco_core.run.syncer_options import tape_drops
 from diloco_core.run.tape_run import play_run
 from diloco_core.run.trace_tape import record_tape
 from diloco_core.spec.schedule import sent_fragment
 from diloco_core.store.tree_io import one_line
-
-
-#: The file of the run's log rows under ``out``.
-METRICS_FILE = "metrics.jsonl"
-
-
-class RunWarning(UserWarning):
-  """A run that goes ahead but may not mean what was asked (also listed in summary.json)."""
 
 
 class Interrupted(KeyboardInterrupt):
@@ -127,39 +114,6 @@ def _checkpoint_meta(cfg: TrainConfig, t: int, log: MetricsLog, data_identity: d
   }
 
 
-def _prepare_out(cfg: TrainConfig) -> str | None:
-  """Creates ``out`` (clearing an old run on overwrite); returns the metrics path or None."""
-  if cfg.out is None or jax.process_index() != 0:  # only process 0 writes files
-    return None
-  os.makedirs(cfg.out, exist_ok=True)
-  if cfg.overwrite and not cfg.resume:  # starting over: nothing of the old run may mix in
-    foreign = run_files.remove_run_files(cfg.out)
-    if foreign:
-      warnings.warn(f"`overwrite` kept {len(foreign)} file(s) no run wrote: {', '.join(foreign)}.",
-                    RunWarning, stacklevel=3)
-  return os.path.join(cfg.out, METRICS_FILE)
-
-
-def _check_resumable(cfg: TrainConfig, data_identity: dict | None) -> None:
-  """Refuses, before anything is built, a resume whose checkpoint was written with other
-  must-match options (compared on their effective values) or on other data (unless
-  ``allow_data_change``). Reads the newest checkpoint's meta file only; damaged or missing
-  checkpoints are left to :func:`~diloco_core.store.checkpoint.restore_latest`, which says why."""
-  found = ckpt.newest_meta(cfg.out)
-  if found is None:
-    return
-  path, meta = found
-  ckpt.check_compatible(effective_config(meta.get("config", {})), effective_config(dataclasses.asdict(cfg)),
-                        path, must_match_fields(type(cfg)))
-  if "data_identity" not in meta or cfg.allow_data_change:  # older checkpoints did not record it
-    return
-  change = files.identity_change(meta["data_identity"], data_identity)
-  if change is not None:
-    raise ValueError(f"`resume`: the data changed since checkpoint {path} was written"
-                     f" ({cfg.data.source}: {change}); restore it, or pass `allow_data_change` to"
-                     " continue on the new data.")
-
-
 def _writes_files(cfg: TrainConfig, comm, log: MetricsLog) -> bool:
   """Whether this process writes the run's files now (``comm.writes_files``); an elastic run's
   process that has just become the writer (the one before it was lost) first takes
@@ -170,19 +124,12 @@ def _writes_files(cfg: TrainConfig, comm, log: MetricsLog) -> bool:
   return writes
 
 
-def _init_params(cfg: TrainConfig, model_cfg):
-  """(apply_fn, params): the model at ``cfg.seed``, or loaded from ``cfg.init_from``."""
-  apply_fn, params = init_model(model_cfg, cfg.seed)
-  if cfg.init_from is not None and not cfg.resume:  # bootstrap: broadcast to replicas, fresh outer state
-    try:
-      params = params_io.load_params(cfg.init_from, like=params)
-    except ValueError as e:
-      raise ValueError(f"init_from: {e}") from None
-  return apply_fn, params
-
-
 def train(cfg: TrainConfig) -> TrainResult:
   """Trains one run and returns its metrics, summary and final params.
+
+  Read top to bottom: the checks, then :func:`~diloco_core.run.run_setup.set_up` (data, model, program, state),
+  :func:`_steps` (each step by :func:`_step`, each log row by :func:`_row`) and :func:`_finish`
+  (final params, summary, tape).
 
   Args:
     cfg: the run. Every option is validated before any compilation.
@@ -191,124 +138,42 @@ def train(cfg: TrainConfig) -> TrainResult:
     A :class:`TrainResult`; when ``cfg.out`` is set, ``metrics.jsonl`` and
     ``summary.json`` hold the same numbers.
   """
-  # ---- set-up: data, model, the (possibly cached) program, the state ----
   cfg.validate()
   preflight(cfg)  # the disk and the devices, once
   if cfg.syncer.plays_tape(cfg):  # the syncer rule: the run played from its tape, P = 1, τ = 0
-    _prepare_out(cfg)
+    prepare_out(cfg)
     rows, summary, params = play_run(cfg)
     return TrainResult(rows=rows, summary=summary, params=params, state=None)
   if cfg.syncer.tape is not None:  # a recorded tape: this run with its drops (checked by validate)
     cfg = dataclasses.replace(cfg, drop_schedule=tape_drops(cfg))
-  # The data's fingerprint (file hashes) is only needed by checkpoints and resumes.
-  data_identity = files.identity(cfg.data.source) if cfg.resume or cfg.checkpoint_every else None
-  if cfg.resume:
-    _check_resumable(cfg, data_identity)
-  for message in cfg.schedule_warnings():  # H > steps: run, but loudly (header and summary.json)
-    warnings.warn(message, RunWarning, stacklevel=2)
-  interrupts.check()
-  M, b, T = cfg.algo.replicas, cfg.batch_size, cfg.seq_len
-  # The data defines the vocabulary: synthetic -> DataConfig.vocab_size, text -> 256 bytes,
-  # .npy -> cfg.vocab_size (ids must be below it) or the largest id + 1.
-  data = make_dataset(cfg.data, replicas=M, batch_size=b, seq_len=T, model_vocab_size=cfg.vocab_size,
-                      local_replicas=communication.data_replicas(cfg))  # its shards only
-  model_cfg = resolve_model_config(cfg.model_config(vocab_size=data.vocab_size))  # dtype, kernel
-  interrupts.check()
-  apply_fn, params = _init_params(cfg, model_cfg)
-  loss_fn = lambda p, tokens: train_loss(apply_fn, p, tokens)  # + the MoE aux losses
-  algo, eval_fn = PROGRAMS.get(cfg, loss_fn, params, model_cfg)  # reuses an earlier run's program
-  # eval_replicas: the last step merges nothing (alpha = 1 keeps every replica's own params; the
-  # global params do not depend on alpha), so each replica can be evaluated beside them.
-  comm = communication.make_communication(cfg, algo, params, resumed=cfg.resume)
-  state = comm.init(params)
-  interrupts.check()
-  resumed = None
-  rejoining = comm.rejoining  # an elastic replacement: a live peer sends its state
-  if cfg.resume and not rejoining:
-    resumed = ckpt.restore_latest(cfg.out, comm.global_state(state), effective_config(dataclasses.asdict(cfg)),
-                                  must_match_fields(type(cfg)), normalize=effective_config)
-  if resumed is not None:
-    if cfg.steps < resumed.step:
-      raise ValueError(f"steps ({cfg.steps}) is below the checkpoint's step {resumed.step} in"
-                       f" {resumed.path}; pass `steps` >= {resumed.step}.")
-    state = comm.local_state(resumed.state)
-    comm.resumed_from(resumed.step, resumed.meta)
-  first = 1 if resumed is None else resumed.step + 1  # checkpoints fall on log rows: nothing pending
-  if rejoining:
-    state, healed = comm.rejoin(state, comm.place_batch(data.train_batch(0)))  # (compiles with any batch)
-    first = healed + 1
-  if cfg.out is not None and jax.process_index() == 0:  # only process 0 writes files
-    check_run_space(cfg, comm.global_state(state), params, first,  # before any step, not at a save
-                    on_disk=len(ckpt.finalized_steps(cfg.out)) if cfg.resume else 0)
-  eval_tokens = comm.place_replicated(data.eval_batch())
-  evaluate = lambda s: float(eval_fn(algo.eval_params(s), eval_tokens))
-  drops = bool(cfg.drop_schedule or cfg.drop_prob)
-  log = MetricsLog(M * b * T, drops, _prepare_out(cfg), None if resumed is None else resumed.meta["metrics"],
-                   gather=comm.gather_rows)
-  # elastic: process 0 writes the checkpoints alone (comm.checkpoint_state gathers them)
-  checkpoints = (ckpt.CheckpointWriter(cfg.out, cfg.keep_checkpoints, alone=cfg.elastic)
-                 if cfg.checkpoint_every and (not cfg.elastic or jax.process_index() == 0) else None)
-  last_checkpoint = None if resumed is None else resumed.path
+  run, state = set_up(cfg)
+  state, host_replicas, watch = _steps(run, state)
+  return _finish(run, state, host_replicas, watch)
 
-  # ---- the run ----
-  start, compile_time = time.perf_counter(), None
-  writer = jax.process_index() == 0
-  bar = tqdm(total=cfg.steps, initial=first - 1, disable=not (cfg.progress and writer),
-             desc=f"{cfg.algo.algorithm} ({model_cfg.compute_dtype})", unit="step")
-  if resumed is None:
-    log.start(evaluate(state))
-  watch = Watch(comm, state, log.rows[0]["eval_loss"], last_checkpoint, outer=cfg.algo.algorithm != "dp")
-  done = first - 1
-  store = getattr(data, "store", None)  # file data: checked for changes at every log row
+
+def _steps(run: SetUp, state) -> tuple[Any, Any, Watch]:
+  """Steps ``run.first`` to ``cfg.steps``; a stop, a lost process, a file that cannot be written
+  or data that changed end the run with one line that says what was kept and how to go on.
+
+  Returns:
+    (the final state, every replica's params on the host for ``eval_replicas`` or None, the
+    :class:`~diloco_core.run.divergence.Watch` that followed the run).
+  """
+  cfg, log = run.cfg, run.log
+  run.start = time.perf_counter()
+  bar = tqdm(total=cfg.steps, initial=run.first - 1, disable=not (cfg.progress and jax.process_index() == 0),
+             desc=f"{cfg.algo.algorithm} ({run.model_cfg.compute_dtype})", unit="step")
+  if run.resumed is None:
+    log.start(run.evaluate(state))
+  watch = Watch(run.comm, state, log.rows[0]["eval_loss"], None if run.resumed is None else run.resumed.path,
+                outer=cfg.algo.algorithm != "dp")
+  done = run.first - 1
   try:
-    for t in range(first, cfg.steps + 1):
-      interrupts.check()  # a stop request (SIGINT / SIGTERM under the CLI) ends the run here
-      if stop_agreed(t):  # several processes: every one stops before the same step
-        raise KeyboardInterrupt
-      batch = comm.place_batch(data.train_batch(t - 1))
-      present = participation(cfg, t)
-      state, m = comm.step(state, batch, t, present, last=t == cfg.steps and cfg.eval_replicas)
-      if compile_time is None:
-        jax.block_until_ready(m["loss"])
-        compile_time = time.perf_counter() - start
-      synced = present is not None and sent_fragment(t, cfg.algo.sync_every, cfg.algo.fragments)[0]
-      log.step(t, m["loss"], algo.bytes_sent(t), present, synced, m["loss_metrics"].get("aux_loss"))
-      watch.after_step(t, state, *(sent_fragment(u, cfg.algo.sync_every, cfg.algo.fragments)[0] for u in (t, t + 1)))
-      do_eval = t % cfg.eval_every == 0 or t == cfg.steps
-      if t % cfg.log_every == 0 or do_eval:
-        if store is not None:
-          store.check_unchanged()
-        save = bool(cfg.checkpoint_every) and (t % cfg.checkpoint_every == 0 or t == cfg.steps)
-        if do_eval or save:  # evaluated and saved states hold no fragment in flight (= the SPMD state)
-          state = comm.settle(state, t)
-        step_losses = log.fetch_losses()
-        absent = comm.absent_replicas()  # elastic: lost replicas have no losses (NaN) to check
-        watch.check_row(t, step_losses if absent is None else np.where(absent & np.isnan(step_losses), 0.0, step_losses),
-                        state)
-        losses = step_losses.mean(axis=0) if absent is None else replica_means(step_losses)
-        eval_loss = evaluate(state) if do_eval or save else None  # never checkpoint a diverged state
-        if eval_loss is not None:
-          watch.check_eval(t, eval_loss)
-        for s, share in comm.take_unsent():  # elastic: what the lost did not send is not counted
-          log.uncount(algo.bytes_sent(s) * share)
-        wall = time.perf_counter() - start
-        _writes_files(cfg, comm, log)  # elastic: process 0 may have been lost
-        log.row(t, losses, eval_loss if do_eval else None, wall, log.fetch_aux())
-        if save:
-          saved, note = comm.checkpoint_state(state, t)  # None: another process writes it
-          meta = {**_checkpoint_meta(cfg, t, log, data_identity), **note}
-          if saved is not None and checkpoints is None:  # elastic: the writer after process 0
-            checkpoints = solo_write.CheckpointWriter(cfg.out, cfg.keep_checkpoints)
-          watch.saved(ckpt.step_dir(cfg.out, t) if saved is None else checkpoints.save(t, saved, meta))
-        bar.update(t - bar.n)
-        tok_s = (t - 1) * log.tokens_per_step / max(wall - compile_time, 1e-9) if t > 1 else 0.0
-        bar.set_postfix(loss=f"{np.nanmean(losses):.3f}", tok_s=f"{tok_s:,.0f}")
-      rejoins = [(r, src) for s, r, src in cfg.rejoin_schedule if s == t]  # a replayed elastic rejoin
-      for source in sorted({src for _, src in rejoins}):
-        state = comm.rejoin_replicas(state, [r for r, src in rejoins if src == source], source)
+    for t in range(run.first, cfg.steps + 1):
+      state = _step(run, state, t, watch, bar)
       done = t
     # eval_replicas: every replica's params on the host, gathered while the link is open
-    host_replicas = comm.host_replicas(state) if cfg.eval_replicas else None
+    host_replicas = run.comm.host_replicas(state) if cfg.eval_replicas else None
   except KeyboardInterrupt:  # Ctrl-C, or SIGTERM under the command line: one line, what to do next
     raise Interrupted(done, cfg.out, watch.last_checkpoint) from None
   except (ConnectionError, jax.errors.JaxRuntimeError, ValueError) as e:  # another process lost? nothing here is damaged
@@ -330,32 +195,116 @@ def train(cfg: TrainConfig) -> TrainResult:
   finally:
     bar.close()
     log.close()
-    if checkpoints is not None:
-      checkpoints.close()
-    comm.close()
+    if run.checkpoints is not None:
+      run.checkpoints.close()
+    run.comm.close()
+  return state, host_replicas, watch
 
-  # ---- summary ----
+
+def _step(run: SetUp, state, t: int, watch: Watch, bar) -> Any:
+  """Step ``t``: the runtime's step, its losses and bytes logged, a log row when one is due
+  (:func:`_row`), and the rejoins a replayed elastic run holds at ``t``."""
+  cfg, comm, log = run.cfg, run.comm, run.log
+  interrupts.check()  # a stop request (SIGINT / SIGTERM under the CLI) ends the run here
+  if stop_agreed(t):  # several processes: every one stops before the same step
+    raise KeyboardInterrupt
+  batch = comm.place_batch(run.data.train_batch(t - 1))
+  present = participation(cfg, t)
+  state, m = comm.step(state, batch, t, present, last=t == cfg.steps and cfg.eval_replicas)
+  if run.compile_time is None:
+    jax.block_until_ready(m["loss"])
+    run.compile_time = time.perf_counter() - run.start
+  synced = present is not None and sent_fragment(t, cfg.algo.sync_every, cfg.algo.fragments)[0]
+  log.step(t, m["loss"], run.algo.bytes_sent(t), present, synced, m["loss_metrics"].get("aux_loss"))
+  watch.after_step(t, state, *(sent_fragment(u, cfg.algo.sync_every, cfg.algo.fragments)[0] for u in (t, t + 1)))
+  do_eval = t % cfg.eval_every == 0 or t == cfg.steps
+  if t % cfg.log_every == 0 or do_eval:
+    state = _row(run, state, t, do_eval, watch, bar)
+  rejoins = [(r, src) for s, r, src in cfg.rejoin_schedule if s == t]  # a replayed elastic rejoin
+  for source in sorted({src for _, src in rejoins}):
+    state = comm.rejoin_replicas(state, [r for r, src in rejoins if src == source], source)
+  return state
+
+
+def _row(run: SetUp, state, t: int, do_eval: bool, watch: Watch, bar) -> Any:
+  """The log row of step ``t``: the losses checked, the eval (and checkpoint) of a settled state,
+  the row written, the progress bar moved. Returns the state (settled when evaluated or saved)."""
+  cfg, comm, log = run.cfg, run.comm, run.log
+  store = getattr(run.data, "store", None)  # file data: checked for changes at every log row
+  if store is not None:
+    store.check_unchanged()
+  save = bool(cfg.checkpoint_every) and (t % cfg.checkpoint_every == 0 or t == cfg.steps)
+  if do_eval or save:  # evaluated and saved states hold no fragment in flight (= the SPMD state)
+    state = comm.settle(state, t)
+  step_losses = log.fetch_losses()
+  absent = comm.absent_replicas()  # elastic: lost replicas have no losses (NaN) to check
+  watch.check_row(t, step_losses if absent is None else np.where(absent & np.isnan(step_losses), 0.0, step_losses),
+                  state)
+  losses = step_losses.mean(axis=0) if absent is None else replica_means(step_losses)
+  eval_loss = run.evaluate(state) if do_eval or save else None  # never checkpoint a diverged state
+  if eval_loss is not None:
+    watch.check_eval(t, eval_loss)
+  for s, share in comm.take_unsent():  # elastic: what the lost did not send is not counted
+    log.uncount(run.algo.bytes_sent(s) * share)
+  wall = time.perf_counter() - run.start
+  _writes_files(cfg, comm, log)  # elastic: process 0 may have been lost
+  log.row(t, losses, eval_loss if do_eval else None, wall, log.fetch_aux())
+  if save:
+    saved, note = comm.checkpoint_state(state, t)  # None: another process writes it
+    meta = {**_checkpoint_meta(cfg, t, log, run.data_identity), **note}
+    if saved is not None and run.checkpoints is None:  # elastic: the writer after process 0
+      run.checkpoints = solo_write.CheckpointWriter(cfg.out, cfg.keep_checkpoints)
+    watch.saved(ckpt.step_dir(cfg.out, t) if saved is None else run.checkpoints.save(t, saved, meta))
+  bar.update(t - bar.n)
+  tok_s = (t - 1) * log.tokens_per_step / max(wall - run.compile_time, 1e-9) if t > 1 else 0.0
+  bar.set_postfix(loss=f"{np.nanmean(losses):.3f}", tok_s=f"{tok_s:,.0f}")
+  return state
+
+
+def _finish(run: SetUp, state, host_replicas, watch: Watch) -> TrainResult:
+  """The final params exported, the summary computed and written, an elastic run's tape recorded."""
+  cfg, comm, log = run.cfg, run.comm, run.log
   final_params = None
   writer = _writes_files(cfg, comm, log)
   log.close()  # a writer that took the rows over just now
   if cfg.out is not None and (writer or not cfg.elastic):  # plain params: diloco_core.load_params(path)
     try:  # elastic: the writer alone (a lost process would never reach Orbax's barriers)
-      params_out, params_path = algo.eval_params(comm.global_state(state)), os.path.join(cfg.out, ckpt.FINAL_PARAMS)
+      params_out, params_path = run.algo.eval_params(comm.global_state(state)), os.path.join(cfg.out, ckpt.FINAL_PARAMS)
       final_params = (solo_write.export_params(params_out, params_path) if cfg.elastic and jax.process_index() != 0
                       else params_io.export_params(params_out, params_path, alone=cfg.elastic))
     except OSError as e:
       raise RunFileError(f"{e}; the run trained all {cfg.steps} steps: {_finish_advice(watch)}.") from None
-  wall = time.perf_counter() - start
-  compile_time = 0.0 if compile_time is None else compile_time  # resumed at the last step: no step ran
+  summary = _summary(run, host_replicas, final_params)
+  if cfg.out is not None and writer:
+    try:
+      with open(os.path.join(cfg.out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    except OSError as e:
+      why = full_disk_message(cfg.out) if disk_full(e) else one_line(e)
+      raise RunFileError(f"{cfg.out}/summary.json could not be written ({why}); the run trained all"
+                         f" {cfg.steps} steps: {_finish_advice(watch)}.") from None
+    if cfg.communication == "background" and cfg.elastic:  # an elastic run records its tape
+      why = record_tape(cfg.out, jax.process_index(), cfg.algo.replicas, cfg.algo.sync_every, jax.process_count())
+      if why is not None and cfg.syncer.quorum is not None:  # (a quorum run says why it has none)
+        warnings.warn(why, RunWarning, stacklevel=3)
+  return TrainResult(rows=log.rows, summary=summary, params=run.algo.eval_params(state),
+                     state=comm.global_state(state))
+
+
+def _summary(run: SetUp, host_replicas, final_params) -> dict:
+  """``summary.json``: the run's results, counts, times and config."""
+  cfg, log, model_cfg = run.cfg, run.log, run.model_cfg
+  wall = time.perf_counter() - run.start
+  compile_time = 0.0 if run.compile_time is None else run.compile_time  # resumed at the last step: no step ran
   final_eval = _last_logged(log.rows, "eval_loss")
   replica_losses = None
   if cfg.eval_replicas:
-    replica_losses = [float(eval_fn(comm.place_replicated(jax.tree.map(lambda x: x[m], host_replicas)),
-                                    eval_tokens))
-                      for m in range(M)]
-  floor = data.loss_floor
+    replica_losses = [float(run.eval_fn(run.comm.place_replicated(jax.tree.map(lambda x: x[m], host_replicas)),
+                                        run.eval_tokens))
+                      for m in range(cfg.algo.replicas)]
+  floor = run.data.loss_floor
   tokens_per_step = log.tokens_per_step
-  summary = {
+  return {
       "algorithm": cfg.algo.algorithm,
       "final_eval_loss": final_eval,
       "loss_floor": floor,
@@ -368,30 +317,16 @@ def train(cfg: TrainConfig) -> TrainResult:
       "wall_time_s": wall,
       "compile_time_s": compile_time,
       "tokens": cfg.steps * tokens_per_step,
-      "tokens_per_s": max(cfg.steps - first, 0) * tokens_per_step / max(wall - compile_time, 1e-9),
+      "tokens_per_s": max(cfg.steps - run.first, 0) * tokens_per_step / max(wall - compile_time, 1e-9),
       "params": param_count(model_cfg),
       "active_params": param_count(model_cfg, active=True),
       # MoE: the auxiliary loss term (weighted balance + z-losses) of the last logged steps
       "final_aux_loss": _last_logged(log.rows, "aux_loss"),
       "compute_dtype": model_cfg.compute_dtype,
       "attention": model_cfg.attention,
-      "data": data.describe(),
+      "data": run.data.describe(),
       "config": dataclasses.asdict(cfg),
       "final_params": final_params,
-      "resumed_from": None if resumed is None else resumed.path,
+      "resumed_from": None if run.resumed is None else run.resumed.path,
       "warnings": cfg.schedule_warnings(),
   }
-  if cfg.out is not None and writer:
-    try:
-      with open(os.path.join(cfg.out, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-    except OSError as e:
-      why = full_disk_message(cfg.out) if disk_full(e) else one_line(e)
-      raise RunFileError(f"{cfg.out}/summary.json could not be written ({why}); the run trained all"
-                         f" {cfg.steps} steps: {_finish_advice(watch)}.") from None
-    if cfg.communication == "background" and cfg.elastic:  # an elastic run records its tape
-      why = record_tape(cfg.out, jax.process_index(), M, cfg.algo.sync_every, jax.process_count())
-      if why is not None and cfg.syncer.quorum is not None:  # (a quorum run says why it has none)
-        warnings.warn(why, RunWarning, stacklevel=2)
-  return TrainResult(rows=log.rows, summary=summary, params=algo.eval_params(state),
-                     state=comm.global_state(state))
