@@ -17,6 +17,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = ("diloco_core", "analysis")
 #: The most lines a module may have (docstrings included).
 MAX_LINES = 450
+#: The most lines a function of the trainer may have (its docstring included): one you read at once.
+MAX_FUNCTION_LINES = 80
 
 
 def modules() -> dict[str, pathlib.Path]:
@@ -163,6 +165,15 @@ def test_modules_are_small():
   long = {name: n for name, path in modules().items()
           if (n := len(path.read_text().splitlines())) > MAX_LINES}
   assert not long, f"modules over {MAX_LINES} lines (split them by concept): {long}"
+
+
+def test_no_function_of_the_trainer_is_longer_than_a_screen():
+  long = {f"{name}.{node.name}": node.end_lineno - node.lineno + 1
+          for name, path in modules().items() if name.startswith("diloco_core")
+          for node in ast.walk(ast.parse(path.read_text()))
+          if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+          and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES}
+  assert not long, f"functions over {MAX_FUNCTION_LINES} lines (split them into named steps): {long}"
 
 
 def test_the_planning_library_imports_nothing_of_the_lab():

@@ -271,9 +271,9 @@ def launch(argv) -> int:
 
 def _supervise(children: list[_Child], kill_at: tuple[int, int, str] | None = None, restart: bool = False,
                service: _Child | None = None) -> int:
-  """Waits for every child; stops them all on a failure or a stop request; the worst code.
-  ``kill_at``: (process, step, trace) of ``--kill-at``; ``restart``: ``--restart``; ``service``:
-  the coordination service's own process (``--own-coordinator``)."""
+  """Waits for every child; stops them all on a failure or a stop request; the worst code
+  (:func:`_report`). ``kill_at``: (process, step, trace) of ``--kill-at``; ``restart``:
+  ``--restart``; ``service``: the coordination service's own process (``--own-coordinator``)."""
   replaced: list[_Child] = []  # --restart: the lost processes whose replacement was started
   first_failure: _Child | None = None
   elastic = FLAGS["elastic"] in children[0].cmd
@@ -315,6 +315,13 @@ def _supervise(children: list[_Child], kill_at: tuple[int, int, str] | None = No
     time.sleep(POLL_S)
   for c in children:
     c.join()
+  return _report(children, first_failure, replaced, ended, elastic, service)
+
+
+def _report(children: list[_Child], first_failure: _Child | None, replaced: list[_Child], ended: dict[int, float],
+            elastic: bool, service: _Child | None) -> int:
+  """After every child ended: the launcher's lines (who was lost, who failed first, or the stop
+  request) and its exit code, the worst child's."""
   if service is not None and first_failure is service:
     print(f"launch: the coordination service's own process {_how(service.proc.returncode)}; the"
           f" trainers stopped ({_checkpoint_advice(children[0].cmd)}).", file=sys.stderr)
@@ -323,10 +330,10 @@ def _supervise(children: list[_Child], kill_at: tuple[int, int, str] | None = No
   if elastic and finished and (service is not None or children[0] in finished):  # say who was lost on the way
     for c in replaced:
       new = children[c.index]
-      ended = ("rejoined and finished" if new.proc.returncode == 0 else
-               f"was started and {_how(new.proc.returncode)}: {new.tail[-1] if new.tail else ''}")
+      fate = ("rejoined and finished" if new.proc.returncode == 0 else
+              f"was started and {_how(new.proc.returncode)}: {new.tail[-1] if new.tail else ''}")
       print(f"launch: process {c.index} of {len(children)} {_how(c.proc.returncode)}; a replacement"
-            f" {ended} ({FLAGS['elastic']} --restart).", file=sys.stderr)
+            f" {fate} ({FLAGS['elastic']} --restart).", file=sys.stderr)
     for c in children:
       if c.proc.returncode != 0 and c not in replaced:
         print(f"launch: process {c.index} of {len(children)} {_how(c.proc.returncode)}; the others went on"

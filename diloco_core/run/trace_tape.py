@@ -95,6 +95,18 @@ def tape_from_trace(rows, replicas: int, sync_every: int, processes: int | None 
     >>> [e for e in late if type(e).__name__ == "Lost"]  # a member of round 2: lost after it
     [Lost(tick=3, replica=1, step=2)]
   """
+  syncs, lost = _syncs_and_losses(rows, replicas, sync_every, processes)
+  for s, members in syncs:  # contributed, then lost before the barrier that noticed it
+    for m in members:
+      if lost.get(m) == s:
+        lost[m] = s + 1
+  return _lock_step(syncs, lost, replicas, sync_every)
+
+
+def _syncs_and_losses(rows, replicas: int, sync_every: int, processes: int | None
+                      ) -> tuple[list[tuple[int, tuple[int, ...]]], dict[int, int]]:
+  """The trace's syncs, ``(sent at, members)`` in order, and each lost replica's step (the
+  ``lost`` row's); one-line ``ValueError`` for what a tape cannot record."""
   syncs: list[tuple[int, tuple[int, ...]]] = []
   lost: dict[int, int] = {}
   for row in rows:
@@ -129,11 +141,7 @@ def tape_from_trace(rows, replicas: int, sync_every: int, processes: int | None 
                        f" {replicas}.")
     syncs.append((sent, tuple(range(replicas)) if present is None else
                   tuple(m for m, on in enumerate(present) if on > 0)))
-  for s, members in syncs:  # contributed, then lost before the barrier that noticed it
-    for m in members:
-      if lost.get(m) == s:
-        lost[m] = s + 1
-  return _lock_step(syncs, lost, replicas, sync_every)
+  return syncs, lost
 
 
 def _lock_step(syncs, lost: dict[int, int], replicas: int, sync_every: int) -> tuple:
