@@ -99,7 +99,8 @@ class SyncerOptions:
                      help="ticks a round stays open after its K-th contribution")
   late: str = field("drop", flag="late", group=_G, help=f"a late contribution: one of {LATE_POLICIES}")
   max_staleness: int | None = field(None, flag="max-staleness", group=_G, parse=int, symbol="s",
-                                    help="late carry: the largest staleness admitted (default: any)")
+                                    help="late carry: the largest staleness admitted, in versions (committed rounds, also under"
+                                         " --outer-apply sequential, where Liu et al. count outer steps) (default: any)")
   apply: str = field("merged", flag="outer-apply", group=_G,
                      help=f"a round's outer step: one of {APPLY_MODES} (sequential: one per contribution)")
   buffer: int = field(1, flag="outer-buffer", group=_G, symbol="N",
@@ -107,7 +108,7 @@ class SyncerOptions:
   activation: float = field(0.0, flag="momentum-activation", group=_G, symbol="c",
                             help="Delayed Nesterov's momentum activation, in [0, 1/N]")
   weights: str = field("uniform", flag="contribution-weights", group=_G,
-                       help=f"a round's contribution weights: one of {WEIGHTINGS}")
+                       help=f"a round's contribution weights: one of {WEIGHTINGS} (staleness: s in versions, as --max-staleness)")
   staleness_exponent: float = field(STALENESS_EXPONENT, flag="staleness-exponent", group=_G, symbol="a",
                                     help="weights staleness: the discount (1 + s)^-a")
   radial: bool = field(False, flag="radial", group=_G, help="radial-directional mean of a merged round")

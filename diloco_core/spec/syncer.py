@@ -9,7 +9,12 @@ The rule, per fragment (the simulated-time tape of :mod:`~diloco_core.spec.tape`
    base b = v is *fresh* and joins the round. One with b < v is *late* (its own round, b + 1, has
    committed): ``late="drop"`` discards it and the replica restarts from
    :math:`\\theta_g^{(v)}` (the elastic drop rule's heal); ``late="carry"`` lets it join the open
-   round with staleness :math:`s = v - b`, unless s exceeds ``max_staleness``.
+   round with staleness :math:`s = v - b`, unless s exceeds ``max_staleness``. Staleness counts
+   versions (committed rounds), in both apply modes. Under ``apply="sequential"`` Liu et al.
+   count each member's application as a server update instead, so there a contribution is as
+   stale as the outer steps applied since its base: at least s, more when rounds had several
+   members. The trainer keeps one count for both modes so that a contribution's staleness,
+   ``max_staleness`` and the ``"staleness"`` weights do not change with ``apply``.
 3. The round commits G = ``grace`` ticks after the tick at which it holds contributions of
    :math:`\\min(K, n)` replicas, n the live replicas that can still contribute (a quorum never
    waits for a lost replica); every contribution arrived by then is a member, in arrival order.
@@ -29,7 +34,9 @@ updates, from the replicas' speeds v: steps per unit of time):
 
 .. math:: H_m = \\max\\bigl(1, \\lfloor H\\, v_m / \\max_k v_k \\rfloor\\bigr)
 
-(the floor taken in exact rational arithmetic, a float read as the decimal it prints as).
+(the floor taken in exact rational arithmetic, a float read as the decimal it prints as; Liu
+et al.'s Eq. 6 has the bare floor, which gives 0 steps to a replica more than H times slower
+than the fastest: the max keeps it contributing, and the two agree whenever :math:`H v_m \\ge \\max_k v_k`).
 Contribution weights: ``"uniform"``; ``"tokens"`` (Decoupled DiLoCo, arXiv 2604.21428, as its
 secondary descriptions state it: tokens times tokens per step,
 :math:`w \\propto c_\\text{tok}^2 / c_\\text{steps}`; with equal batches this is
