@@ -8,7 +8,8 @@ May import: spec, devices, wire.
 Modules: :mod:`~diloco_core.algorithm.config` (``DiLoCoConfig`` and its checks),
 :mod:`~diloco_core.algorithm.base` (the ``Algorithm`` protocol), :mod:`~diloco_core.algorithm.state`,
 :mod:`~diloco_core.algorithm.hyperparams`, :mod:`~diloco_core.algorithm.optimizers`,
-:mod:`~diloco_core.algorithm.fragments`, :mod:`~diloco_core.algorithm.eager`,
+:mod:`~diloco_core.algorithm.fragments`, :mod:`~diloco_core.algorithm.eager` with
+:mod:`~diloco_core.algorithm.outer_phases` (the outer step before and after its average),
 :mod:`~diloco_core.algorithm.phases`, :mod:`~diloco_core.algorithm.diloco`,
 :mod:`~diloco_core.algorithm.dp`, :mod:`~diloco_core.algorithm.outer_apply` (a syncer round's outer
 update: merged or sequential, (Delayed) Nesterov; not wired into the runtimes yet).

@@ -78,7 +78,7 @@ def before_mean(frag, kinds: tuple, branch, k, outer_step, sent: list, fl: Eager
   outer params with :func:`eager_gradient`, with the others' part :math:`o_m` of the
   *previous* average, and keeps ``sent`` in its others' slot until this sync's average
   arrives (:func:`after_mean`). θ_g is not computed here (it is the mean over every replica,
-  :meth:`~diloco_core.algorithm.phases.Phases.replicas_mean`).
+  :meth:`~diloco_core.algorithm.outer_phases.OuterStepPhases.replicas_mean`).
 
   Args:
     frag: the ``Fragments`` of the params.

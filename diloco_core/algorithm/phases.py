@@ -2,8 +2,9 @@
 
 A step of :class:`~diloco_core.algorithm.diloco.DiLoCo` is :meth:`Phases.inner_steps`, then, for
 the fragment due, :meth:`Phases.payloads` (each replica's, local), :meth:`Phases.average` (the
-only cross-replica collective, :func:`present_mean`), :meth:`Phases.before_mean` and
-:meth:`Phases.after_mean` (the outer update before and once its average is known), which
+only cross-replica collective, :func:`present_mean`), :meth:`~OuterStepPhases.before_mean` and
+:meth:`~OuterStepPhases.after_mean` (the outer update before and once its average is known,
+:mod:`~diloco_core.algorithm.outer_phases`), which
 :meth:`Phases.send` composes; τ steps later, :meth:`Phases.merge`. The in-step runtime composes
 them into one jitted step (:meth:`~diloco_core.algorithm.diloco.DiLoCo.step`); the background
 runtime (:class:`~diloco_core.runtime.background.Background`) runs them as separate programs with
@@ -20,6 +21,7 @@ import optax
 from diloco_core.wire import compression
 
 from diloco_core.algorithm import eager
+from diloco_core.algorithm.outer_phases import OuterStepPhases
 from diloco_core.algorithm.base import loss_and_grad
 from diloco_core.algorithm.fragments import per_fragment_state
 from diloco_core.algorithm.hyperparams import resolve_optimizer
@@ -69,7 +71,7 @@ def present_mean(sent: list, present, replicas: int, reduce_mean) -> list:
   return [x * scale for x in reduce_mean(kept)]
 
 
-class Phases:
+class Phases(OuterStepPhases):
   """The phases of :class:`~diloco_core.algorithm.diloco.DiLoCo` (a base class of it).
 
   A phase takes one fragment's ``branch`` and traced ``k``
@@ -276,10 +278,10 @@ class Phases:
     return requantize_mean(present_mean(sent, present, self.config.replicas, drjax.reduce_mean), self.config)
 
   def outer_step(self, branch, k, hp, ops: SendOperands, sent: list, delta: list, ef) -> OuterUpdate:
-    """Phase: the fragment's whole outer update, :meth:`before_mean` then :meth:`after_mean`.
+    """Phase: the fragment's whole outer update, :meth:`~diloco_core.algorithm.outer_phases.OuterStepPhases.before_mean` then :meth:`~diloco_core.algorithm.outer_phases.OuterStepPhases.after_mean`.
 
     Under ``outer_overlap="eager"``, θ_g[p] is then the mean of the replicas' own outer params
-    (:meth:`replicas_mean`).
+    (:meth:`~diloco_core.algorithm.outer_phases.OuterStepPhases.replicas_mean`).
 
     Args:
       branch: the fragment's branch (:meth:`~diloco_core.algorithm.fragments.Fragments.switch`).
@@ -298,120 +300,6 @@ class Phases:
       own = self.fragment_of(ops.in_flight.outer_params, branch, k, axis=1)
       ops = self.replicas_mean(branch, k, ops, own, drjax.reduce_mean)
     return OuterUpdate(ops.global_params, ops.outer_state, ef, ops.in_flight)
-
-  def before_mean(self, branch, k, hp, ops: SendOperands, sent: list) -> SendOperands:
-    """Phase: what a sync of the fragment does before its average is known (local to each replica).
-
-    ``outer_overlap="none"``: nothing; ``"delayed"``: the outer step with the previous sync's
-    average (in flight since); ``"eager"``: each replica's outer step on its own outer params
-    (:func:`~diloco_core.algorithm.eager.before_mean`).
-
-    Args:
-      branch: the fragment's branch (:meth:`~diloco_core.algorithm.fragments.Fragments.switch`).
-      k: the traced layer-fragment index.
-      hp: the hyperparameters (the outer optimizer's are read).
-      ops: the operands.
-      sent: this sync's payloads (leading axis M; read by eager overlap only).
-
-    Returns:
-      The operands after it.
-    """
-    cfg, frag = self.config, self.fragments
-    if cfg.outer_overlap == "delayed":
-      return self._outer_apply(branch, k, hp, ops, frag.take(ops.in_flight, self.leaf_kinds, branch, k, axis=0))
-    if cfg.outer_overlap == "eager":
-      outer_step = self.fragment_outer_step(hp, frag.take(ops.global_params, self.leaf_kinds, branch, k, axis=0))
-      return ops._replace(in_flight=eager.before_mean(frag, (self.leaf_kinds, self.outer_leaf_kinds), branch, k,
-                                                      outer_step, sent, ops.in_flight, cfg.replicas))
-    return ops
-
-  def after_mean(self, branch, k, hp, ops: SendOperands, mean: list) -> SendOperands:
-    """Phase: what a sync of the fragment does with its average (:meth:`average`).
-
-    ``outer_overlap="none"``: the outer step with it; ``"delayed"``: it goes in flight, for
-    the fragment's next sync; ``"eager"``: each replica keeps the others' part of it
-    (:func:`~diloco_core.algorithm.eager.after_mean`).
-
-    Args:
-      branch: the fragment's branch (:meth:`~diloco_core.algorithm.fragments.Fragments.switch`).
-      k: the traced layer-fragment index.
-      hp: the hyperparameters (the outer optimizer's are read).
-      ops: the operands (after :meth:`before_mean`).
-      mean: the average (no replica axis).
-
-    Returns:
-      The operands after it.
-    """
-    cfg, frag = self.config, self.fragments
-    if cfg.outer_overlap == "none":
-      return self._outer_apply(branch, k, hp, ops, mean)
-    if cfg.outer_overlap == "delayed":
-      return ops._replace(in_flight=frag.put(ops.in_flight, self.leaf_kinds, branch, mean, k, axis=0))
-    return ops._replace(in_flight=eager.after_mean(frag, (self.leaf_kinds, self.outer_leaf_kinds), branch, k,
-                                                   mean, ops.in_flight, cfg.replicas))
-
-  def replicas_mean(self, branch, k, ops: SendOperands, own: list, reduce_mean) -> SendOperands:
-    """Phase (eager overlap): θ_g[p], the mean of the replicas' own outer params of the fragment.
-
-    Args:
-      branch: the fragment's branch (:meth:`~diloco_core.algorithm.fragments.Fragments.switch`).
-      k: the traced layer-fragment index.
-      ops: the operands.
-      own: every replica's outer params of the fragment (leading axis M).
-      reduce_mean: the mean over the replica axis (as for :func:`present_mean`).
-
-    Returns:
-      The operands with the fragment's new global params.
-    """
-    frag = self.fragments
-    like = frag.take(ops.global_params, self.leaf_kinds, branch, k, axis=0)
-    new_g = [x.astype(y.dtype) for x, y in zip(reduce_mean([x.astype(y.dtype) for x, y in zip(own, like)]), like)]
-    return ops._replace(global_params=frag.put(ops.global_params, self.leaf_kinds, branch, new_g, k, axis=0))
-
-  def _outer_apply(self, branch, k, hp, ops: SendOperands, delta: list) -> SendOperands:
-    """The outer optimizer step of θ_g[p] and its own slice of the outer state with ``delta``
-    (the outer state is per fragment, :func:`~diloco_core.algorithm.fragments.per_fragment_state`)."""
-    frag = self.fragments
-    g_sub = frag.take(ops.global_params, self.leaf_kinds, branch, k, axis=0)
-    o_sub = frag.take(ops.outer_state, self.outer_leaf_kinds, branch, k, axis=0)
-    new_g, new_outer = self.fragment_outer_step(hp, g_sub)(delta, o_sub, g_sub)
-    return ops._replace(global_params=frag.put(ops.global_params, self.leaf_kinds, branch, new_g, k, axis=0),
-                        outer_state=frag.put(ops.outer_state, self.outer_leaf_kinds, branch, new_outer, k, axis=0))
-
-  def fragment_outer_step(self, hp, g_sub: list):
-    """The outer optimizer as a function of one fragment's slices.
-
-    Args:
-      hp: the hyperparameters the outer optimizer is built from.
-      g_sub: the fragment's global-param leaves (their shapes fix the state's structure).
-
-    Returns:
-      ``outer_step(grad, outer-state leaves, params leaves) -> (params, outer-state leaves)``,
-      one optimizer step (of θ_g, or under eager overlap of each replica's own outer params).
-    """
-    outer_opt = resolve_optimizer(self.outer_optimizer, hp)
-    sub_def = jax.tree.structure(jax.eval_shape(outer_opt.init, g_sub))
-
-    def outer_step(grad, o_sub, g_sub):
-      updates, new_outer = outer_opt.update(grad, jax.tree.unflatten(sub_def, o_sub), g_sub)
-      return optax.apply_updates(g_sub, updates), jax.tree.leaves(new_outer)
-
-    return outer_step
-
-  def merge_towards(self, global_params: list, in_flight) -> tuple[list, bool]:
-    """What a merge blends the replicas towards.
-
-    Args:
-      global_params: the global params' leaves.
-      in_flight: the state's ``in_flight`` leaves (:func:`~diloco_core.algorithm.eager.leaves`).
-
-    Returns:
-      ``(leaves, per_replica)``: the global params, or under eager overlap each replica's own
-      outer params (then ``per_replica`` is True), for :meth:`merge`.
-    """
-    if self.config.outer_overlap == "eager":
-      return in_flight.outer_params, True
-    return global_params, False
 
   def merge(self, branch, k, alpha, ops: MergeOperands, per_replica: bool = False) -> list:
     """Phase: blends one fragment of every replica towards the global copy.

@@ -122,7 +122,7 @@ class PhasePrograms:
 
   def send_program(self, state, p: int, hp, present=None):
     """The local payloads of fragment p and what the sync does before their average is known
-    (:meth:`~diloco_core.algorithm.phases.Phases.before_mean`). With ``present`` (the [M]
+    (:meth:`~diloco_core.algorithm.outer_phases.OuterStepPhases.before_mean`). With ``present`` (the [M]
     participation code, sharded along ``diloco``; simulated drops) the dropped replicas keep
     their residual, and every replica's ``participants[p]`` records how it took part."""
     algo, cfg = self.algo, self.config
@@ -152,7 +152,7 @@ class PhasePrograms:
     """Fragment p's gathered payloads into the state: their mean
     (:func:`~diloco_core.algorithm.phases.present_mean` over the replicas ``present`` marks,
     replicated [M], when given) and what the sync does with it
-    (:meth:`~diloco_core.algorithm.phases.Phases.after_mean`)."""
+    (:meth:`~diloco_core.algorithm.outer_phases.OuterStepPhases.after_mean`)."""
     algo, cfg = self.algo, self.config
     branch, k = fragment_branch(p, cfg.fragments)
 
@@ -176,7 +176,7 @@ class PhasePrograms:
 
   def refresh_program(self, state, p: int, gathered):
     """Eager: θ_g[p], the mean of every replica's own outer params (``gathered``: their leaves,
-    ``[M, ...]`` each, replicated; :meth:`~diloco_core.algorithm.phases.Phases.replicas_mean`)."""
+    ``[M, ...]`` each, replicated; :meth:`~diloco_core.algorithm.outer_phases.OuterStepPhases.replicas_mean`)."""
     algo = self.algo
     branch, k = fragment_branch(p, self.config.fragments)
 
