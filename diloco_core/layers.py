@@ -80,12 +80,12 @@ def upward_pairs(allow: dict[str, tuple[str, ...]] | None = None) -> list[str]:
   return sorted(f"{a} -> {b}" for a, deps in allow.items() for b in deps if layer_of(b) >= layer_of(a))
 
 
-def resolve(module: str, node: ast.ImportFrom, is_package: bool = False) -> str | None:
+def resolve(module: str, node, is_package: bool = False) -> str | None:
   """The absolute module a ``from ... import`` names, relative ones (``from .x import y``) included.
 
   Args:
     module: the dotted name of the importing module.
-    node: the import.
+    node: the ``from ... import`` (an :mod:`ast` ``ImportFrom`` node).
     is_package: whether ``module`` is a package (an ``__init__.py``): its dots count from itself.
 
   Returns:

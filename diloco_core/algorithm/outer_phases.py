@@ -85,7 +85,7 @@ class OuterStepPhases:
       k: the traced layer-fragment index.
       ops: the operands.
       own: every replica's outer params of the fragment (leading axis M).
-      reduce_mean: the mean over the replica axis (as for :func:`present_mean`).
+      reduce_mean: the mean over the replica axis (as for :func:`~diloco_core.algorithm.phases.present_mean`).
 
     Returns:
       The operands with the fragment's new global params.

@@ -2,8 +2,8 @@
 
 A step of :class:`~diloco_core.algorithm.diloco.DiLoCo` is :meth:`Phases.inner_steps`, then, for
 the fragment due, :meth:`Phases.payloads` (each replica's, local), :meth:`Phases.average` (the
-only cross-replica collective, :func:`present_mean`), :meth:`~OuterStepPhases.before_mean` and
-:meth:`~OuterStepPhases.after_mean` (the outer update before and once its average is known,
+only cross-replica collective, :func:`present_mean`), :meth:`~diloco_core.algorithm.outer_phases.OuterStepPhases.before_mean` and
+:meth:`~diloco_core.algorithm.outer_phases.OuterStepPhases.after_mean` (the outer update before and once its average is known,
 :mod:`~diloco_core.algorithm.outer_phases`), which
 :meth:`Phases.send` composes; τ steps later, :meth:`Phases.merge`. The in-step runtime composes
 them into one jitted step (:meth:`~diloco_core.algorithm.diloco.DiLoCo.step`); the background

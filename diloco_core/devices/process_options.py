@@ -28,7 +28,7 @@ SHUTDOWN_S = 10
 
 def check_process_options(coordinator: str | None, num_processes: int | None, process_id: int | None) -> bool:
   """Whether the process options ask for several processes; a one-line ``ValueError`` if they
-  are incomplete or out of range (:func:`initialize_distributed` and the trainer's up-front
+  are incomplete or out of range (:func:`~diloco_core.devices.processes.initialize_distributed` and the trainer's up-front
   check, :func:`diloco_core.run.flags.check_launch`, both apply it).
 
   Args:

@@ -127,8 +127,8 @@ def _writes_files(cfg: TrainConfig, comm, log: MetricsLog) -> bool:
 def train(cfg: TrainConfig) -> TrainResult:
   """Trains one run and returns its metrics, summary and final params.
 
-  Read top to bottom: the checks, then :func:`~diloco_core.run.run_setup.set_up` (data, model, program, state),
-  :func:`_steps` (each step by :func:`_step`, each log row by :func:`_row`) and :func:`_finish`
+  Read top to bottom: the checks, then :func:`~diloco_core.run.run_setup.set_up` (data, model,
+  program, state), ``_steps`` (each step by ``_step``, each log row by ``_row``) and ``_finish``
   (final params, summary, tape).
 
   Args:

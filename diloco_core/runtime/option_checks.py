@@ -47,7 +47,7 @@ def check_background(cfg) -> None:
 
 def check_elastic(cfg) -> None:
   """One-line errors for ``elastic``, ``min_replicas`` and ``heal_wait``: the options alone (no
-  process or device is asked; :func:`check_elastic_processes` is the pre-flight's part).
+  process or device is asked; :func:`~diloco_core.runtime.elastic.check_elastic_processes` is the pre-flight's part).
 
   Args:
     cfg: a :class:`~diloco_core.TrainConfig`.
