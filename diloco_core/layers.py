@@ -85,7 +85,7 @@ def resolve(module: str, node, is_package: bool = False) -> str | None:
 
   Args:
     module: the dotted name of the importing module.
-    node: the ``from ... import`` (an :mod:`ast` ``ImportFrom`` node).
+    node: the ``from ... import`` (an ``ast.ImportFrom`` node).
     is_package: whether ``module`` is a package (an ``__init__.py``): its dots count from itself.
 
   Returns:
