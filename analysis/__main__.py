@@ -115,6 +115,7 @@ def _roofline(a) -> None:
         f"HBM {rl.critical_intensity(hw.peak_flops, hw.hbm_bandwidth):,.0f}, "
         f"ICI {rl.critical_intensity(hw.peak_flops, hw.ici_bandwidth):,.0f}, "
         f"DCN {rl.critical_intensity(hw.peak_flops, hw.dcn_bandwidth):,.0f}")
+  print(_hbm_note(hw))
   print(f"model {a.model}: {stats.total_params:,} parameters ({stats.active_params:,} active), "
         f"{stats.flops_per_token:.4g} FLOPs/token at seq_len {seq}")
   print(f"run: {a.global_batch_tokens:,} tokens over {m} slices x {n} chips = "
@@ -176,9 +177,24 @@ def _plan(a) -> None:
       print(f"trainer options: none ({e})")
 
 
+def _hbm_note(hw) -> str:
+  """Which HBM bandwidth the figures above use, and the measured one where the catalog has it.
+
+  Examples:
+    >>> print(_hbm_note(HARDWARE["v5p"]))
+    HBM bandwidth: the spec sheet's (2.765e+12 B/s) is used above; none measured on this chip.
+  """
+  used = f"HBM bandwidth: the spec sheet's ({hw.hbm_bandwidth:.4g} B/s) is used above"
+  if hw.hbm_bandwidth_achievable is None:
+    return used + "; none measured on this chip."
+  got = hw.hbm_for("achievable")
+  return (f"{used}; achievable {got:.4g} B/s ({got / hw.hbm_bandwidth:.0%}, {hw.hbm_achievable_source}),"
+          f" which puts the HBM knee at {rl.critical_intensity(hw.peak_flops, got):,.0f} FLOPs/byte.")
+
+
 def _hardware(a) -> None:
   rows = {k: dict(name=h.name, peak_flops=h.peak_flops, hbm_gb=h.hbm_bytes / 1e9,
-                  hbm_bw=h.hbm_bandwidth, ici_bw=h.ici_bandwidth, dcn_bw_chip=h.dcn_bandwidth,
+                  hbm_bw=h.hbm_bandwidth, hbm_bw_achievable=h.hbm_bandwidth_achievable, ici_bw=h.ici_bandwidth, dcn_bw_chip=h.dcn_bandwidth,
                   chips_per_host=h.chips_per_host) for k, h in HARDWARE.items()}
   print(pd.DataFrame.from_dict(rows, orient="index").to_string(float_format=lambda v: f"{v:.4g}"))
 

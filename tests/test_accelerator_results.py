@@ -84,3 +84,32 @@ def test_the_roofline_benchmark_writes_what_the_reader_checks(tmp_path):
     R.check_roofline({**body, "sha256": content_hash(body)})
   with pytest.raises(A.AcceleratorResultError, match="no stored roofline 'h100'"):
     R.load_roofline("h100")
+
+
+def test_the_catalogs_achievable_hbm_bandwidth_is_the_stored_measurement():
+  """The v5e's ``hbm_bandwidth_achievable`` is the stored roofline's elementwise ceiling (to the
+  four digits the catalog writes), and the catalog names that file as its source."""
+  from analysis.lab.roofline_measured import load_roofline
+  from analysis.planning.hardware import HARDWARE, hardware_for_device_kind
+  provenance, points = load_roofline("tpu-v5-lite")
+  hw = hardware_for_device_kind(provenance["device_kind"])
+  measured = points.loc[points["kind"] == "elementwise", "bytes_per_s"].max()
+  assert f"{hw.hbm_bandwidth_achievable:.4g}" == f"{measured:.4g}"
+  assert "tpu-v5-lite-roofline.json" in hw.hbm_achievable_source
+  assert hw.hbm_for("spec") == hw.hbm_bandwidth > hw.hbm_for("achievable")
+  measured_elsewhere = [k for k, h in HARDWARE.items() if h.hbm_bandwidth_achievable is not None]
+  assert measured_elsewhere == ["v5e"], "a new measured figure needs its stored measurement checked here"
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(hbm_bandwidth_achievable=0.0), "HardwareSpec.hbm_bandwidth_achievable must be a positive number, got 0.0."),
+    (dict(hbm_achievable_source=""), "HardwareSpec.hbm_achievable_source must say where"),
+])
+def test_an_achievable_figure_needs_a_positive_value_and_a_source(change, message):
+  import dataclasses
+
+  from analysis.planning.hardware import HARDWARE
+  with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    dataclasses.replace(HARDWARE["v5e"], **change)
+  with pytest.raises(ValueError, match=r"which must be one of \('spec', 'achievable'\), got 'peak'"):
+    HARDWARE["v5e"].hbm_for("peak")

@@ -39,17 +39,45 @@ class HardwareSpec:
   ici_bandwidth: float  # intra-slice (ICI / NVLink) egress per chip along one DP axis, bytes/s
   dcn_bandwidth_per_host: float  # cross-slice (DCN / InfiniBand) egress per host, bytes/s
   chips_per_host: int  # chips behind one host's network cards
+  # The HBM bandwidth a bandwidth-bound op was measured to reach on one chip, bytes/s, and where
+  # it was measured (None: not measured here). The calculator's figures use ``hbm_bandwidth``
+  # (the spec sheet's, the scaling book's convention); :meth:`hbm_for` gives either.
+  hbm_bandwidth_achievable: float | None = None
+  hbm_achievable_source: str = ""
 
   def __post_init__(self):
-    for field in ("peak_flops", "hbm_bytes", "hbm_bandwidth", "ici_bandwidth",
-                  "dcn_bandwidth_per_host"):
+    fields = ("peak_flops", "hbm_bytes", "hbm_bandwidth", "ici_bandwidth", "dcn_bandwidth_per_host")
+    for field in fields + (("hbm_bandwidth_achievable",) if self.hbm_bandwidth_achievable is not None else ()):
       value = getattr(self, field)
       if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
         raise ValueError(f"HardwareSpec.{field} must be a positive number, got {value!r}.")
+    if self.hbm_bandwidth_achievable is not None and not self.hbm_achievable_source:
+      raise ValueError("HardwareSpec.hbm_achievable_source must say where hbm_bandwidth_achievable was measured.")
     if (not isinstance(self.chips_per_host, int) or isinstance(self.chips_per_host, bool)
         or self.chips_per_host <= 0):
       raise ValueError(
           f"HardwareSpec.chips_per_host must be a positive integer, got {self.chips_per_host!r}.")
+
+  def hbm_for(self, which: str = "spec") -> float:
+    """The HBM bandwidth of the spec sheet (``"spec"``, what the calculator uses) or the one
+    measured on a chip (``"achievable"``), bytes/s; a one-line error where none was measured.
+
+    Examples:
+      >>> HARDWARE["v5e"].hbm_for("spec") / 1e9, round(HARDWARE["v5e"].hbm_for("achievable") / 1e9)
+      (810.0, 651)
+      >>> HARDWARE["v5p"].hbm_for("achievable")
+      Traceback (most recent call last):
+      ...
+      ValueError: TPU v5p has no measured achievable HBM bandwidth in the catalog; use which='spec' (its spec sheet's 2.765e+12 B/s).
+    """
+    if which == "spec":
+      return self.hbm_bandwidth
+    if which != "achievable":
+      raise ValueError(f"which must be one of ('spec', 'achievable'), got {which!r}.")
+    if self.hbm_bandwidth_achievable is None:
+      raise ValueError(f"{self.name} has no measured achievable HBM bandwidth in the catalog; use"
+                       f" which='spec' (its spec sheet's {self.hbm_bandwidth:.4g} B/s).")
+    return self.hbm_bandwidth_achievable
 
   @property
   def dcn_bandwidth(self) -> float:
@@ -77,6 +105,12 @@ HARDWARE: dict[str, HardwareSpec] = {
         ici_bandwidth=2 * 4.5e10,  # [book] 4.5e10 B/s one-way per link, x2 links per axis
         dcn_bandwidth_per_host=2.5e10,  # [gcp v5e] 2 x 100 Gbps NICs per host ([book] 3.125e9/chip)
         chips_per_host=8,  # [gcp v5e] 8 chips per host (4x2)
+        # Measured: benchmarks/roofline.py's elementwise x + 1 on one v5e (JAX 0.10.2), stored in
+        # analysis/results/tpu-v5-lite-roofline.json; tests/test_accelerator_results.py checks
+        # that this is the stored measurement. 80% of the spec sheet's 8.1e11.
+        hbm_bandwidth_achievable=6.509e11,
+        hbm_achievable_source="measured by benchmarks/roofline.py (x + 1) on one TPU v5e, "
+                              "analysis/results/tpu-v5-lite-roofline.json",
     ),
     "v5p": HardwareSpec(
         name="TPU v5p",
