@@ -141,7 +141,7 @@ def train(cfg: TrainConfig) -> TrainResult:
   cfg.validate()
   preflight(cfg)  # the disk and the devices, once
   if cfg.syncer.plays_tape(cfg):  # the syncer rule: the run played from its tape, P = 1, τ = 0
-    prepare_out(cfg)
+    prepare_out(cfg, writes=jax.process_index() == 0)  # one in-step program: process 0 writes (as InStep)
     rows, summary, params = play_run(cfg)
     return TrainResult(rows=rows, summary=summary, params=params, state=None)
   if cfg.syncer.tape is not None:  # a recorded tape: this run with its drops (checked by validate)
@@ -161,7 +161,7 @@ def _steps(run: SetUp, state) -> tuple[Any, Any, Watch]:
   """
   cfg, log = run.cfg, run.log
   run.start = time.perf_counter()
-  bar = tqdm(total=cfg.steps, initial=run.first - 1, disable=not (cfg.progress and jax.process_index() == 0),
+  bar = tqdm(total=cfg.steps, initial=run.first - 1, disable=not (cfg.progress and run.comm.writes_files()),
              desc=f"{cfg.algo.algorithm} ({run.model_cfg.compute_dtype})", unit="step")
   if run.resumed is None:
     log.start(run.evaluate(state))

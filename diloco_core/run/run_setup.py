@@ -16,8 +16,6 @@ import os
 import warnings
 from typing import Any
 
-import jax
-
 from diloco_core import interrupts
 from diloco_core.data import files
 from diloco_core.data.sources import make_dataset
@@ -91,16 +89,17 @@ def set_up(cfg: TrainConfig) -> tuple[SetUp, Any]:
   state = comm.init(params)
   interrupts.check()
   state, resumed, first = first_state(cfg, comm, state, data)
-  if cfg.out is not None and jax.process_index() == 0:  # only process 0 writes files
+  writes = comm.writes_files()  # who writes the run's files: the runtime says (process 0 at the start)
+  if cfg.out is not None and writes:
     check_run_space(cfg, comm.global_state(state), params, first,  # before any step, not at a save
                     on_disk=len(ckpt.finalized_steps(cfg.out)) if cfg.resume else 0)
   eval_tokens = comm.place_replicated(data.eval_batch())
   drops = bool(cfg.drop_schedule or cfg.drop_prob)
-  log = MetricsLog(M * b * T, drops, prepare_out(cfg), None if resumed is None else resumed.meta["metrics"],
+  log = MetricsLog(M * b * T, drops, prepare_out(cfg, writes), None if resumed is None else resumed.meta["metrics"],
                    gather=comm.gather_rows)
   # elastic: process 0 writes the checkpoints alone (comm.checkpoint_state gathers them)
   checkpoints = (ckpt.CheckpointWriter(cfg.out, cfg.keep_checkpoints, alone=cfg.elastic)
-                 if cfg.checkpoint_every and (not cfg.elastic or jax.process_index() == 0) else None)
+                 if cfg.checkpoint_every and (not cfg.elastic or writes) else None)
   return SetUp(cfg, data, model_cfg, algo, eval_fn, comm, eval_tokens, log, checkpoints, resumed, first,
               data_identity), state
 
@@ -126,9 +125,11 @@ def first_state(cfg: TrainConfig, comm, state, data) -> tuple[Any, Any, int]:
   return state, resumed, first
 
 
-def prepare_out(cfg: TrainConfig) -> str | None:
-  """Creates ``out`` (clearing an old run on overwrite); returns the metrics path or None."""
-  if cfg.out is None or jax.process_index() != 0:  # only process 0 writes files
+def prepare_out(cfg: TrainConfig, writes: bool) -> str | None:
+  """Creates ``out`` (clearing an old run on overwrite); returns the metrics path, or None when
+  there is no ``out`` or this process does not write the run's files (``writes``: the runtime's
+  :meth:`~diloco_core.runtime.communication.Runtime.writes_files`)."""
+  if cfg.out is None or not writes:
     return None
   os.makedirs(cfg.out, exist_ok=True)
   if cfg.overwrite and not cfg.resume:  # starting over: nothing of the old run may mix in
