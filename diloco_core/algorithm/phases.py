@@ -84,7 +84,7 @@ class Phases(OuterStepPhases):
   ``inner_optimizer``, ``outer_optimizer``, ``hyperparams`` and ``replica_loop`` of the algorithm.
 
   Runtimes read the algorithm through these public names only (``tests/test_layout.py``
-  checks every runtime module against this list):
+  checks every module outside ``algorithm/`` against this list):
 
   * ``config``: the :class:`~diloco_core.DiLoCoConfig` (its structural fields);
   * ``hyperparams``, ``config_hyperparams``, ``typed_hyperparams``: the traced hyperparameters,
@@ -96,8 +96,8 @@ class Phases(OuterStepPhases):
     average);
   * ``fragment_of``: one fragment's slices of flat leaves (a payload's shapes);
   * ``init``, ``step``, ``with_hyperparams``, ``place_batch``, ``place_replicated``,
-    ``eval_params``, ``finite_flags``: the :class:`~diloco_core.algorithm.base.Algorithm`
-    protocol (the in-step runtime).
+    ``eval_params``, ``bytes_sent``, ``finite_flags``: the
+    :class:`~diloco_core.algorithm.base.Algorithm` protocol (the in-step runtime and the loop).
 
   Examples:
     Two replicas that reached 0.5 and 1.5 from θ_g = 0, one sync (η = 1, μ = 0), then the
