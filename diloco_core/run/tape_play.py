@@ -25,7 +25,8 @@ versions :math:`\\theta_g^{(v)}` and the outer state. Events are played in tape 
 * :class:`~diloco_core.spec.tape.Lost` / :class:`~diloco_core.spec.tape.Joined`: a lost
   replica runs no step (the steps of a period it did not finish are never run); a joiner
   keeps the inner optimizer state it had and is replaced by the version it downloads (the
-  heal merge that follows its join on the tape).
+  heal merge that follows its join on the tape). The heal rules, and where this one differs
+  from a replacement process's, are named in :mod:`diloco_core.algorithm.state`.
 
 Every global version a later event still reads (a send's base, a merge) is kept until that
 event. The replicas' states are stacked on a leading axis M and their inner steps run as one
