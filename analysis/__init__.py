@@ -11,7 +11,8 @@ Two halves, in two sub-packages:
   resolved objects.
 * :mod:`analysis.lab`, the **experiments machinery** (it trains, so it needs JAX): sweeps and
   their cache, the docs' named experiments, live sweeps, stored experiments and their re-check,
-  the papers' claims. Its names (``grid``, ``run_sweep``, ...) load the trainer on first use.
+  the papers' claims. Its names (``grid``, ``run_sweep``, ...) load on first use: the trainer's
+  configs (no JAX), and JAX once a run trains.
 
 :mod:`analysis.plots` draws for both. Every module is also reachable by its short name
 (``from analysis import roofline, stored``). Command line: ``python -m analysis --help``.
