@@ -169,21 +169,23 @@ C = Contribution
 def test_tape_of_three_replicas_one_twice_as_slow_quorum_2_grace_1_carry():
   """H = 2, step times 1, 1, 2 ticks, link 1 tick each way, K = 2, G = 1, late contributions
   carried, 16 local steps in all. Round 1 closes at tick 3 + 1 = 4 without replica 2 (its
-  contribution arrives at 5); it is carried into round 2 (staleness 1), which replica 2 waits for.
-  In round 3 replicas 0 and 1 have no period left; round 4 is replica 2's alone (K shrinks to n = 1)."""
+  contribution arrives at 5); it is carried into round 2 (staleness 1). In round 2 all three that
+  can contribute are in at tick 8 (5, 8, 8), before the window of the second arrival ends (9): it
+  closes at 8. Round 3 closes at 12 + 1 = 13 without replica 2 (it arrives at 14); then replicas 0
+  and 1 have no period left, so round 4 holds everyone it can wait for (n = 1) and closes on arrival."""
   tape = simulate_tape(SyncerConfig(quorum=2, grace=1, late="carry"), (1, 1, 2), 2, 16, latency=1)
   assert tape == (
       Sent(2, 0, 2, 0), Sent(2, 1, 2, 0), Sent(4, 2, 2, 0),
       Committed(4, 1, (C(0, 2, 0, 2), C(1, 2, 0, 2))),
       Merged(5, 0, 2, 1, False), Merged(5, 1, 2, 1, False),
       Sent(7, 0, 4, 1), Sent(7, 1, 4, 1),
-      Committed(9, 2, (C(2, 2, 0, 2), C(0, 4, 1, 2), C(1, 4, 1, 2))),
-      Merged(10, 0, 4, 2, False), Merged(10, 1, 4, 2, False), Merged(10, 2, 2, 2, False),
-      Sent(12, 0, 6, 2), Sent(12, 1, 6, 2), Sent(14, 2, 4, 2),
-      Committed(14, 3, (C(0, 6, 2, 2), C(1, 6, 2, 2))),
-      Merged(15, 0, 6, 3, False), Merged(15, 1, 6, 3, False),
-      Committed(16, 4, (C(2, 4, 2, 2),)),
-      Merged(17, 2, 4, 4, False))
+      Committed(8, 2, (C(2, 2, 0, 2), C(0, 4, 1, 2), C(1, 4, 1, 2))),
+      Merged(9, 0, 4, 2, False), Merged(9, 1, 4, 2, False), Merged(9, 2, 2, 2, False),
+      Sent(11, 0, 6, 2), Sent(11, 1, 6, 2), Sent(13, 2, 4, 2),
+      Committed(13, 3, (C(0, 6, 2, 2), C(1, 6, 2, 2))),
+      Committed(14, 4, (C(2, 4, 2, 2),)),
+      Merged(14, 0, 6, 3, False), Merged(14, 1, 6, 3, False),
+      Merged(15, 2, 4, 4, False))
 
 
 def test_the_grace_window_decides_whether_the_slow_replica_is_dropped_or_a_member():
@@ -323,3 +325,50 @@ def test_every_bad_input_is_one_line_naming_the_option(call, message):
   with pytest.raises(ValueError) as err:
     call()
   assert str(err.value) == message and "\n" not in message
+
+
+def _commit_ticks(tape):
+  return [e.tick for e in tape if isinstance(e, Committed)]
+
+
+@pytest.mark.parametrize("grace", [0, 4, 8, 100])
+def test_a_round_closes_once_everyone_it_can_wait_for_is_in_whatever_the_window(grace):
+  """Speeds 1, 1, 1, 0.5 (step ticks 1, 1, 1, 2), H = 4, K = 3: the slow replica lags 4 ticks a
+  round. A window of at least the lag catches it and, since everyone is then in, the round closes
+  on its arrival: synchronous DiLoCo's rounds, 8/16/24/32, and never later (the tape used to wait
+  the window out: 12/24/36/48 at G = 8). A shorter window leaves it out."""
+  k3 = simulate_tape(SyncerConfig(quorum=3, grace=grace, late="carry"), (1, 1, 1, 2), 4, 64)
+  sync = simulate_tape(SyncerConfig(), (1, 1, 1, 2), 4, 64)
+  assert _commit_ticks(sync) == [8, 16, 24, 32]
+  if grace >= 4:
+    assert k3 == sync
+  else:
+    assert _commit_ticks(k3)[0] == 4 + grace and len(_commit_ticks(k3)) > len(_commit_ticks(sync))
+
+
+def test_the_tape_and_the_processes_close_a_round_by_one_rule():
+  """The tape commits at close_time; the real processes' decide() returns the members exactly
+  from that time on, on every round of random tapes (arrival times read off the tape)."""
+  from diloco_core.runtime.quorum import decide
+  from diloco_core.spec.quorum_close import close_time
+  rng = np.random.default_rng(0)
+  checked = 0
+  for _ in range(60):
+    m = int(rng.integers(2, 5))
+    ticks = tuple(int(t) for t in rng.integers(1, 4, size=m))
+    k = int(rng.integers(1, m + 1))
+    g = int(rng.integers(0, 6)) if k < m else 0  # a window needs K < M
+    tape = simulate_tape(SyncerConfig(quorum=k, grace=g, late="carry"), ticks, 2, 12 * m, latency=1)
+    sent = {}  # a contribution arrives one tick (latency) after it is sent
+    for e in tape:
+      if isinstance(e, Sent):
+        sent[(e.replica, e.step)] = e.tick + 1
+      if isinstance(e, Committed):
+        arrivals = {c.replica: sent[(c.replica, c.step)] for c in e.members}
+        live = tuple(arrivals)  # no loss: everyone expected of this round is a member or in flight
+        if len(live) == m:  # the round waited for no one else: the processes' view is the same
+          assert close_time(list(arrivals.values()), m, k, g) == e.tick
+          assert decide(arrivals, live, min(k, m), g, e.tick) == tuple(sorted(live))
+          assert decide(arrivals, live, min(k, m), g, e.tick - 0.5) is None
+          checked += 1
+  assert checked > 20

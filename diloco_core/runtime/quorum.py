@@ -8,7 +8,8 @@ slowest) but a *vote* (:func:`vote_exchange`) through the same coordination serv
 1. each process puts its payload under ``<prefix>/<key>/<rank>``, then a marker under
    ``<prefix>/<key>/in/<rank>`` (the payload is there before its marker);
 2. while no decision is written, it reads the markers every :data:`POLL_S` seconds, noting when
-   it first saw each (its own clock), and applies :func:`decide`: with ``n`` the processes
+   it first saw each (its own clock), and applies :func:`decide`, the closing rule of
+   :mod:`~diloco_core.spec.quorum_close` that the simulated tape uses too: with ``n`` the processes
    whose markers it saw and :math:`t_{(k)}` the time it saw the k-th of them (k = the processes
    that hold K replicas, at most the live ones),
 
@@ -55,6 +56,7 @@ import math
 import time
 
 from diloco_core.runtime.membership import Agreement, MembershipError
+from diloco_core.spec.quorum_close import closed
 
 #: Seconds between two reads of a vote's markers.
 POLL_S = 0.005
@@ -100,16 +102,12 @@ def decide(arrivals: dict, live, need: int, grace_s: float, now: float) -> tuple
     now: the time of the decision.
 
   Returns:
-    Every live process once all arrived; else those arrived once k did and G passed since the
-    k-th; else None.
+    Those arrived, once the round is closed by :func:`~diloco_core.spec.quorum_close.close_time`
+    (every live process arrived, or k did and G passed since the k-th; the simulated tape's rule);
+    else None.
   """
   arrived = tuple(sorted(r for r in arrivals if r in set(live)))
-  if len(arrived) == len(tuple(live)):
-    return arrived
-  if len(arrived) < need:
-    return None
-  kth = sorted(arrivals[r] for r in arrived)[need - 1]
-  return arrived if now >= kth + grace_s else None
+  return arrived if closed([arrivals[r] for r in arrived], len(tuple(live)), need, grace_s, now) else None
 
 
 def vote_exchange(membership, key: str, payload: bytes, rule: QuorumRule,

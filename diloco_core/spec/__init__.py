@@ -13,8 +13,9 @@ merged at a step), :mod:`~diloco_core.spec.mesh_shape` (the ``mesh`` option's ax
 :mod:`~diloco_core.spec.footprint` (bytes a replica holds, and the values an elastic run puts in the
 coordination service), :mod:`~diloco_core.spec.syncer` (the syncer rule of stragglers and asynchronous
 replicas: its knobs and checks), :mod:`~diloco_core.spec.syncer_settings` (which setting is which
-published algorithm), :mod:`~diloco_core.spec.tape` (the rule played in simulated time, as a tape of
-events).
+published algorithm), :mod:`~diloco_core.spec.quorum_close` (when a quorum round closes: one rule
+for the tape and the real processes), :mod:`~diloco_core.spec.tape` (the rule played in simulated
+time, as a tape of events).
 """
 
 from diloco_core.lazy import lazy_exports
@@ -64,6 +65,8 @@ _PUBLIC = {
     "SYNCER_SETTINGS": "diloco_core.spec.syncer_settings",
     "SyncerSetting": "diloco_core.spec.syncer_settings",
     "syncer_preset": "diloco_core.spec.syncer_settings",
+    "close_time": "diloco_core.spec.quorum_close",
+    "closed": "diloco_core.spec.quorum_close",
     "simulate_tape": "diloco_core.spec.tape",
     "Contribution": "diloco_core.spec.tape",
     "Sent": "diloco_core.spec.tape",

@@ -15,9 +15,11 @@ The rule, per fragment (the simulated-time tape of :mod:`~diloco_core.spec.tape`
    stale as the outer steps applied since its base: at least s, more when rounds had several
    members. The trainer keeps one count for both modes so that a contribution's staleness,
    ``max_staleness`` and the ``"staleness"`` weights do not change with ``apply``.
-3. The round commits G = ``grace`` ticks after the tick at which it holds contributions of
-   :math:`\\min(K, n)` replicas, n the live replicas that can still contribute (a quorum never
-   waits for a lost replica); every contribution arrived by then is a member, in arrival order.
+3. The round commits G = ``grace`` ticks after the arrival of its :math:`\\min(K, n)`-th
+   contribution, n the live replicas that can still contribute (a quorum never waits for a lost
+   replica), or as soon as all n are in, whichever comes first
+   (:func:`~diloco_core.spec.quorum_close.close_time`, the real processes' rule too); every
+   contribution arrived by then is a member, in arrival order.
 4. The commit's outer step. ``apply="merged"``: one step on :math:`\\sum_i w_i \\Delta_i`
    (:math:`\\sum_i w_i = 1`; uniform weights: the float32 mean, the trainer's reduction).
    ``apply="sequential"``: one step per member, in arrival order (Liu et al. 2024, arXiv

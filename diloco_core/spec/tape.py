@@ -28,9 +28,11 @@ the budget; the steps of a period a lost replica did not finish are spent. A rep
 period left still merges its last round, and stops counting towards the quorum once its last
 contribution is committed or dropped.
 
-**Quorum.** The open round commits ``grace`` ticks after it holds :math:`\\min(K, n)`
-contributions, n the live replicas that can still contribute (with a period to run, or a
-contribution on the way or in the round): a lost or finished replica shrinks the quorum.
+**Quorum.** The open round commits by :func:`~diloco_core.spec.quorum_close.close_time`, the
+rule the quorum over real processes uses too: ``grace`` ticks after its :math:`\\min(K, n)`-th
+contribution arrived, or as soon as all n have, n the live replicas that can still contribute
+(with a period to run, or a contribution on the way or in the round): a lost or finished
+replica shrinks the quorum, and a round never waits out its window once nobody is left to wait for.
 
 The trainer plays a tape with the real model (:mod:`~diloco_core.run.tape_play`, through
 :func:`~diloco_core.run.tape_play.tape_for`); a quorum run over real processes records its own,
@@ -58,6 +60,7 @@ import heapq
 from typing import ClassVar, NamedTuple
 
 from diloco_core.spec import validity as v
+from diloco_core.spec.quorum_close import close_time
 from diloco_core.spec.syncer import SyncerConfig
 
 __all__ = ["Committed", "Contribution", "Dropped", "Joined", "Lost", "Merged", "Sent", "simulate_tape"]
@@ -217,7 +220,7 @@ class _Syncer:
     self.period = [False] * m_count  # a reserved period not sent yet
     self.in_flight = [False] * m_count
     self.version = 0
-    self.pending: list[tuple[Contribution, int]] = []  # with the epoch each was sent in
+    self.pending: list[tuple[Contribution, int, int]] = []  # with the epoch it was sent in, its arrival tick
     self.deadline: int | None = None
     self.queue: list = []
     self.seq = 0
@@ -286,25 +289,29 @@ class _Syncer:
       self.tape.append(Dropped(tick, m, c.step, c.base, staleness))
       self.push(tick + self.link, Merged.KIND, m, (epoch, self.version, True))
     else:
-      self.pending.append((c, epoch))
+      self.pending.append((c, epoch, tick))
     self.check_quorum(tick)
 
   def check_quorum(self, tick: int) -> None:
-    """Sets the open round's deadline once it holds min(K, n) contributions (n: module docstring)."""
-    if self.deadline is not None or not self.pending:
+    """Schedules the open round's commit at its closing time (:func:`~diloco_core.spec.quorum_close.close_time`
+    over n, the module docstring), never before this tick; an arrival or a loss can only bring it forward."""
+    if not self.pending:
       return
-    members = {c.replica for c, _ in self.pending}
+    members = {c.replica for c, _, _ in self.pending}
     n = sum(1 for m, up in enumerate(self.alive)
             if up and (self.period[m] or self.in_flight[m] or m in members))
-    if len(self.pending) >= min(self.quorum, n):
-      self.deadline = tick + self.config.grace
+    at = close_time([t for _, _, t in self.pending], n, self.quorum, self.config.grace)
+    if at is not None and (self.deadline is None or max(at, tick) < self.deadline):
+      self.deadline = max(at, tick)
       self.push(self.deadline, Committed.KIND, -1, self.version + 1)
 
   def commit(self, tick: int, _, version: int) -> None:
+    if tick != self.deadline or version != self.version + 1:  # brought forward: this one is void
+      return
     pending, self.pending, self.deadline = self.pending, [], None
     self.version = version
-    self.tape.append(Committed(tick, version, tuple(c for c, _ in pending)))
-    for c, epoch in pending:
+    self.tape.append(Committed(tick, version, tuple(c for c, _, _ in pending)))
+    for c, epoch, _ in pending:
       self.push(tick + self.link, Merged.KIND, c.replica, (epoch, version, False))
 
   def merge(self, tick: int, m: int, payload) -> None:
