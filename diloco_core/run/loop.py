@@ -24,7 +24,6 @@ from diloco_core.store import checkpoint as ckpt
 from diloco_core.runtime import communication
 from diloco_core.data import files
 from diloco_core import interrupts
-from diloco_core.store import params_io
 from diloco_core.store import solo_write
 from diloco_core.run.divergence import Watch, check_finite  # noqa: F401 (check_finite: re-exported)
 from diloco_core.store.disk_space import disk_full, full_disk_message
@@ -141,8 +140,9 @@ def train(cfg: TrainConfig) -> TrainResult:
   cfg.validate()
   preflight(cfg)  # the disk and the devices, once
   if cfg.syncer.plays_tape(cfg):  # the syncer rule: the run played from its tape, P = 1, τ = 0
-    prepare_out(cfg, writes=jax.process_index() == 0)  # one in-step program: process 0 writes (as InStep)
-    rows, summary, params = play_run(cfg)
+    writes = communication.lock_step_writes()  # the runtime's rule: one in-step program
+    prepare_out(cfg, writes)
+    rows, summary, params = play_run(cfg, writes)
     return TrainResult(rows=rows, summary=summary, params=params, state=None)
   if cfg.syncer.tape is not None:  # a recorded tape: this run with its drops (checked by validate)
     cfg = dataclasses.replace(cfg, drop_schedule=tape_drops(cfg))
@@ -270,8 +270,7 @@ def _finish(run: SetUp, state, host_replicas, watch: Watch) -> TrainResult:
   if cfg.out is not None and (writer or not cfg.elastic):  # plain params: diloco_core.load_params(path)
     try:  # elastic: the writer alone (a lost process would never reach Orbax's barriers)
       params_out, params_path = run.algo.eval_params(comm.global_state(state)), os.path.join(cfg.out, ckpt.FINAL_PARAMS)
-      final_params = (solo_write.export_params(params_out, params_path) if cfg.elastic and jax.process_index() != 0
-                      else params_io.export_params(params_out, params_path, alone=cfg.elastic))
+      final_params = solo_write.export_final_params(params_out, params_path, alone=cfg.elastic)
     except OSError as e:
       raise RunFileError(f"{e}; the run trained all {cfg.steps} steps: {_finish_advice(watch)}.") from None
   summary = _summary(run, host_replicas, final_params)

@@ -2,7 +2,8 @@
 
 :func:`set_up` does, in order, what :func:`~diloco_core.run.loop.train` needs before its first
 step: the resume checks (:func:`check_resumable`, before anything is built), the data and the
-model (or ``init_from``'s params, :func:`init_params`), the compiled program (kept between runs,
+model (:func:`build_model`, which the tape player builds with too; ``init_from``'s params,
+:func:`init_params`), the compiled program (kept between runs,
 :data:`~diloco_core.run.programs.PROGRAMS`), the runtime and its first state
 (:func:`first_state`: a checkpoint's on ``resume``, a live peer's for an elastic replacement),
 the disk-space check, ``out`` prepared (:func:`prepare_out`), the metrics log and the
@@ -74,14 +75,7 @@ def set_up(cfg: TrainConfig) -> tuple[SetUp, Any]:
     warnings.warn(message, RunWarning, stacklevel=3)
   interrupts.check()
   M, b, T = cfg.algo.replicas, cfg.batch_size, cfg.seq_len
-  # The data defines the vocabulary: synthetic -> DataConfig.vocab_size, text -> 256 bytes,
-  # .npy -> cfg.vocab_size (ids must be below it) or the largest id + 1.
-  data = make_dataset(cfg.data, replicas=M, batch_size=b, seq_len=T, model_vocab_size=cfg.vocab_size,
-                      local_replicas=communication.data_replicas(cfg))  # its shards only
-  model_cfg = resolve_model_config(cfg.model_config(vocab_size=data.vocab_size))  # dtype, kernel
-  interrupts.check()
-  apply_fn, params = init_params(cfg, model_cfg)
-  loss_fn = lambda p, tokens: train_loss(apply_fn, p, tokens)  # + the MoE aux losses
+  data, model_cfg, params, loss_fn = build_model(cfg, communication.data_replicas(cfg))  # its shards only
   algo, eval_fn = PROGRAMS.get(cfg, loss_fn, params, model_cfg)  # reuses an earlier run's program
   # eval_replicas: the last step merges nothing (alpha = 1 keeps every replica's own params; the
   # global params do not depend on alpha), so each replica can be evaluated beside them.
@@ -102,6 +96,29 @@ def set_up(cfg: TrainConfig) -> tuple[SetUp, Any]:
                  if cfg.checkpoint_every and (not cfg.elastic or writes) else None)
   return SetUp(cfg, data, model_cfg, algo, eval_fn, comm, eval_tokens, log, checkpoints, resumed, first,
               data_identity), state
+
+
+def build_model(cfg: TrainConfig, local_replicas=None) -> tuple[Any, Any, Any, Any]:
+  """The run's data, its resolved model config, the initial params and the training loss: what
+  every run trains, whichever plays it (:func:`set_up` for the lock-step loop, the tape player's
+  :func:`~diloco_core.run.tape_play.make_setup`).
+
+  The data defines the vocabulary: synthetic, ``DataConfig.vocab_size``; text, 256 bytes; ``.npy``,
+  ``cfg.vocab_size`` (ids must be below it) or the largest id + 1.
+
+  Args:
+    cfg: the run.
+    local_replicas: the replicas whose batches this process reads (default: all M).
+
+  Returns:
+    ``(data, model_cfg, params, loss_fn)``; ``loss_fn(params, tokens)`` includes the MoE aux losses.
+  """
+  data = make_dataset(cfg.data, replicas=cfg.algo.replicas, batch_size=cfg.batch_size, seq_len=cfg.seq_len,
+                      model_vocab_size=cfg.vocab_size, local_replicas=local_replicas)
+  model_cfg = resolve_model_config(cfg.model_config(vocab_size=data.vocab_size))  # dtype, kernel
+  interrupts.check()
+  apply_fn, params = init_params(cfg, model_cfg)
+  return data, model_cfg, params, lambda p, tokens: train_loss(apply_fn, p, tokens)
 
 
 def first_state(cfg: TrainConfig, comm, state, data) -> tuple[Any, Any, int]:

@@ -68,14 +68,10 @@ from diloco_core.algorithm.hyperparams import resolve_optimizer
 from diloco_core.algorithm.outer_apply import (apply_round, delayed_nesterov_init, delayed_nesterov_step,
                                                optax_step)
 from diloco_core.algorithm.phases import inner_update
-from diloco_core.data.sources import make_dataset
-from diloco_core.devices.backend import resolve_model_config
-from diloco_core.model.transformer import init_model, train_loss
 from diloco_core.spec import validity as v
 from diloco_core.spec.syncer import SyncerConfig, exact_decimal, round_weights
 from diloco_core.run.syncer_options import check_playable
 from diloco_core.spec.tape import Committed, Dropped, Joined, Lost, Merged, Sent, simulate_tape
-from diloco_core.store import params_io
 
 __all__ = ["TapeResult", "make_setup", "play_tape", "speed_ticks", "tape_for"]
 
@@ -193,22 +189,15 @@ def tape_for(cfg, syncer: SyncerConfig, speeds, *, latency: int = 0, transfer: i
 
 
 def make_setup(cfg):
-  """The run's data, model and algorithm object, as :func:`~diloco_core.run.loop.train` builds them.
+  """The run's data, model and algorithm object: the trainer's own build
+  (:func:`~diloco_core.run.run_setup.build_model`, as :func:`~diloco_core.run.loop.train` builds them).
 
   Returns:
     ``(data, model_cfg, params, loss_fn, algo)``.
   """
-  from diloco_core.run.programs import make_algorithm  # the run layer's own module
-  m, b, t = cfg.algo.replicas, cfg.batch_size, cfg.seq_len
-  data = make_dataset(cfg.data, replicas=m, batch_size=b, seq_len=t, model_vocab_size=cfg.vocab_size)
-  model_cfg = resolve_model_config(cfg.model_config(vocab_size=data.vocab_size))
-  apply_fn, params = init_model(model_cfg, cfg.seed)
-  if cfg.init_from is not None:
-    try:
-      params = params_io.load_params(cfg.init_from, like=params)
-    except ValueError as e:
-      raise ValueError(f"init_from: {e}") from None
-  loss_fn = lambda p, tokens: train_loss(apply_fn, p, tokens)
+  from diloco_core.run.programs import make_algorithm  # the run layer's own modules
+  from diloco_core.run.run_setup import build_model
+  data, model_cfg, params, loss_fn = build_model(cfg)
   return data, model_cfg, params, loss_fn, make_algorithm(cfg, loss_fn, params)
 
 

@@ -67,12 +67,14 @@ def _rows(cfg, result, wall: float) -> list[dict]:
   return rows
 
 
-def play_run(cfg) -> tuple[list[dict], dict, object]:
+def play_run(cfg, writes: bool = True) -> tuple[list[dict], dict, object]:
   """Plays ``cfg``'s run from its syncer's tape and writes its files under ``cfg.out`` (prepared by
   :func:`~diloco_core.run.loop.train`).
 
   Args:
     cfg: a validated :class:`~diloco_core.run.config.TrainConfig` whose ``syncer`` is not at its defaults.
+    writes: whether this process writes the run's files (the runtime's rule,
+      :func:`~diloco_core.runtime.communication.lock_step_writes`).
 
   Returns:
     ``(rows, summary, params)``: one row (a dict) per committed round (module docstring), the
@@ -89,10 +91,11 @@ def play_run(cfg) -> tuple[list[dict], dict, object]:
   wall = time.perf_counter() - start
   rows = _rows(cfg, result, wall)
   final_params = None
-  if cfg.out is not None:  # train() prepared it (created; an old run cleared on overwrite)
-    with open(os.path.join(cfg.out, "metrics.jsonl"), "w") as f:
+  out = cfg.out if writes else None
+  if out is not None:  # train() prepared it (created; an old run cleared on overwrite)
+    with open(os.path.join(out, "metrics.jsonl"), "w") as f:
       f.writelines(json.dumps(r, allow_nan=False) + "\n" for r in rows[1:])  # the step-0 row is not in the file
-    final_params = params_io.export_params(result.params, os.path.join(cfg.out, ckpt.FINAL_PARAMS))
+    final_params = params_io.export_params(result.params, os.path.join(out, ckpt.FINAL_PARAMS))
   tokens = result.local_steps * cfg.batch_size * cfg.seq_len
   floor = data.loss_floor
   summary = {
@@ -110,7 +113,7 @@ def play_run(cfg) -> tuple[list[dict], dict, object]:
                "contributions": result.contributions, "members": result.members,
                "ticks": commit_ticks(result.tape)[-1] if result.rounds else 0},
   }
-  if cfg.out is not None:
-    with open(os.path.join(cfg.out, "summary.json"), "w") as f:
+  if out is not None:
+    with open(os.path.join(out, "summary.json"), "w") as f:
       json.dump(summary, f, indent=2)
   return rows, summary, result.params

@@ -29,6 +29,13 @@ from diloco_core.runtime.quorum import QuorumRule
 from diloco_core.devices.mesh import fetch, local_replicas, make_mesh, parse_mesh
 
 
+def lock_step_writes() -> bool:
+  """Whether this process writes the files of a run every process runs in lock step (the in-step
+  runtime, the tape player): process 0. (An elastic run decides by its membership:
+  :meth:`~diloco_core.runtime.elastic_runtime.Elastic.writes_files`.)"""
+  return jax.process_index() == 0
+
+
 def data_replicas(cfg) -> tuple[int, ...]:
   """The replicas whose batches this process reads (the data's shards)."""
   if cfg.communication == "background":
@@ -161,7 +168,7 @@ class InStep:
     raise RuntimeError("the in-step runtime has no replacement process to heal (`rejoining` is False).")
 
   def writes_files(self) -> bool:
-    return jax.process_index() == 0
+    return lock_step_writes()
 
   def local_state(self, state):
     return state

@@ -76,6 +76,26 @@ def export_params(params, path: str) -> str:
   return run("params", (jax.tree.map(host_copy, params), path))
 
 
+def export_final_params(params, path: str, alone: bool) -> str:
+  """The run's final params written by the process that writes its files: Orbax's export
+  (:func:`~diloco_core.store.params_io.export_params`; every process of a lock-step run takes
+  part), with ``alone`` (an elastic run) by this process by itself, and from a process other than
+  0 through :func:`export_params` (Orbax writes host arrays from process 0 only).
+
+  Args:
+    params: the final params.
+    path: the directory to write.
+    alone: an elastic run: the writer writes by itself, the others not taking part.
+
+  Returns:
+    The absolute path written.
+  """
+  if alone and jax.process_index() != 0:
+    return export_params(params, path)
+  from diloco_core.store import params_io
+  return params_io.export_params(params, path, alone=alone)
+
+
 def _write(kind: str, payload) -> str:
   from diloco_core.store import checkpoint
   from diloco_core.store import params_io
