@@ -278,7 +278,7 @@ def _experiments(a) -> None:
   check_int("--sample", a.sample, low=1)
   if a.scale != "cpu":
     raise ValueError("experiments verify: only stored CPU experiments are re-checked (--scale cpu).")
-  report = recheck.verify_all(names, workers=a.workers, k=a.sample)
+  report = recheck.verify_all(names, workers=a.workers, k=a.sample, whole=a.whole_runs)
   for name in names:
     print(recheck.summary_line(report[report["experiment"] == name]))
   if a.json:
@@ -299,6 +299,9 @@ def _add_experiments(sub) -> None:
   e.add_argument("--quiet", action="store_true", help="run: no progress bar")
   e.add_argument("--workers", type=int, default=1,
                  help="processes that train at once (1); the numbers do not depend on it")
+  e.add_argument("--whole-runs", action="store_true",
+                 help="verify: train every sampled run to its end, also those of the experiments"
+                      " re-checked on their first steps by default (analysis.lab.recheck.PREFIX_ONLY)")
   e.add_argument("--json", default=None, metavar="FILE",
                  help="verify: also write the report (one record per run trained again) to FILE")
   e.add_argument("--isa", default=None,

@@ -106,11 +106,11 @@ def _perturbed(monkeypatch, summary=None, cfg_change=None, scale_metrics=None):
   summary numbers (another rounding) or its logged losses after ``scale_metrics = (step, f)``."""
   real = run_one  # the trainer itself (not an earlier patch)
 
-  def fake(cfg, cache=None):
+  def fake(cfg, cache=None, until=None):
     if cfg_change:
       cfg = cfg.__class__(**{**cfg.__dict__, **cfg_change(cfg)})
-    s, m, c = real(cfg, cache=cache)
-    s = {**s, **(summary(s) if summary else {})}
+    s, m, c = real(cfg, cache=cache, until=until)
+    s = None if s is None else {**s, **(summary(s) if summary else {})}
     if scale_metrics:
       step, f = scale_metrics
       m = m.copy()
@@ -133,6 +133,25 @@ def test_verify_retrains_the_sample_and_catches_a_changed_trainer(toy, monkeypat
   # A trainer whose numbers changed: the run now trains with another inner LR.
   _perturbed(monkeypatch, cfg_change=lambda c: {"inner_lr": c.inner_lr * 1.01})
   with pytest.raises(stored.StoredResultError, match=r"run \d .* differs from toy.json in .* allowed 1e-06"):
+    recheck.verify("toy", k=1)
+
+
+def test_a_prefix_only_experiment_is_trained_to_its_step_and_still_catches_a_changed_trainer(toy, monkeypatch):
+  """An experiment of PREFIX_ONLY: its sampled run trained up to that step only (schedule of the
+  whole run), its losses and byte counters there equal the stored ones; a 1% change of the inner
+  LR is caught in those steps; `whole=True` trains it to the end."""
+  monkeypatch.setitem(recheck.PREFIX_ONLY, "toy", 4)
+  trained = []
+  real = run_one
+  monkeypatch.setattr(recheck, "run_one", lambda cfg, cache=None, until=None: trained.append(until) or real(
+      cfg, cache=cache, until=until))
+  report = recheck.verify("toy", k=1)
+  assert trained == [4] and report["steps"].tolist() == [4] and report["ok"].all()
+  assert report["check"].tolist() == ["exact"] and report["max_rel_diff"].iloc[0] < 1e-9
+  assert recheck.summary_line(report).startswith(f"toy: run {report['index'].iloc[0]} trained again up to step 4 (PREFIX_ONLY)")
+  assert recheck.verify("toy", k=1, whole=True)["steps"].tolist() == [8] and trained == [4, None]
+  _perturbed(monkeypatch, cfg_change=lambda c: {"inner_lr": c.inner_lr * 1.01})
+  with pytest.raises(stored.StoredResultError, match=r"differs from toy.json in (train|eval)_loss of the first 4 steps"):
     recheck.verify("toy", k=1)
 
 

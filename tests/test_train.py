@@ -45,6 +45,24 @@ def test_same_seed_same_metrics_different_seed_different(diloco_run):
   assert not np.allclose(a.metrics["train_loss"].to_numpy(float)[1:], c.metrics["train_loss"].to_numpy(float)[1:])
 
 
+def test_a_runs_first_steps_are_its_rows_bit_for_bit_and_nothing_is_written(diloco_run, tmp_path):
+  """train(cfg, until=k): the rows of steps <= k of the whole run (its schedule unchanged, so
+  not a shorter run), no summary, no final params and no summary.json; k outside 1..steps and
+  a tape run are refused in one line."""
+  _, whole = diloco_run
+  part = train(tiny(out=str(tmp_path / "part")), until=4)
+  assert part.summary is None and part.params is None and part.state is None
+  assert [r["step"] for r in part.rows] == [0, 2, 4]
+  cols = ["step", "train_loss", "eval_loss", "total_bytes_sent"]
+  np.testing.assert_array_equal(part.metrics[cols].to_numpy(float), whole.metrics[cols].to_numpy(float)[:3])
+  shorter = train(tiny(steps=4))  # a 4-step run decays its learning rate sooner: other losses
+  assert shorter.metrics["train_loss"].to_numpy(float)[2] != part.metrics["train_loss"].to_numpy(float)[2]
+  assert sorted(os.listdir(tmp_path / "part")) == ["metrics.jsonl"]
+  for bad in (0, 9, 2.0, True):
+    with pytest.raises(ValueError, match=r"^until must be a step of the run, an integer in 1\.\.8 \(steps\), got"):
+      train(tiny(), until=bad)
+
+
 def test_streaming_and_dp_train():
   s = train(tiny("streaming", fragments=3, sync_every=6, overlap=1, compression="fp4", error_feedback=True))
   d = train(tiny("dp"))

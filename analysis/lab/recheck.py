@@ -80,6 +80,14 @@ PREFIX_RTOL = 1e-4
 #: move on another CPU (see the module docstring). Under a normal law a stable run passes with
 #: probability 0.99994.
 SPREAD_Z = 4.0
+#: Experiments whose sampled run the re-check trains only up to this step (its schedule still
+#: that of the whole run, :func:`diloco_core.run.loop.train`'s ``until``), unless whole runs are
+#: asked for: ``methods``' cheapest run is 1,500 steps of the ``small`` preset, about 160 s, as
+#: long as the other experiments' re-checks together. Its logged losses and byte counters up to
+#: here are compared: to :data:`RTOL` on the CPU kind that stored it, and on another CPU the byte
+#: counters exactly and the losses up to :data:`PREFIX_STEPS` within :data:`PREFIX_RTOL` (its one
+#: seed per configuration gives no spread: there the final loss decides nothing either).
+PREFIX_ONLY: dict[str, int] = {"methods": 150}
 #: The counts of a run, equal on every CPU.
 COUNTS = ("total_bytes_per_replica", "peak_bytes_per_step", "tokens", "params")
 #: The numbers of a run compared by the exact check (wall times are not reproducible).
@@ -191,7 +199,7 @@ def same_cpu_file(name: str, scale: str = "cpu", path: str | os.PathLike | None 
 
 def verify(name: str, *, k: int = SAMPLE, scale: str = "cpu", rtol: float = RTOL,
            path: str | os.PathLike | None = None, raise_on_error: bool = True,
-           cache: str | os.PathLike | bool = False) -> pd.DataFrame:
+           cache: str | os.PathLike | bool = False, whole: bool = False) -> pd.DataFrame:
   """Trains ``k`` runs of a stored experiment again and compares them with the stored numbers.
 
   The runs are :func:`sample_indices` of the stable runs (:func:`~analysis.lab.realizations.stable_runs`), by stored wall
@@ -208,12 +216,14 @@ def verify(name: str, *, k: int = SAMPLE, scale: str = "cpu", rtol: float = RTOL
     path: read this file instead of :func:`analysis.lab.stored.path_of` (tests).
     raise_on_error: raise :class:`~analysis.lab.stored.StoredResultError` on a failed check.
     cache: a sweep cache to share runs between experiments (``False``: train every run).
+    whole: train the runs of a :data:`PREFIX_ONLY` experiment to their end too.
 
   Returns:
     One row per re-trained run: ``experiment``, ``index``, ``key``, ``against`` (the stored
     file compared), ``check`` (``"exact"`` or ``"another CPU"``), ``max_rel_diff`` (the
     largest relative difference of every checked number and the curve), ``worst`` (its
-    field), ``prefix_rel_diff``, ``final_rel_diff``, ``spread_z`` (None without seeds), ``ok``.
+    field), ``prefix_rel_diff``, ``final_rel_diff``, ``spread_z`` (None without seeds), ``ok``,
+    ``steps`` (the last step trained: the run's, or :data:`PREFIX_ONLY`'s).
   """
   main = store.load(name, scale=scale, path=path)
   ref = same_cpu_file(name, scale=scale, path=path)
@@ -222,7 +232,11 @@ def verify(name: str, *, k: int = SAMPLE, scale: str = "cpu", rtol: float = RTOL
   configs = experiments.named_sweep(name, scale)
   costs = [float(r["row"].get("wall_time_s") or 0.0) for r in main.runs]
   out = []
+  until = None if whole else PREFIX_ONLY.get(name)
   for i in sample_indices(costs, k, eligible=stable_runs(main.runs)):
+    if until is not None and until < configs[i].steps:
+      out.append(_verify_prefix(name, i, configs[i], main, exact_ref, ref is not None, until, rtol))
+      continue
     summary, metrics, _ = run_one(configs[i], cache=cache)
     now_row = store.plain(summary)
     now_metrics = {c: store.plain(metrics[c].tolist()) for c in store.METRIC_COLUMNS if c in metrics.columns}
@@ -240,7 +254,7 @@ def verify(name: str, *, k: int = SAMPLE, scale: str = "cpu", rtol: float = RTOL
     row = {"experiment": name, "index": i, "key": first["key"], "against": exact_ref.path.name,
            "check": "exact", "max_rel_diff": diffs[worst], "worst": worst,
            "prefix_rel_diff": prefix_diff(first["metrics"], now_metrics, replica_step_tokens=_replica_step_tokens(first["config"])), "final_rel_diff": final,
-           "spread_z": z, "ok": diffs[worst] <= rtol}
+           "spread_z": z, "ok": diffs[worst] <= rtol, "steps": configs[i].steps}
     if not row["ok"] and ref is None:
       counts_equal = all(rel(first["row"].get(c), now_row.get(c)) == 0.0 for c in COUNTS)
       row.update(check="another CPU", against=main.path.name,
@@ -253,6 +267,33 @@ def verify(name: str, *, k: int = SAMPLE, scale: str = "cpu", rtol: float = RTOL
   if raise_on_error and len(bad):
     raise store.StoredResultError(failure(bad.iloc[0], rtol))
   return report
+
+
+def _verify_prefix(name: str, i: int, cfg, main, exact_ref, same_cpu: bool, until: int, rtol: float) -> dict:
+  """:func:`verify`'s row for run ``i`` trained up to step ``until`` only (:data:`PREFIX_ONLY`)."""
+  _, metrics, _ = run_one(cfg, until=until)
+  now = {c: store.plain(metrics[c].tolist()) for c in store.METRIC_COLUMNS if c in metrics.columns}
+  first = main.runs[i]
+
+  def upto(m: dict, col: str) -> list:
+    return [x for s, x in zip(m.get("step", []), m.get(col, [])) if s <= until]
+
+  stored = exact_ref.runs[i]["metrics"]
+  diffs = {col: (math.inf if upto(stored, "step") != upto(now, "step") or len(upto(stored, col)) != len(upto(now, col))
+                 else max((rel(a, b) for a, b in zip(upto(stored, col), upto(now, col))), default=0.0))
+           for col in ("train_loss", "eval_loss", "total_bytes_sent")}
+  worst = max(diffs, key=diffs.get)
+  truncated = {c: upto(first["metrics"], c) for c in first["metrics"]}
+  row = {"experiment": name, "index": i, "key": first["key"], "against": exact_ref.path.name, "check": "exact",
+         "max_rel_diff": diffs[worst], "worst": f"{worst} of the first {until} steps",
+         "prefix_rel_diff": prefix_diff(truncated, now, replica_step_tokens=_replica_step_tokens(first["config"])),
+         "final_rel_diff": None, "spread_z": None, "ok": diffs[worst] <= rtol, "steps": until}
+  if not row["ok"] and not same_cpu:
+    counts_equal = upto(first["metrics"], "total_bytes_sent") == upto(now, "total_bytes_sent")
+    row.update(check="another CPU", against=main.path.name, ok=counts_equal and row["prefix_rel_diff"] <= PREFIX_RTOL)
+    if not counts_equal:
+      row["worst"] = f"total_bytes_sent of the first {until} steps"
+  return row
 
 
 def failure(r, rtol: float = RTOL) -> str:
@@ -279,19 +320,24 @@ def sample_size(name: str) -> int:
   return SAMPLE_SIZES.get(name, SAMPLE)
 
 
-def _verify_sample(args: tuple[str, int, str]) -> pd.DataFrame:
-  name, k, cache = args
-  return verify(name, k=k, cache=cache)
+def _verify_sample(args: tuple[str, int, str, bool]) -> pd.DataFrame:
+  name, k, cache, whole = args
+  return verify(name, k=k, cache=cache, whole=whole)
 
 
-def _cost(name: str) -> float:
-  """A stored experiment's seconds per run (its provenance), to hand out the longest first."""
-  p = store.load(name).provenance
-  return float(p.get("wall_time_s", 0.0)) / max(int(p.get("runs", 1)), 1)
+def _cost(name: str, whole: bool = False) -> float:
+  """A stored experiment's seconds per run (its provenance), to hand out the longest first (a
+  :data:`PREFIX_ONLY` one's share of its steps, unless ``whole``)."""
+  main = store.load(name)
+  p = main.provenance
+  share = 1.0
+  if not whole and name in PREFIX_ONLY:
+    share = PREFIX_ONLY[name] / max(int(main.runs[0]["config"].get("steps", 1)), 1)
+  return share * float(p.get("wall_time_s", 0.0)) / max(int(p.get("runs", 1)), 1)
 
 
 def verify_all(names: Sequence[str] | None = None, *, workers: int = 1,
-               k: int | None = None) -> pd.DataFrame:
+               k: int | None = None, whole: bool = False) -> pd.DataFrame:
   """:func:`verify` for every stored experiment (or ``names``), :func:`sample_size` runs each.
 
   A run sampled by two experiments (the same config) is trained once: the workers share a
@@ -303,6 +349,7 @@ def verify_all(names: Sequence[str] | None = None, *, workers: int = 1,
       each; the numbers do not depend on it). The longest experiments (stored seconds per run)
       are handed out first. A failed check raises as with one worker.
     k: runs per experiment (default :func:`sample_size`).
+    whole: train the runs of a :data:`PREFIX_ONLY` experiment to their end too.
 
   Returns:
     :func:`verify`'s rows for every experiment, in the order of ``names``.
@@ -310,10 +357,10 @@ def verify_all(names: Sequence[str] | None = None, *, workers: int = 1,
   names = store.stored_names() if names is None else list(names)
   workers = check_int("workers", workers, low=1)
   with tempfile.TemporaryDirectory(prefix="recheck-") as cache:
-    jobs = {n: (n, sample_size(n) if k is None else k, cache) for n in names}
+    jobs = {n: (n, sample_size(n) if k is None else k, cache, whole) for n in names}
     if workers == 1 or len(names) < 2:
       return pd.concat([_verify_sample(jobs[n]) for n in names], ignore_index=True)
-    order = sorted(names, key=_cost, reverse=True)
+    order = sorted(names, key=lambda n: _cost(n, whole), reverse=True)
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(min(workers, len(names)), mp_context=ctx) as pool:
       done = dict(zip(order, pool.map(_verify_sample, [jobs[n] for n in order])))
@@ -329,10 +376,17 @@ def summary_line(report: pd.DataFrame) -> str:
     ...     "against": "h_m.json", "max_rel_diff": 0.0, "prefix_rel_diff": 0.0,
     ...     "final_rel_diff": 0.0, "spread_z": 0.0, "ok": True}])))
     h_m: run 8 trained again, exact against h_m.json: largest relative difference 0 (allowed 1e-06)
+    >>> print(summary_line(pd.DataFrame([{"experiment": "methods", "index": 0, "check": "exact",
+    ...     "against": "methods.json", "max_rel_diff": 0.0, "prefix_rel_diff": 0.0,
+    ...     "final_rel_diff": None, "spread_z": None, "ok": True, "steps": 150}])))
+    methods: run 0 trained again up to step 150 (PREFIX_ONLY), exact against methods.json: largest relative difference 0 (allowed 1e-06)
   """
   name = report["experiment"].iloc[0]
   runs = ", ".join(str(i) for i in report["index"])
-  head = f"{name}: run{'s' if len(report) > 1 else ''} {runs} trained again"
+  until = PREFIX_ONLY.get(name)
+  partial = until is not None and "steps" in report and (report["steps"] == until).any()
+  head = (f"{name}: run{'s' if len(report) > 1 else ''} {runs} trained again"
+          + (f" up to step {until} (PREFIX_ONLY)" if partial else ""))
   parts = []
   for check, sub in report.groupby("check", sort=False):
     if check == "exact":
@@ -344,5 +398,5 @@ def summary_line(report: pd.DataFrame) -> str:
                 if len(z) else "no seed spread stored (final loss not judged)")
       parts.append(f"another CPU than {sub['against'].iloc[0]}'s: counts equal, first {PREFIX_STEPS}"
                    f" steps within {sub['prefix_rel_diff'].max():.3g} (allowed {PREFIX_RTOL:g}),"
-                   f" {spread}; final loss moved {sub['final_rel_diff'].max():.2%}")
+                   f" {spread}" + ("" if partial else f"; final loss moved {sub['final_rel_diff'].max():.2%}"))
   return f"{head}, " + "; ".join(parts)

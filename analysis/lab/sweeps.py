@@ -157,8 +157,16 @@ def grid(base, axes: Mapping[str, Sequence[Any]] | None = None, *, skip_invalid:
   return out
 
 
-def run_one(cfg, *, cache: str | os.PathLike | None | bool = None, rerun: bool = False):
-  """Trains one config, or reads it from the cache; returns ``(summary, metrics, cached)``."""
+def run_one(cfg, *, cache: str | os.PathLike | None | bool = None, rerun: bool = False,
+            until: int | None = None):
+  """Trains one config, or reads it from the cache; returns ``(summary, metrics, cached)``.
+
+  With ``until`` below the config's steps, only its first ``until`` steps are trained (the
+  schedule still that of the whole run; :func:`~diloco_core.run.loop.train`): ``summary`` is
+  None, and the partial run is neither read from nor written to the cache."""
+  if until is not None and until < cfg.steps:
+    result = _train_module().train(dataclasses.replace(cfg, out=None, progress=False), until=until)
+    return None, result.metrics, False
   key = config_key(cfg)
   root = cache_root(cache)
   if root is not None and not rerun and (root / key / "summary.json").exists():

@@ -123,7 +123,7 @@ def _writes_files(cfg: TrainConfig, comm, log: MetricsLog) -> bool:
   return writes
 
 
-def train(cfg: TrainConfig) -> TrainResult:
+def train(cfg: TrainConfig, *, until: int | None = None) -> TrainResult:
   """Trains one run and returns its metrics, summary and final params.
 
   Read top to bottom: the checks, then :func:`~diloco_core.run.run_setup.set_up` (data, model,
@@ -132,12 +132,23 @@ def train(cfg: TrainConfig) -> TrainResult:
 
   Args:
     cfg: the run. Every option is validated before any compilation.
+    until: stop after this step of the run (its schedule still that of ``cfg.steps``), with
+      only its log rows: the first steps of a long run, as the docs build re-checks one
+      (:data:`analysis.lab.recheck.PREFIX_ONLY`). None: the whole run.
 
   Returns:
     A :class:`TrainResult`; when ``cfg.out`` is set, ``metrics.jsonl`` and
-    ``summary.json`` hold the same numbers.
+    ``summary.json`` hold the same numbers. With ``until`` below ``cfg.steps``: its ``rows``
+    only (``summary``, ``params`` and ``state`` None; no summary or final params written).
+
+  Raises:
+    ValueError: ``until`` is not a step of the run, or the run plays a syncer tape.
   """
   cfg.validate()
+  if until is not None and (isinstance(until, bool) or not isinstance(until, int) or not 1 <= until <= cfg.steps):
+    raise ValueError(f"until must be a step of the run, an integer in 1..{cfg.steps} (steps), got {until!r}.")
+  if until is not None and cfg.syncer.plays_tape(cfg):
+    raise ValueError("until: a run played from a syncer tape trains whole (its rounds are the tape's); pass until=None.")
   preflight(cfg)  # the disk and the devices, once
   if cfg.syncer.plays_tape(cfg):  # the syncer rule: the run played from its tape, P = 1, τ = 0
     writes = communication.lock_step_writes()  # the runtime's rule: one in-step program
@@ -147,12 +158,15 @@ def train(cfg: TrainConfig) -> TrainResult:
   if cfg.syncer.tape is not None:  # a recorded tape: this run with its drops (checked by validate)
     cfg = dataclasses.replace(cfg, drop_schedule=tape_drops(cfg))
   run, state = set_up(cfg)
-  state, host_replicas, watch = _steps(run, state)
+  last = cfg.steps if until is None else until
+  state, host_replicas, watch = _steps(run, state, last)
+  if last < cfg.steps:  # the first steps only: their rows
+    return TrainResult(rows=run.log.rows, summary=None, params=None, state=None)
   return _finish(run, state, host_replicas, watch)
 
 
-def _steps(run: SetUp, state) -> tuple[Any, Any, Watch]:
-  """Steps ``run.first`` to ``cfg.steps``; a stop, a lost process, a file that cannot be written
+def _steps(run: SetUp, state, last: int) -> tuple[Any, Any, Watch]:
+  """Steps ``run.first`` to ``last`` (``cfg.steps`` but for a run's first steps); a stop, a lost process, a file that cannot be written
   or data that changed end the run with one line that says what was kept and how to go on.
 
   Returns:
@@ -169,11 +183,11 @@ def _steps(run: SetUp, state) -> tuple[Any, Any, Watch]:
                 outer=cfg.algo.algorithm != "dp")
   done = run.first - 1
   try:
-    for t in range(run.first, cfg.steps + 1):
+    for t in range(run.first, last + 1):
       state = _step(run, state, t, watch, bar)
       done = t
     # eval_replicas: every replica's params on the host, gathered while the link is open
-    host_replicas = run.comm.host_replicas(state) if cfg.eval_replicas else None
+    host_replicas = run.comm.host_replicas(state) if cfg.eval_replicas and last == cfg.steps else None
   except KeyboardInterrupt:  # Ctrl-C, or SIGTERM under the command line: one line, what to do next
     raise Interrupted(done, cfg.out, watch.last_checkpoint) from None
   except (ConnectionError, jax.errors.JaxRuntimeError, ValueError) as e:  # another process lost? nothing here is damaged
