@@ -8,18 +8,22 @@ sets the fragment's global params. With ``outer_overlap="none"`` this is the out
 step on the average; ``"delayed"`` and ``"eager"`` overlap a whole outer step with the next
 period (arXiv 2502.12996; the rules are :mod:`~diloco_core.algorithm.eager`'s and the
 semantics page's). :meth:`OuterStepPhases.merge_towards` says what the replicas are blended
-towards. A base class of :class:`~diloco_core.algorithm.phases.Phases`, kept beside
+towards. :meth:`OuterStepPhases.round_outer_step` is the outer step of one committed round of
+the syncer rule (the tape player's, around :func:`~diloco_core.algorithm.outer_apply.apply_round`). A base class of :class:`~diloco_core.algorithm.phases.Phases`, kept beside
 :mod:`~diloco_core.algorithm.eager`: it reads ``config``, ``fragments``, ``leaf_kinds``,
 ``outer_leaf_kinds`` and ``outer_optimizer`` of the algorithm.
 """
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import optax
 
 from diloco_core.algorithm import eager
 from diloco_core.algorithm.hyperparams import resolve_optimizer
+from diloco_core.algorithm.outer_apply import delayed_nesterov_init, delayed_nesterov_step, optax_step
 from diloco_core.algorithm.state import SendOperands
 
 
@@ -124,6 +128,30 @@ class OuterStepPhases:
       return optax.apply_updates(g_sub, updates), jax.tree.leaves(new_outer)
 
     return outer_step
+
+  def round_outer_step(self, hp, buffer: int = 1, activation: float = 0.0):
+    """Phase: the outer step of a committed round of the syncer rule, on the whole model (P = 1).
+
+    With buffer N = 1, the run's outer optimizer (Nesterov: Delayed Nesterov's N = 1, bit for
+    bit); otherwise Delayed Nesterov with buffer N and momentum activation c, at the run's
+    :math:`\\eta` and :math:`\\mu` (:func:`~diloco_core.algorithm.outer_apply.delayed_nesterov_step`).
+    A round applies it through :func:`~diloco_core.algorithm.outer_apply.apply_round` (merged or
+    sequential, weighted).
+
+    Args:
+      hp: the hyperparameters (the outer optimizer's, ``outer_lr``, ``outer_momentum``).
+      buffer: N >= 1.
+      activation: c in :math:`[0, 1/N]`.
+
+    Returns:
+      ``(init, step)``: ``init(params)`` the outer state, ``step(params, state, grad) ->
+      (params, state)`` one outer step (N > 1: its count is host-side, so it runs op by op).
+    """
+    if buffer == 1:
+      opt = resolve_optimizer(self.outer_optimizer, hp)
+      return opt.init, optax_step(opt)
+    return delayed_nesterov_init, functools.partial(delayed_nesterov_step, lr=hp["outer_lr"], beta=hp["outer_momentum"],
+                                                    buffer=buffer, activation=activation)
 
   def merge_towards(self, global_params: list, in_flight) -> tuple[list, bool]:
     """What a merge blends the replicas towards.

@@ -92,8 +92,9 @@ class Phases(OuterStepPhases):
   * ``replica_fields``: the fields of the state with a leading replica axis M;
   * ``prepare``: builds the fragment map for params of this structure;
   * ``initial_state``, ``inner_steps``, ``payloads``, ``before_mean``, ``after_mean``,
-    ``replicas_mean``, ``merge_towards``, ``merge``: the phases (:func:`present_mean` is the
-    average);
+    ``replicas_mean``, ``merge_towards``, ``merge``, ``round_outer_step``: the phases
+    (:func:`present_mean` is the average; ``round_outer_step``, a committed round's outer step
+    of the syncer rule);
   * ``fragment_of``: one fragment's slices of flat leaves (a payload's shapes);
   * ``init``, ``step``, ``with_hyperparams``, ``place_batch``, ``place_replicated``,
     ``eval_params``, ``bytes_sent``, ``finite_flags``: the
@@ -161,18 +162,25 @@ class Phases(OuterStepPhases):
         ef_residual=zeros(stack(params)) if cfg.error_feedback else None, step=xp.zeros((), xp.int32),
         participants=xp.ones((replicas, cfg.fragments), xp.float32), in_flight=in_flight)
 
-  def inner_steps(self, hp, params, opt_state, batch):
+  def inner_steps(self, hp, params, opt_state, batch, active=None):
     """Phase: one inner step of every replica on its own batch (nothing crosses replicas).
 
     Args:
       hp: the hyperparameters the inner optimizer is built from.
       params, opt_state, batch: every replica's, leading axis M.
+      active: [M] bool, or None for every replica: a replica not active keeps its params and
+        inner optimizer state, exactly (``where``; its batch row is read but changes nothing),
+        as the tape player runs only the replicas whose period is under way.
 
     Returns:
       ``(params, opt_state, loss, metrics)``, each per replica (:func:`inner_update`).
     """
     update = lambda p, o, b: inner_update(self.loss_fn, resolve_optimizer(self.inner_optimizer, hp), p, o, b)
-    return map_replicas(self.replica_loop, update, params, opt_state, batch)
+    new_params, new_opt, loss, metrics = map_replicas(self.replica_loop, update, params, opt_state, batch)
+    if active is None:
+      return new_params, new_opt, loss, metrics
+    keep = lambda n, x: jnp.where(active.reshape(-1, *[1] * (x.ndim - 1)), n, x)
+    return jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_opt, opt_state), loss, metrics
 
   def fragment_of(self, leaves: list, branch, k, axis: int) -> list:
     """One fragment's slices of flat param-shaped leaves.

@@ -4,24 +4,29 @@
 which contributions each round holds and when each replica merges which global version;
 :func:`play_tape` trains the run's model in that order. Each of the M replicas holds its own
 params :math:`\\theta_m` and inner optimizer state (float32), and the syncer holds the global
-versions :math:`\\theta_g^{(v)}` and the outer state. Events are played in tape order:
+versions :math:`\\theta_g^{(v)}` and the outer state. The player computes nothing of its own: it
+drives the algorithm's phases, the contract every runtime uses
+(:class:`~diloco_core.algorithm.phases.Phases`: ``inner_steps`` with an active mask,
+``payloads``, ``merge`` with a participation row, ``round_outer_step`` around
+:func:`~diloco_core.algorithm.outer_apply.apply_round`). Events are played in tape order:
 
 * :class:`~diloco_core.spec.tape.Sent` (replica m, local step s, base b): m runs its inner
   steps from its last local step to s (local step :math:`s'` on the batch the in-step runtime
   gives replica m at step :math:`s'`, its inner optimizer's schedule at its own step count),
-  then its contribution :math:`\\Delta_m = \\theta_g^{(b)} - \\theta_m` (float32) is taken and
+  then its contribution :math:`\\Delta_m = \\theta_g^{(b)} - \\theta_m` (float32, the payload phase) is taken and
   held (a replica waits for its round, τ = 0, so it is the same at the commit);
 * :class:`~diloco_core.spec.tape.Dropped`: the contribution is discarded;
 * :class:`~diloco_core.spec.tape.Committed` (version v, members): the members' contributions,
   in member order (the tape's arrival order), weighted by
   :func:`~diloco_core.spec.syncer.round_weights` (staleness :math:`s = v - 1 - b`), go through
-  :func:`~diloco_core.algorithm.outer_apply.apply_round` (merged or sequential; the run's outer
-  optimizer for N = 1, Delayed Nesterov with buffer N and activation c otherwise; radial
-  option) and make :math:`\\theta_g^{(v)}`;
+  :func:`~diloco_core.algorithm.outer_apply.apply_round` (merged or sequential; the step of
+  ``round_outer_step``: the run's outer optimizer for N = 1, Delayed Nesterov with buffer N and
+  activation c otherwise; radial option) and make :math:`\\theta_g^{(v)}`;
 * :class:`~diloco_core.spec.tape.Merged` (replica m, version v): a member blends,
   :math:`\\theta_m \\leftarrow \\alpha\\,\\theta_m + (1 - \\alpha)\\,\\theta_g^{(v)}` (α = 0:
   replaced), a healed replica (dropped contribution, rejoin) is replaced by
-  :math:`\\theta_g^{(v)}`; its inner optimizer state is kept;
+  :math:`\\theta_g^{(v)}` (the merge phase with participation 1 for a blend, 0 for a heal, -1
+  for every other replica, which it leaves alone); its inner optimizer state is kept;
 * :class:`~diloco_core.spec.tape.Lost` / :class:`~diloco_core.spec.tape.Joined`: a lost
   replica runs no step (the steps of a period it did not finish are never run); a joiner
   keeps the inner optimizer state it had and is replaced by the version it downloads (the
@@ -30,7 +35,7 @@ versions :math:`\\theta_g^{(v)}` and the outer state. Events are played in tape 
 
 Every global version a later event still reads (a send's base, a merge) is kept until that
 event. The replicas' states are stacked on a leading axis M and their inner steps run as one
-program over all M (``jax.vmap``, as the in-step runtime maps its replicas; a replica not due
+program over all M (the ``inner_steps`` phase, as the in-step runtime runs it; a replica not due
 keeps its row, exactly): every replica whose period has started runs with the one that must
 reach its send (its steps depend on nothing else until its own send, τ = 0), so a synchronous
 tape runs in lock step and reproduces the in-step trainer bit for bit (one replica alone, or a
@@ -59,15 +64,15 @@ import math
 from fractions import Fraction
 from typing import Any
 
+import drjax
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from diloco_core.algorithm.base import reported_loss
-from diloco_core.algorithm.hyperparams import resolve_optimizer
-from diloco_core.algorithm.outer_apply import (apply_round, delayed_nesterov_init, delayed_nesterov_step,
-                                               optax_step)
-from diloco_core.algorithm.phases import inner_update
+from diloco_core.algorithm.outer_apply import apply_round
+from diloco_core.algorithm.state import MergeOperands, SendOperands
+from diloco_core.devices.mesh import make_mesh
 from diloco_core.spec import validity as v
 from diloco_core.spec.syncer import SyncerConfig, exact_decimal, round_weights
 from diloco_core.run.syncer_options import check_playable
@@ -238,8 +243,9 @@ class _Player:
   """One play of a tape (:func:`play_tape`).
 
   The replicas' params and inner optimizer states are stacked on a leading replica axis M, and
-  inner steps run as one program over all M (``jax.vmap``, as the in-step runtime maps its
-  replicas), each replica's row kept or left as it was (``where``, exact). Replicas whose
+  inner steps run as one program over all M (the algorithm's ``inner_steps`` under
+  ``drjax.program``, as the in-step runtime runs it), a replica not active left as it was
+  (its ``active`` mask: ``where``, exact). Replicas whose
   period has started run together: the period's steps depend on nothing but the replica's
   own state and data until its send (τ = 0), so running them before another replica's send
   changes no number, and a synchronous tape runs all M in lock step, as the trainer does.
@@ -251,34 +257,25 @@ class _Player:
     self.observe = observe
     self.syncer, self.data, self.eval_versions, self.m = syncer, data, eval_versions, m
     self.hp = algo.typed_hyperparams()
-    inner_opt = algo.inner_optimizer
-    one = lambda hp, p, o, b: inner_update(loss_fn, resolve_optimizer(inner_opt, hp), p, o, b)[:3]
-
-    def advance(hp, p, o, batch, active):
-      new_p, new_o, loss = jax.vmap(one, in_axes=(None, 0, 0, 0))(hp, p, o, batch)
-      keep = lambda n, x: jnp.where(active.reshape(-1, *[1] * (x.ndim - 1)), n, x)
-      return jax.tree.map(keep, new_p, p), jax.tree.map(keep, new_o, o), loss
-
-    self.advance = jax.jit(advance)
-    self.set_row = jax.jit(lambda tree, i, row: jax.tree.map(lambda x, y: x.at[i].set(y), tree, row))
+    algo.prepare(params)
+    # The algorithm's own phases, each one program over the M replicas (drjax on a one-device
+    # mesh, as the in-step runtime runs them)
+    run, self.mesh = drjax.program(diloco=m), make_mesh()
+    self.advance = jax.jit(run(lambda hp, p, o, batch, active: algo.inner_steps(hp, p, o, batch, active)[:3]))
+    self.treedef = jax.tree.structure(params)
+    self.deltas = jax.jit(run(lambda hp, g, r: algo.payloads("all", None, hp, SendOperands(g, [], r, None, None))[1]))
+    self.merges = jax.jit(run(lambda al, g, r, how: algo.merge("all", None, al, MergeOperands(g, r, how))))
     evaluate = jax.jit(reported_loss(loss_fn))
     tokens = jnp.asarray(data.eval_batch())
     self.evaluate = lambda p: float(evaluate(p, tokens))
-    algo.prepare(params)
-    self.payload = float(algo.fragment_bytes[0])
-    stack = lambda tree: jax.tree.map(lambda x: jnp.broadcast_to(x, (m, *jnp.shape(x))), tree)
-    self.params, self.opt = stack(params), stack(resolve_optimizer(inner_opt, self.hp).init(params))
+    self.payload = float(algo.bytes_sent(cfg.algo.sync_every))  # P = 1: the whole model, float32
+    start = algo.initial_state(params, m, hp=self.hp)
+    self.params, self.opt = start.params, start.opt_state
     self.count, self.target = [0] * m, [None] * m
     self.versions, self.version = {0: params}, 0
-    outer_opt = resolve_optimizer(algo.outer_optimizer, self.hp)
-    if syncer.buffer == 1:  # the run's outer optimizer (Nesterov: Delayed Nesterov's N = 1, bit for bit)
-      self.step, self.outer = optax_step(outer_opt), outer_opt.init(params)
-    else:
-      self.step = functools.partial(delayed_nesterov_step, lr=self.hp["outer_lr"], beta=self.hp["outer_momentum"],
-                                    buffer=syncer.buffer, activation=syncer.activation)
-      self.outer = delayed_nesterov_init(params)
+    init, self.step = algo.round_outer_step(self.hp, syncer.buffer, syncer.activation)
+    self.outer = init(params)
     self.alpha = self.hp["alpha"]
-    self.blend = jax.jit(lambda a, g, al: jax.tree.map(lambda x, y: (al * x + (1 - al) * y).astype(x.dtype), a, g))
     # jitted as the trainer's step is (op by op, XLA rounds the outer step 1 ulp differently);
     # Delayed Nesterov's count is host-side, so N > 1 runs op by op
     self.apply = jax.jit(functools.partial(apply_round, step=self.step, apply=syncer.apply, radial=syncer.radial),
@@ -291,8 +288,20 @@ class _Player:
     self.marks: list = []
     self.sent = 0
 
-  def row(self, tree, i: int):
-    return jax.tree.map(lambda x: x[i], tree)
+  def delta(self, base, m: int):
+    """Replica m's contribution against ``base``: the payload phase (float32, no wire format)."""
+    with jax.set_mesh(self.mesh):
+      sent = self.deltas(self.hp, jax.tree.leaves(base), jax.tree.leaves(self.params))
+    return jax.tree.unflatten(self.treedef, [x[m] for x in sent])
+
+  def merge(self, m: int, target, heal: bool) -> None:
+    """Replica m merges ``target``: the merge phase with a participation row that blends m
+    (1), or heals it (0: replaced), and leaves every other replica alone (-1)."""
+    how = np.full(self.m, -1.0, np.float32)
+    how[m] = 0.0 if heal else 1.0
+    with jax.set_mesh(self.mesh):
+      leaves = self.merges(self.alpha, jax.tree.leaves(target), jax.tree.leaves(self.params), jnp.asarray(how))
+    self.params = jax.tree.unflatten(self.treedef, leaves)
 
   def batch(self, active: list[bool]):
     """The stacked batch: replica k's of data step ``count[k]`` (its next local step) where active."""
@@ -314,8 +323,9 @@ class _Player:
                        " (not a tape of simulate_tape for this run).")
     while self.count[m] < step:
       active = [t is not None and c < t for c, t in zip(self.count, self.target)]
-      self.params, self.opt, loss = self.advance(self.hp, self.params, self.opt, self.batch(active),
-                                                 jnp.asarray(active))
+      with jax.set_mesh(self.mesh):
+        self.params, self.opt, loss = self.advance(self.hp, self.params, self.opt, self.batch(active),
+                                                   jnp.asarray(active))
       for k in range(self.m):
         if active[k]:
           self.count[k] += 1
@@ -345,9 +355,7 @@ class _Player:
       if isinstance(e, Sent):
         self.run_to(e.replica, e.step)
         self.target[e.replica] = None
-        base = self.versions[e.base]
-        self.pending[e.replica, e.step] = jax.tree.map(lambda g, r: (g - r).astype(jnp.float32), base,
-                                                       self.row(self.params, e.replica))
+        self.pending[e.replica, e.step] = self.delta(self.versions[e.base], e.replica)
         self.sent += 1
       elif isinstance(e, Dropped):
         del self.pending[e.replica, e.step]
@@ -356,9 +364,7 @@ class _Player:
         if self.eval_versions:
           evals.append((e.version, self.evaluate(self.versions[e.version])))
       elif isinstance(e, Merged):
-        target, mine = self.versions[e.version], self.row(self.params, e.replica)
-        new = target if e.heal else self.blend(mine, target, self.alpha)
-        self.params = self.set_row(self.params, e.replica, new)
+        self.merge(e.replica, self.versions[e.version], e.heal)
         self.start(tape, i, e.replica)
       elif isinstance(e, Lost):
         self.target[e.replica] = None
