@@ -32,7 +32,7 @@ from diloco_core.devices.mesh import fetch, local_replicas, make_mesh, parse_mes
 def lock_step_writes() -> bool:
   """Whether this process writes the files of a run every process runs in lock step (the in-step
   runtime, the tape player): process 0. (An elastic run decides by its membership:
-  :meth:`~diloco_core.runtime.elastic_runtime.Elastic.writes_files`.)"""
+  :meth:`~diloco_core.runtime.elastic_runtime.ElasticRuntime.writes_files`.)"""
   return jax.process_index() == 0
 
 
