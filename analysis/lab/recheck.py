@@ -82,8 +82,8 @@ PREFIX_RTOL = 1e-4
 SPREAD_Z = 4.0
 #: Experiments whose sampled run the re-check trains only up to this step (its schedule still
 #: that of the whole run, :func:`diloco_core.run.loop.train`'s ``until``), unless whole runs are
-#: asked for: ``methods``' cheapest run is 1,500 steps of the ``small`` preset, about 160 s, as
-#: long as the other experiments' re-checks together. Its logged losses and byte counters up to
+#: asked for: ``methods``' runs are 1,500 steps of the ``small`` preset, the longest sample of
+#: the re-check (the experiments page computes what it would cost whole). Its logged losses and byte counters up to
 #: here are compared: to :data:`RTOL` on the CPU kind that stored it, and on another CPU the byte
 #: counters exactly and the losses up to :data:`PREFIX_STEPS` within :data:`PREFIX_RTOL` (its one
 #: seed per configuration gives no spread: there the final loss decides nothing either).
@@ -275,21 +275,21 @@ def _verify_prefix(name: str, i: int, cfg, main, exact_ref, same_cpu: bool, unti
   now = {c: store.plain(metrics[c].tolist()) for c in store.METRIC_COLUMNS if c in metrics.columns}
   first = main.runs[i]
 
-  def upto(m: dict, col: str) -> list:
-    return [x for s, x in zip(m.get("step", []), m.get(col, [])) if s <= until]
+  def upto(m: dict) -> dict:  # the logged columns at steps <= until
+    return {c: [x for s, x in zip(m.get("step", []), v) if s <= until] for c, v in m.items()}
 
-  stored = exact_ref.runs[i]["metrics"]
-  diffs = {col: (math.inf if upto(stored, "step") != upto(now, "step") or len(upto(stored, col)) != len(upto(now, col))
-                 else max((rel(a, b) for a, b in zip(upto(stored, col), upto(now, col))), default=0.0))
+  was, now = upto(exact_ref.runs[i]["metrics"]), upto(now)
+  diffs = {col: (math.inf if was["step"] != now["step"] or len(was.get(col, [])) != len(now.get(col, []))
+                 else max((rel(a, b) for a, b in zip(was.get(col, []), now.get(col, []))), default=0.0))
            for col in ("train_loss", "eval_loss", "total_bytes_sent")}
   worst = max(diffs, key=diffs.get)
-  truncated = {c: upto(first["metrics"], c) for c in first["metrics"]}
+  truncated = upto(first["metrics"])
   row = {"experiment": name, "index": i, "key": first["key"], "against": exact_ref.path.name, "check": "exact",
          "max_rel_diff": diffs[worst], "worst": f"{worst} of the first {until} steps",
          "prefix_rel_diff": prefix_diff(truncated, now, replica_step_tokens=_replica_step_tokens(first["config"])),
          "final_rel_diff": None, "spread_z": None, "ok": diffs[worst] <= rtol, "steps": until}
   if not row["ok"] and not same_cpu:
-    counts_equal = upto(first["metrics"], "total_bytes_sent") == upto(now, "total_bytes_sent")
+    counts_equal = truncated.get("total_bytes_sent") == now.get("total_bytes_sent")
     row.update(check="another CPU", against=main.path.name, ok=counts_equal and row["prefix_rel_diff"] <= PREFIX_RTOL)
     if not counts_equal:
       row["worst"] = f"total_bytes_sent of the first {until} steps"
