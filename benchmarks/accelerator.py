@@ -93,8 +93,8 @@ METHODS = {"plain": ("plain", 1, None), "dp2": ("dp", 2, None), "diloco2": ("dil
            "streaming2": ("streaming", 2, "vectorized")}
 
 
-def provenance(argv: list[str]) -> dict:
-  """Who measured what, where: device, versions, commit, date and the command."""
+def provenance(argv: list[str], script: str = "benchmarks/accelerator.py") -> dict:
+  """Who measured what, where: device, versions, commit, date and the command (``python script argv``)."""
   def version(name):
     try:
       return importlib.metadata.version(name)
@@ -115,7 +115,7 @@ def provenance(argv: list[str]) -> dict:
           "jax": jax.__version__, "jaxlib": version("jaxlib"),
           "libtpu": version("libtpu") or version("libtpu-nightly"),
           "git_commit": commit, "git_dirty": dirty, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-          "command": "python benchmarks/accelerator.py " + shlex.join(argv), "host_cpu": platform.processor() or platform.machine()}
+          "command": shlex.join(["python", script, *argv]), "host_cpu": platform.processor() or platform.machine()}
 
 
 def write_json(path: str, result: dict) -> None:

@@ -87,7 +87,7 @@ def main(argv=None):
   args = p.parse_args(argv)
   if args.steps is not None and args.steps < 1:
     p.error(f"--steps must be a positive integer, got {args.steps}")
-  result = {"provenance": provenance(argv), **run(args.steps)}
+  result = {"provenance": provenance(argv, "benchmarks/main_job.py"), **run(args.steps)}
   for row in result["rows"]:
     print(f"{row['algorithm']:10s} final eval loss {row['final eval loss']:.4f}  gap to floor"
           f" {row['gap to floor']:+.4f}  loss vs DP {row.get('loss vs DP (%)', 0.0):+.2f}%"

@@ -92,7 +92,7 @@ def main(argv=None) -> dict:
   args = parse_args(argv)
   device = jax.devices()[0]
   print(f"device: {device.device_kind} ({device.platform})", flush=True)
-  result = {"provenance": {**provenance(argv), "command": "python benchmarks/roofline.py " + " ".join(argv)},
+  result = {"provenance": provenance(argv, "benchmarks/roofline.py"),
             "points": measure(args)}
   paths = [p for p in (args.json, store_path(device.device_kind).replace(".json", "-roofline.json")
                        if args.store else None) if p]
