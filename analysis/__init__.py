@@ -95,5 +95,6 @@ _MODULES = {**{m: f"analysis.planning.{m}" for m in (
     "sweeps", "sweep_cache", "experiments", "live", "stored", "storing", "recheck", "realizations",
     "cpu_kind", "claims", "arm_frames", "delay_stability", "overlap_eta", "headline", "measured",
     "straggler_arms", "stragglers",
-    "wire_measured", "elastic_measured", "accelerator", "roofline_measured")}}
+    "wire_measured", "elastic_measured", "accelerator", "roofline_measured",
+    "main_job_measured")}}
 __getattr__, __dir__ = lazy_exports(__name__, _TRAINING, globals(), modules=_MODULES)

@@ -31,6 +31,7 @@ import jax  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from accelerator import provenance, store_path, write_json  # noqa: E402  (the benchmarks' one writer)
 
+from analysis.lab.accelerator import MAIN_JOB_SUFFIX  # noqa: E402
 from diloco_core.devices.backend import default_demo_steps, resolve_model_config  # noqa: E402
 from diloco_core.run import main_job  # noqa: E402
 
@@ -42,23 +43,7 @@ def main_job_path(device_kind: str) -> str:
     >>> os.path.basename(main_job_path("TPU v5 lite"))
     'tpu-v5-lite-main-job.json'
   """
-  return store_path(device_kind)[:-len(".json")] + "-main-job.json"
-
-
-def eval_spread(cfg, params_path: str) -> dict:
-  """The final params' eval loss sequence by sequence: its mean (the run's final eval loss, up to
-  the order of summation), the standard error of that mean over the held-out sequences
-  (sequences are independent draws; tokens within one are not), and how many there were."""
-  import jax.numpy as jnp
-  import numpy as np
-  from diloco_core.run.run_setup import build_model
-  from diloco_core.store.params_io import load_params
-  data, _, params, loss_fn = build_model(cfg)
-  final = load_params(params_path, like=params)
-  per_seq = np.asarray(jax.jit(jax.vmap(lambda x: loss_fn(final, x[None])))(jnp.asarray(data.eval_batch())),
-                       np.float64)
-  return {"mean": float(per_seq.mean()), "se": float(per_seq.std(ddof=1) / np.sqrt(per_seq.size)),
-          "sequences": int(per_seq.size)}
+  return store_path(device_kind)[:-len(".json")] + MAIN_JOB_SUFFIX + ".json"
 
 
 def run(steps: int | None) -> dict:
@@ -69,7 +54,7 @@ def run(steps: int | None) -> dict:
   with tempfile.TemporaryDirectory() as out:
     configs = main_job.default_configs(steps=steps, out=out, progress=False)
     results = main_job.compare(configs)
-    spread = {name: eval_spread(configs[name], r.summary["final_params"]) for name, r in results.items()}
+    spread = {name: main_job.eval_spread(configs[name], r.summary["final_params"]) for name, r in results.items()}
   settings = {k.removeprefix("algo."): v for k, v in main_job.DEFAULTS.items()
               if k not in ("out", "overwrite", "progress", "steps", "nondeterministic")}
   dp = results["dp"]

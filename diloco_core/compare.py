@@ -63,13 +63,17 @@ def _compare_main(argv: list[str] | None) -> int:
   args.steps = default_demo_steps() if args.steps is None else args.steps
   outer = {k: getattr(args, "algo." + k) for k in ("replicas", "sync_every", "fragments", "overlap")}
   try:
-    results = main_job.compare(main_job.default_configs(
+    configs = main_job.default_configs(
         model=args.model, steps=args.steps, nondeterministic=args.nondeterministic,
         batch_size=args.batch_size, seq_len=args.seq_len, out=args.out, overwrite=args.overwrite,
-        progress=args.progress, **outer))
+        progress=args.progress, **outer)
+    results = main_job.compare(configs)
   except (ValueError, OSError, FloatingPointError) as e:
     return command_error(e)
-  table = pd.DataFrame(main_job.summary_rows(results)).set_index("algorithm")
+  spread = {name: main_job.eval_spread(configs[name], r.summary["final_params"]) for name, r in results.items()
+            if r.summary.get("final_params")}
+  table = pd.DataFrame(main_job.summary_rows(results, spread if len(spread) == len(results) else None))
+  table = table.set_index("algorithm")
   floor = results["dp"].summary["loss_floor"]
   os.makedirs(args.out, exist_ok=True)
   table.to_csv(os.path.join(args.out, "comparison.csv"))
@@ -83,6 +87,9 @@ def _compare_main(argv: list[str] | None) -> int:
           f" streaming P={outer['fragments']}"
           f" τ={outer['overlap']}; entropy floor {floor:.4f} nats/token")
     print(table.to_string())
+    note = main_job.floor_note(table, next(iter(spread.values()))["sequences"] if spread else 0)
+    if note:
+      print("\n" + note)
   print(f"\nwrote {os.path.join(args.out, 'loss.png')} and {os.path.join(args.out, 'comparison.csv')}")
   return 0
 

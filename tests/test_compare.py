@@ -30,3 +30,4 @@ def test_table_has_loss_and_bytes_relative_to_dp(tmp_path, capsys):
   assert table.loc["diloco", "bytes: DP / this"] == pytest.approx(6.0, rel=1e-12)
   assert table.loc["streaming", "bytes: DP / this"] == pytest.approx(6.0, rel=1e-12)
   assert "loss vs DP (%)" in capsys.readouterr().out
+  assert (table["eval SE"] > 0).all()  # each run's eval loss over the held-out sequences (main_job.eval_spread)

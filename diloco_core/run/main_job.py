@@ -98,11 +98,54 @@ def compare(configs: dict[str, TrainConfig]) -> dict[str, TrainResult]:
   return results
 
 
-def summary_rows(results: dict[str, TrainResult]) -> list[dict]:
+def eval_spread(cfg: TrainConfig, params_path: str) -> dict:
+  """The final params' eval loss sequence by sequence: how far the table's eval loss can be off.
+
+  The eval loss is a mean over ``n`` held-out sequences, an estimate of the expected loss; its
+  standard error over the sequences (independent draws; the tokens within one are not) is
+
+  .. math:: \\mathrm{SE} = \\frac{s}{\\sqrt{n}}, \\qquad
+     s^2 = \\frac{1}{n-1} \\sum_{i=1}^{n} (\\ell_i - \\bar\\ell)^2 ,
+
+  with :math:`\\ell_i` sequence i's mean loss. The data's entropy floor is exact, so a run near
+  it can print a gap below zero by up to about 2 SE without beating it.
+
+  Args:
+    cfg: the run's config (its data and model).
+    params_path: its exported final params (``summary["final_params"]``).
+
+  Returns:
+    ``{"mean": the eval loss (up to the order of summation), "se": SE, "sequences": n}``.
+
+  Examples:
+    >>> import tempfile
+    >>> from diloco_core.run.loop import train
+    >>> with tempfile.TemporaryDirectory() as out:
+    ...   cfg = default_configs(model="tiny", steps=2, batch_size=2, seq_len=8, out=out, progress=False)["dp"]
+    ...   result = train(cfg)
+    ...   spread = eval_spread(cfg, result.summary["final_params"])
+    >>> abs(spread["mean"] - result.summary["final_eval_loss"]) < 1e-5, spread["sequences"], spread["se"] > 0
+    (True, 64, True)
+  """
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from diloco_core.run.run_setup import build_model
+  from diloco_core.store.params_io import load_params
+  data, _, params, loss_fn = build_model(cfg)
+  final = load_params(params_path, like=params)
+  per_seq = np.asarray(jax.jit(jax.vmap(lambda x: loss_fn(final, x[None])))(jnp.asarray(data.eval_batch())),
+                       np.float64)
+  return {"mean": float(per_seq.mean()), "se": float(per_seq.std(ddof=1) / np.sqrt(per_seq.size)),
+          "sequences": int(per_seq.size)}
+
+
+def summary_rows(results: dict[str, TrainResult], spread: dict[str, dict] | None = None) -> list[dict]:
   """One row per algorithm (the comparison table) from :class:`~diloco_core.TrainResult` objects.
 
   Beside each run's own numbers: its final eval loss relative to DP's (percent above) and how
-  many times fewer bytes each replica sent than with DP (when a ``"dp"`` run is present).
+  many times fewer bytes each replica sent than with DP (when a ``"dp"`` run is present); with
+  ``spread`` (:func:`eval_spread` by run name), the eval loss's standard error ("eval SE").
   """
   dp = results.get("dp")
   rows = []
@@ -112,6 +155,7 @@ def summary_rows(results: dict[str, TrainResult]) -> list[dict]:
         "algorithm": name,
         "final eval loss": s["final_eval_loss"],
         "gap to floor": s["gap_to_floor"],
+        **({} if spread is None else {"eval SE": spread[name]["se"]}),
         "MB sent / replica": s["total_bytes_per_replica"] / 1e6,
         "peak MB / step": s["peak_bytes_per_step"] / 1e6,
         "wall time (s)": s["wall_time_s"],
@@ -122,3 +166,35 @@ def summary_rows(results: dict[str, TrainResult]) -> list[dict]:
       row["bytes: DP / this"] = d["total_bytes_per_replica"] / max(s["total_bytes_per_replica"], 1e-300)
     rows.append(row)
   return rows
+
+
+def floor_note(table, sequences: int) -> str | None:
+  """The sentence under the table when a run's eval loss is below the data's exact floor.
+
+  The floor is exact and the eval loss an estimate (:func:`eval_spread`), so a run at the floor
+  prints a gap of a few standard errors either side of zero; this says how many, for each run
+  below it. None when no gap is negative or the table has no "eval SE" column.
+
+  Args:
+    table: the comparison table (:func:`summary_rows`) indexed by algorithm.
+    sequences: the held-out sequences the eval loss averages.
+
+  Examples:
+    >>> import pandas as pd
+    >>> t = pd.DataFrame({"gap to floor": [-0.0009, 0.005], "eval SE": [0.017, 0.017]}, index=["dp", "diloco"])
+    >>> floor_note(t, 64)
+    'dp: eval loss 0.0009 below the exact entropy floor, 0.05 standard errors of the estimate (64 held-out sequences): within sampling error.'
+    >>> floor_note(t.assign(**{"gap to floor": [0.001, 0.005]}), 64) is None
+    True
+  """
+  if "eval SE" not in table:
+    return None
+  below = [(name, -table.loc[name, "gap to floor"], table.loc[name, "eval SE"]) for name in table.index
+           if table.loc[name, "gap to floor"] < 0]
+  if not below:
+    return None
+  parts = [f"{name}: eval loss {gap:.4f} below the exact entropy floor, {gap / se:.2f} standard errors of the"
+           f" estimate ({sequences} held-out sequences): "
+           + ("within sampling error." if gap <= 2 * se else "more than sampling error explains; please report it.")
+           for name, gap, se in below]
+  return " ".join(parts)
