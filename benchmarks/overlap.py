@@ -19,7 +19,10 @@ each (within 0.10); then the bytes one process sends and receives per sync with 
 (fp4 in blocks, unshaped), by all-gather and by reduce-scatter (target: it receives
 2 (N - 1) / N = 1.5 payloads where the all-gather receives N - 1 = 3).
 
-Usage: python benchmarks/overlap.py [--k 3] [--sync-every 12] [--steps 60] [--model small] [--wire]
+With ``--wire --store`` it also stores that measurement for the background-communication page
+(:func:`analysis.lab.wire_measured.store_wire`).
+
+Usage: python benchmarks/overlap.py [--k 3] [--sync-every 12] [--steps 60] [--model small] [--wire [--store]]
 """
 
 from __future__ import annotations
@@ -41,12 +44,16 @@ def main(argv=None) -> None:
   p.add_argument("--model", default="small", help="model preset (small)")
   p.add_argument("--batch-size", type=int, default=16, help="sequences per replica (16)")
   p.add_argument("--wire", action="store_true", help="measure the packed wire formats instead")
+  p.add_argument("--store", action="store_true", help="with --wire: store the measurement the background-"
+                 "communication page shows (analysis/results/measured/wire.json)")
   a = p.parse_args(argv)
   why = can_shape()
   if why is not None:
     sys.exit(f"overlap benchmark: {why}")
+  if a.store and not a.wire:
+    p.error("--store: only the wire measurement (--wire) is stored")
   if a.wire:
-    return wire(a)
+    return wire(a, argv if argv is not None else sys.argv[1:])
   with tempfile.TemporaryDirectory() as tmp:
     s, table = overlap_benchmark(tmp, k=a.k, sync_every=a.sync_every, steps=a.steps, model=a.model,
                                  batch_size=a.batch_size)
@@ -63,10 +70,14 @@ def main(argv=None) -> None:
           f" {abs(r.measured - r.simulated):7.3f}")
 
 
-def wire(a) -> None:
-  from analysis.lab.wire_measured import wire_benchmark
+def wire(a, argv: list[str]) -> None:
+  import shlex
+  from analysis.lab.wire_measured import STORED, store_wire, wire_benchmark
   with tempfile.TemporaryDirectory() as tmp:
     s, formats, processes = wire_benchmark(tmp, model=a.model, batch_size=a.batch_size)
+  if a.store:
+    store_wire(s, formats, processes, shlex.join(["python", "benchmarks/overlap.py", *argv]))
+    print(f"stored {STORED}")
   print(f"model {s['model']}: T = {s['step_s'] * 1e3:.1f} ms per step, float32 payload"
         f" {s['payload_bytes'] / 1e6:.3f} MB, one collective unshaped {s['latency_s'] * 1e3:.1f} ms; link"
         f" {s['mbit']:.1f} Mbit/s (a float32 gather ≈ {s['k']} steps), H = {s['sync_every']}, τ = 0")

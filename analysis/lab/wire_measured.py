@@ -5,19 +5,32 @@ float32, bf16 and fp4 payloads over one link, shaped so that a float32 payload's
 about k steps, and reads from the runs' own traces what each transfer took and the bytes each
 process handed to the link and received (:mod:`diloco_core.wire.packing`). It then runs fp4
 payloads over 4 processes on the plain loopback to measure what one process receives from
-more than one peer, with each ``--reduction`` (:mod:`diloco_core.wire.reduce_scatter`). ``benchmarks/overlap.py --wire`` prints it; the
-background-communication page shows it.
+more than one peer, with each ``--reduction`` (:mod:`diloco_core.wire.reduce_scatter`). ``benchmarks/overlap.py --wire`` prints it.
+
+Stored: ``benchmarks/overlap.py --wire --store`` writes the measurement with its provenance
+(:func:`store_wire`, ``analysis/results/measured/wire.json``); the background-communication page
+shows that file (:func:`load_wire`), whose derived columns are recomputed from the measured ones by
+the project's code (float32's time over each format's, the simulator's utilization for each
+payload, received over sent) and whose hash refuses an edited number. The build trains nothing
+for it (the measurement took minutes of four-process runs).
 """
 
 from __future__ import annotations
 
+import datetime
 import json
+import math
 import os
+import pathlib
+import platform
 
 import numpy as np
 import pandas as pd
 
+from analysis.lab.cpu_kind import cpu_fingerprint
 from analysis.lab.measured import can_shape, launch_run, read_trace, simulated, summarize
+from analysis.lab.stored import RESULTS_DIR, content_hash
+from analysis.lab.sweep_cache import code_version
 
 #: The wire formats compared, float32 first (the reference of the ratios).
 FORMATS = ("none", "bf16", "fp4")
@@ -26,6 +39,15 @@ FORMATS = ("none", "bf16", "fp4")
 PROCESS_ROWS = ((4, "all-gather"), (4, "reduce-scatter"))
 #: Elements per absmax block of the fp4 payloads of the bytes-per-process runs.
 PROCESS_BLOCK = 256
+#: The stored measurement the page shows, and the command that stores it again.
+STORED = RESULTS_DIR / "measured" / "wire.json"
+RERUN = "python benchmarks/overlap.py --wire --store"
+#: Relative agreement required between a stored derived figure and its recomputation.
+RTOL = 1e-9
+
+
+class WireResultError(ValueError):
+  """The stored wire measurement is missing, edited, or inconsistent with its own measured columns."""
 
 
 def transfers(rows: list[dict], first_step: int, last_step: int) -> list[dict]:
@@ -115,3 +137,93 @@ def wire_benchmark(workdir: str, *, k: int = 4, sync_every: int = 8, steps: int 
   processes = pd.DataFrame(counts)
   processes["received_over_sent"] = processes["received_bytes"] / processes["sent_bytes"]
   return setting, formats, processes
+
+
+def _plain(frame: pd.DataFrame) -> list[dict]:
+  """Rows as JSON values (NaN, the simulator's figure on an unshaped link, as None)."""
+  return [{k: (None if isinstance(v, float) and math.isnan(v) else v.item() if hasattr(v, "item") else v)
+           for k, v in row.items()} for row in frame.to_dict("records")]
+
+
+def store_wire(setting: dict, formats: pd.DataFrame, processes: pd.DataFrame, command: str,
+               path: pathlib.Path = STORED) -> dict:
+  """Writes :func:`wire_benchmark`'s result with its provenance (the CPU's kind, cores, JAX, the
+  trainer code, date, command) and content hash to ``path``, through a temporary file.
+
+  Returns:
+    The document written.
+  """
+  import jax
+  doc = {"provenance": {"cpu": cpu_fingerprint(), "machine": f"{platform.system()} {platform.machine()},"
+                        f" {os.cpu_count()} CPUs", "jax": jax.__version__, "code": code_version(),
+                        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                        "command": command},
+         "setting": setting, "formats": _plain(formats), "processes": _plain(processes)}
+  doc["sha256"] = content_hash(doc)
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_suffix(f".tmp{os.getpid()}")
+  tmp.write_text(json.dumps(doc, indent=1))
+  os.replace(tmp, path)
+  return doc
+
+
+def check_wire(doc: dict) -> None:
+  """The hash, and every derived column recomputed from the measured ones (one line if not).
+
+  Examples:
+    >>> setting = {"step_s": 0.1, "host_s": 0.0, "payload_bytes": 1e6, "latency_s": 0.0, "mbit": None,
+    ...            "sync_every": 8}
+    >>> fmt = {"format": "none", "sent_bytes": 1e6, "transfer_s": 0.5, "f32_over_this": 1.0, "simulated": None}
+    >>> proc = {"sent_bytes": 100.0, "received_bytes": 150.0, "received_over_sent": 1.5}
+    >>> doc = {"provenance": {}, "setting": setting, "formats": [fmt], "processes": [proc]}
+    >>> check_wire({**doc, "sha256": content_hash(doc)})
+    >>> bad = {**doc, "processes": [{**proc, "received_over_sent": 2.0}]}
+    >>> check_wire({**bad, "sha256": content_hash(bad)})
+    Traceback (most recent call last):
+    ...
+    analysis.lab.wire_measured.WireResultError: stored wire measurement, processes row 0: received_over_sent 2 is not 1.5 recomputed
+  """
+  where = "stored wire measurement"
+  if doc.get("sha256") != content_hash(doc):
+    raise WireResultError(f"{where}: its sha256 does not match its content (edited by hand?); run `{RERUN}`"
+                          " to measure and store it again.")
+  s, f32 = doc["setting"], doc["formats"][0]["transfer_s"]
+
+  def same(stored, computed, what):
+    if (stored is None) != (computed is None) or (stored is not None and not math.isclose(stored, computed,
+                                                                                           rel_tol=RTOL)):
+      shown = lambda v: "None" if v is None else f"{v:g}"
+      raise WireResultError(f"{where}, {what} {shown(stored)} is not {shown(computed)} recomputed")
+
+  for r in doc["formats"]:
+    same(r["f32_over_this"], f32 / r["transfer_s"], f"format {r['format']}: f32_over_this")
+    sim = (simulated(s["step_s"], r["sent_bytes"], s["mbit"], sync_every=s["sync_every"], latency_s=s["latency_s"],
+                     host_s=s["host_s"]) if s["mbit"] else None)
+    same(r["simulated"], sim, f"format {r['format']}: simulated")
+  for i, r in enumerate(doc["processes"]):
+    same(r["received_over_sent"], r["received_bytes"] / r["sent_bytes"], f"processes row {i}: received_over_sent")
+
+
+def load_wire(path: pathlib.Path = STORED) -> tuple[dict, pd.DataFrame, pd.DataFrame, str]:
+  """The stored measurement, checked by :func:`check_wire`.
+
+  Returns:
+    ``(setting, formats, processes, provenance)``: as :func:`wire_benchmark` returns them (the
+    simulator's figure NaN where the link was not shaped) and one provenance sentence.
+
+  Examples:
+    >>> setting, formats, processes, line = load_wire()
+    >>> list(formats["format"]) == list(FORMATS), line.startswith("Measured ")
+    (True, True)
+  """
+  path = pathlib.Path(path)
+  if not path.exists():
+    raise WireResultError(f"no stored wire measurement at {path}; run `{RERUN}` to measure and store it.")
+  doc = json.loads(path.read_text())
+  check_wire(doc)
+  p = doc["provenance"]
+  line = (f"Measured {p['date']} on {p['machine']} ({p['cpu']}) with JAX {p['jax']}, trainer code {p['code']};"
+          f" stored in `analysis/results/measured/{path.name}`; measure again with `{RERUN}`.")
+  formats = pd.DataFrame(doc["formats"]).astype({"simulated": float})
+  return doc["setting"], formats, pd.DataFrame(doc["processes"]), line
