@@ -19,10 +19,11 @@ each (within 0.10); then the bytes one process sends and receives per sync with 
 (fp4 in blocks, unshaped), by all-gather and by reduce-scatter (target: it receives
 2 (N - 1) / N = 1.5 payloads where the all-gather receives N - 1 = 3).
 
-With ``--wire --store`` it also stores that measurement for the background-communication page
-(:func:`analysis.lab.wire_measured.store_wire`).
+``--store`` also stores the measurement for the background-communication page: the overlap runs
+at the page's setting (:func:`analysis.lab.overlap_measured.store_overlap`), or with ``--wire`` the
+wire formats (:func:`analysis.lab.wire_measured.store_wire`).
 
-Usage: python benchmarks/overlap.py [--k 3] [--sync-every 12] [--steps 60] [--model small] [--wire [--store]]
+Usage: python benchmarks/overlap.py [--k 3] [--sync-every 12] [--steps 60] [--model small] [--wire] [--store]
 """
 
 from __future__ import annotations
@@ -44,19 +45,27 @@ def main(argv=None) -> None:
   p.add_argument("--model", default="small", help="model preset (small)")
   p.add_argument("--batch-size", type=int, default=16, help="sequences per replica (16)")
   p.add_argument("--wire", action="store_true", help="measure the packed wire formats instead")
-  p.add_argument("--store", action="store_true", help="with --wire: store the measurement the background-"
-                 "communication page shows (analysis/results/measured/wire.json)")
+  p.add_argument("--store", action="store_true", help="store the measurement the background-communication page"
+                 " shows (analysis/results/measured/overlap.json, or wire.json with --wire); without --wire, at"
+                 " the page's setting (overlap_measured.PAGE_SETTING), whatever the other flags say")
   a = p.parse_args(argv)
   why = can_shape()
   if why is not None:
     sys.exit(f"overlap benchmark: {why}")
   if a.store and not a.wire:
-    p.error("--store: only the wire measurement (--wire) is stored")
+    from analysis.lab.overlap_measured import PAGE_SETTING
+    a.k, a.sync_every, a.steps, a.model, a.batch_size = (PAGE_SETTING[k] for k in
+                                                          ("k", "sync_every", "steps", "model", "batch_size"))
   if a.wire:
     return wire(a, argv if argv is not None else sys.argv[1:])
   with tempfile.TemporaryDirectory() as tmp:
     s, table = overlap_benchmark(tmp, k=a.k, sync_every=a.sync_every, steps=a.steps, model=a.model,
                                  batch_size=a.batch_size)
+    if a.store:
+      import shlex
+      from analysis.lab.overlap_measured import STORED, store_overlap
+      store_overlap(s, table, shlex.join(["python", "benchmarks/overlap.py", *(argv if argv is not None else sys.argv[1:])]))
+      print(f"stored {STORED}")
   print(f"model {s['model']}: T = {s['step_s'] * 1e3:.1f} ms of compute per local step and"
         f" {s['host_s'] * 1e3:.1f} ms of the process's own work between steps (in-step's SPMD"
         f" step between syncs: {s['in_step_s'] * 1e3:.1f} ms), payload {s['payload_bytes'] / 1e6:.3f} MB (float32),"

@@ -5,7 +5,8 @@ docs' named experiments (:mod:`~analysis.lab.experiments`), a notebook's live sw
 (:mod:`~analysis.lab.live`), the stored experiments and their re-check
 (:mod:`~analysis.lab.stored`, :mod:`~analysis.lab.storing`, :mod:`~analysis.lab.recheck`, :mod:`~analysis.lab.realizations`,
 :mod:`~analysis.lab.cpu_kind`), the papers' claims tested on them (:mod:`~analysis.lab.claims`)
-measured background runs (:mod:`~analysis.lab.measured`) and the accelerator measurements
+measured background runs (:mod:`~analysis.lab.measured`, stored: :mod:`~analysis.lab.overlap_measured`,
+:mod:`~analysis.lab.wire_measured`) and the accelerator measurements
 (:mod:`~analysis.lab.accelerator`, :mod:`~analysis.lab.roofline_measured`,
 :mod:`~analysis.lab.main_job_measured`). Nothing here is imported by
 ``import analysis``; ``from analysis import stored`` loads a module on first use.

@@ -212,7 +212,7 @@ def overlap_benchmark(workdir: str, *, k: int = 3, sync_every: int = 12, steps: 
     out = os.path.join(workdir, name.replace(" ", "_").replace("=", ""))
     launch_run(out, [*base, *extra], mbit)
     if name == "in-step":  # no trace: the median step between syncs is its compute, from its rows
-      T_in, step_s = _in_step_times(out, first, last, H)
+      T_in, step_s = in_step_times(step_walls(out), first, last, H)
       setting["in_step_s"] = T_in
       sim = simulated(T_in, payload, mbit, sync_every=H, **sched) if mbit else float("nan")
       table.append({"run": name, "s_per_step": step_s, "hidden": float("nan"), "measured": T_in / step_s,
@@ -227,10 +227,66 @@ def overlap_benchmark(workdir: str, *, k: int = 3, sync_every: int = 12, steps: 
   return setting, pd.DataFrame(table)
 
 
-def _in_step_times(out: str, first: int, last: int, sync_every: int) -> tuple[float, float]:
+def step_walls(out: str) -> dict[int, float]:
+  """Step -> wall time (s) of the run in ``out``, from its ``metrics.jsonl`` rows."""
+  return {r["step"]: r["wall_time_s"] for r in map(json.loads, open(os.path.join(out, "metrics.jsonl")))}
+
+
+def in_step_times(walls: dict[int, float], first: int, last: int, sync_every: int) -> tuple[float, float]:
   """(median wall time of a step that syncs nothing, mean wall time per step) over steps
-  ``first`` .. ``last`` of an in-step run logged every step."""
-  m = {r["step"]: r["wall_time_s"] for r in map(json.loads, open(os.path.join(out, "metrics.jsonl")))}
-  dt = {t: m[t] - m[t - 1] for t in range(first, last + 1)}
+  ``first`` .. ``last`` of an in-step run logged every step (``walls``: :func:`step_walls`).
+
+  Examples:
+    >>> in_step_times({1: 0.0, 2: 1.0, 3: 2.0, 4: 5.0}, 2, 4, sync_every=4)
+    (1.0, 1.6666666666666667)
+  """
+  dt = {t: walls[t] - walls[t - 1] for t in range(first, last + 1)}
   quiet = [d for t, d in dt.items() if t % sync_every]
-  return float(np.median(quiet)), (m[last] - m[first - 1]) / (last - first + 1)
+  return float(np.median(quiet)), (walls[last] - walls[first - 1]) / (last - first + 1)
+
+
+def machine_provenance(command: str) -> dict:
+  """Where a stored measurement of this machine was taken: the CPU's kind, cores, JAX, the trainer
+  code, the date and the command that measures it again."""
+  import datetime
+  import platform
+
+  import jax
+  from analysis.lab.cpu_kind import cpu_fingerprint
+  from analysis.lab.sweep_cache import code_version
+  return {"cpu": cpu_fingerprint(), "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs",
+          "jax": jax.__version__, "code": code_version(),
+          "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "command": command}
+
+
+def json_rows(frame: pd.DataFrame) -> list[dict]:
+  """A table's rows as JSON values (NaN, e.g. the simulator's figure on an unshaped link, as None).
+
+  Examples:
+    >>> json_rows(pd.DataFrame({"a": [1.5, float("nan")], "b": ["x", "y"]}))
+    [{'a': 1.5, 'b': 'x'}, {'a': None, 'b': 'y'}]
+  """
+  return [{k: (None if isinstance(v, float) and v != v else v.item() if hasattr(v, "item") else v)
+           for k, v in row.items()} for row in frame.to_dict("records")]
+
+
+def write_measurement(path, doc: dict) -> dict:
+  """Writes ``doc`` with its content hash (:func:`analysis.lab.stored.content_hash`) to ``path``
+  through a temporary file, and returns what it wrote."""
+  import pathlib
+
+  from analysis.lab.stored import content_hash
+  doc = {**doc, "sha256": content_hash(doc)}
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_suffix(f".tmp{os.getpid()}")
+  tmp.write_text(json.dumps(doc, indent=1))
+  os.replace(tmp, path)
+  return doc
+
+
+def measurement_line(provenance: dict, filename: str, rerun: str) -> str:
+  """A stored measurement's provenance as one sentence for a page."""
+  p = provenance
+  return (f"Measured {p['date']} on {p['machine']} ({p['cpu']}) with JAX {p['jax']}, trainer code {p['code']};"
+          f" stored in `analysis/results/measured/{filename}`; measure again with `{rerun}`.")

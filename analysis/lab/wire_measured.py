@@ -17,20 +17,17 @@ for it (the measurement took minutes of four-process runs).
 
 from __future__ import annotations
 
-import datetime
 import json
 import math
 import os
 import pathlib
-import platform
 
 import numpy as np
 import pandas as pd
 
-from analysis.lab.cpu_kind import cpu_fingerprint
-from analysis.lab.measured import can_shape, launch_run, read_trace, simulated, summarize
+from analysis.lab.measured import (can_shape, json_rows, launch_run, machine_provenance, measurement_line,
+                                   read_trace, simulated, summarize, write_measurement)
 from analysis.lab.stored import RESULTS_DIR, content_hash
-from analysis.lab.sweep_cache import code_version
 
 #: The wire formats compared, float32 first (the reference of the ratios).
 FORMATS = ("none", "bf16", "fp4")
@@ -139,33 +136,16 @@ def wire_benchmark(workdir: str, *, k: int = 4, sync_every: int = 8, steps: int 
   return setting, formats, processes
 
 
-def _plain(frame: pd.DataFrame) -> list[dict]:
-  """Rows as JSON values (NaN, the simulator's figure on an unshaped link, as None)."""
-  return [{k: (None if isinstance(v, float) and math.isnan(v) else v.item() if hasattr(v, "item") else v)
-           for k, v in row.items()} for row in frame.to_dict("records")]
-
-
 def store_wire(setting: dict, formats: pd.DataFrame, processes: pd.DataFrame, command: str,
                path: pathlib.Path = STORED) -> dict:
-  """Writes :func:`wire_benchmark`'s result with its provenance (the CPU's kind, cores, JAX, the
-  trainer code, date, command) and content hash to ``path``, through a temporary file.
+  """Writes :func:`wire_benchmark`'s result with its provenance
+  (:func:`~analysis.lab.measured.machine_provenance`) and content hash to ``path``.
 
   Returns:
     The document written.
   """
-  import jax
-  doc = {"provenance": {"cpu": cpu_fingerprint(), "machine": f"{platform.system()} {platform.machine()},"
-                        f" {os.cpu_count()} CPUs", "jax": jax.__version__, "code": code_version(),
-                        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                        "command": command},
-         "setting": setting, "formats": _plain(formats), "processes": _plain(processes)}
-  doc["sha256"] = content_hash(doc)
-  path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_suffix(f".tmp{os.getpid()}")
-  tmp.write_text(json.dumps(doc, indent=1))
-  os.replace(tmp, path)
-  return doc
+  return write_measurement(path, {"provenance": machine_provenance(command), "setting": setting,
+                                  "formats": json_rows(formats), "processes": json_rows(processes)})
 
 
 def check_wire(doc: dict) -> None:
@@ -222,8 +202,6 @@ def load_wire(path: pathlib.Path = STORED) -> tuple[dict, pd.DataFrame, pd.DataF
     raise WireResultError(f"no stored wire measurement at {path}; run `{RERUN}` to measure and store it.")
   doc = json.loads(path.read_text())
   check_wire(doc)
-  p = doc["provenance"]
-  line = (f"Measured {p['date']} on {p['machine']} ({p['cpu']}) with JAX {p['jax']}, trainer code {p['code']};"
-          f" stored in `analysis/results/measured/{path.name}`; measure again with `{RERUN}`.")
+  line = measurement_line(doc["provenance"], path.name, RERUN)
   formats = pd.DataFrame(doc["formats"]).astype({"simulated": float})
   return doc["setting"], formats, pd.DataFrame(doc["processes"]), line
