@@ -13,7 +13,13 @@ sets what it cost beside the goodput model's
 
 :func:`path_benchmark` measures the path every payload of an elastic run takes (JAX's coordination
 service) beside gloo's, and the largest value the service carries
-(:mod:`diloco_core.launch.path_probe`; ``benchmarks/elastic_path.py`` prints it)."""
+(:mod:`diloco_core.launch.path_probe`; ``benchmarks/elastic_path.py`` prints it).
+
+The demo takes a minute of three processes, so the page does not run it as it is built:
+``benchmarks/elastic_demo.py --store`` runs it and :func:`store_demo` keeps its raw measurement
+(every process's trace rows and the metrics rows) with the machine's provenance and a content
+hash; :func:`load_demo` refuses an edited file and computes everything the page says from those
+rows again (:func:`measure_failure`, :func:`process_timeline`, :func:`failure_cost`)."""
 
 from __future__ import annotations
 
@@ -24,7 +30,9 @@ import tempfile
 import numpy as np
 import pandas as pd
 
-from analysis.lab.measured import launch_module, launch_run, read_trace
+from analysis.lab.measured import (launch_module, launch_run, machine_provenance, measurement_line, read_trace,
+                                   write_measurement)
+from analysis.lab.stored import RESULTS_DIR, content_hash
 from analysis.planning.goodput import Failures, elastic_failure_cost
 
 #: The demo run's shape: replicas M (one per process), sync interval H, fragments P.
@@ -42,6 +50,9 @@ DEMO_FLAGS = ("--model", "tiny", "--replicas", str(DEMO_SHAPE["replicas"]), "--a
 
 #: The first step the timeline shows (the steps before it compile).
 FIRST_STEP = 3
+#: The stored demo the page shows, and the command that stores it again.
+DEMO_STORED = RESULTS_DIR / "measured" / "elastic_demo.json"
+DEMO_RERUN = "python benchmarks/elastic_demo.py --store"
 
 
 def elastic_demo(workdir: str, *, kill: tuple[int, int] = (2, 10), steps: int = 32) -> dict:
@@ -55,10 +66,44 @@ def elastic_demo(workdir: str, *, kill: tuple[int, int] = (2, 10), steps: int = 
   out = os.path.join(workdir, "elastic")
   launch_run(out, [*DEMO_FLAGS, "--steps", str(steps)], processes=3,
              launcher_args=("--kill-at", f"{kill[0]}:{kill[1]}", "--restart"))
-  traces = read_trace(out)
-  metrics = pd.read_json(os.path.join(out, "metrics.jsonl"), lines=True)
-  return {"out": out, "traces": traces, "metrics": metrics, "kill_step": kill[1],
-          **measure_failure(traces, kill[0])}
+  return _demo(read_trace(out), pd.read_json(os.path.join(out, "metrics.jsonl"), lines=True), kill[0], kill[1], out)
+
+
+def _demo(traces: dict, metrics: pd.DataFrame, killed: int, kill_step: int, out: str | None) -> dict:
+  """The demo's result from its raw rows (what :func:`elastic_demo` and :func:`load_demo` return)."""
+  return {"out": out, "traces": traces, "metrics": metrics, "kill_step": kill_step, **measure_failure(traces, killed)}
+
+
+def store_demo(demo: dict, command: str, path=DEMO_STORED) -> dict:
+  """Writes an :func:`elastic_demo` run's raw rows (traces, metrics) and its kill with the
+  machine's provenance and a content hash to ``path``; returns the document written."""
+  metrics = [{k: (None if isinstance(v, float) and v != v else v) for k, v in row.items()}
+             for row in json.loads(demo["metrics"].to_json(orient="records"))]
+  return write_measurement(path, {"provenance": machine_provenance(command), "killed": demo["killed"],
+                                  "kill_step": demo["kill_step"], "metrics": metrics,
+                                  "traces": {str(rank): rows for rank, rows in demo["traces"].items()}})
+
+
+def load_demo(path=DEMO_STORED) -> tuple[dict, str]:
+  """The stored demo, as :func:`elastic_demo` returns it (``out`` None), computed again from its
+  raw rows, and one provenance sentence; an edited file is refused (its hash).
+
+  Examples:
+    >>> demo, line = load_demo()
+    >>> demo["killed"], demo["healed_step"] >= demo["lost_step"], line.startswith("Measured ")
+    (2, True, True)
+  """
+  import pathlib
+  path = pathlib.Path(path)
+  if not path.exists():
+    raise ValueError(f"no stored elastic demo at {path}; run `{DEMO_RERUN}` to measure and store it.")
+  doc = json.loads(path.read_text())
+  if doc.get("sha256") != content_hash(doc):
+    raise ValueError(f"stored elastic demo {path.name}: its sha256 does not match its content (edited by hand?);"
+                     f" run `{DEMO_RERUN}` to measure and store it again.")
+  traces = {int(rank): rows for rank, rows in doc["traces"].items()}
+  demo = _demo(traces, pd.DataFrame(doc["metrics"]), doc["killed"], doc["kill_step"], None)
+  return demo, measurement_line(doc["provenance"], path.name, DEMO_RERUN)
 
 
 def measure_failure(traces: dict, killed: int, first_step: int = FIRST_STEP) -> dict:
