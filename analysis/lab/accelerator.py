@@ -31,6 +31,8 @@ PROVENANCE = ("device_kind", "platform", "jax", "jaxlib", "git_commit", "date", 
 ROOFLINE_SUFFIX = "-roofline"
 #: The stem suffix of a stored main job (``benchmarks/main_job.py``).
 MAIN_JOB_SUFFIX = "-main-job"
+#: The stem suffix of the stored notebooks (``benchmarks/notebooks.py``).
+NOTEBOOKS_SUFFIX = "-notebooks"
 #: Relative agreement required between a stored derived figure and its recomputation.
 RTOL = 1e-9
 
@@ -168,9 +170,10 @@ def check(doc: dict, name: str = "stored result") -> None:
 def stored_devices() -> list[str]:
   """The devices with a stored benchmark (file stems, e.g. ``tpu-v5-lite``; the measured
   rooflines beside them, ``*-roofline.json``, are :mod:`analysis.lab.roofline_measured`'s, the
-  main jobs, ``*-main-job.json``, :mod:`analysis.lab.main_job_measured`'s)."""
+  main jobs, ``*-main-job.json``, :mod:`analysis.lab.main_job_measured`'s, the notebooks,
+  ``*-notebooks.json``, :mod:`analysis.lab.notebooks_measured`'s)."""
   return sorted(p.stem for p in ACCELERATOR_DIR.glob("*.json")
-                if not p.stem.endswith((ROOFLINE_SUFFIX, MAIN_JOB_SUFFIX)))
+                if not p.stem.endswith((ROOFLINE_SUFFIX, MAIN_JOB_SUFFIX, NOTEBOOKS_SUFFIX)))
 
 
 def load(device: str) -> AcceleratorResult:

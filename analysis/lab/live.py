@@ -40,6 +40,28 @@ from diloco_core.spec.validity import check_int
 PROBE_STEPS = 20
 
 
+@dataclasses.dataclass(frozen=True)
+class Trained:
+  """A live sweep trained to its end in this process (see :data:`TRAINED`).
+
+  Attributes:
+    desc: the sweep's label (``live_sweep``'s ``desc``).
+    plan: its :class:`LivePlan`, the estimate included.
+    took_s: the seconds its training took, measured as the estimate was (the probe excluded).
+    frame: its rows.
+  """
+
+  desc: str
+  plan: "LivePlan"
+  took_s: float
+  frame: pd.DataFrame
+
+
+#: Every live sweep that trained to its end in this process, in order: what
+#: ``benchmarks/notebooks.py`` stores for each notebook (the estimate beside the time it took).
+TRAINED: list[Trained] = []
+
+
 class LiveLimitReached(RuntimeError):
   """``max_runs`` new runs were trained and the sweep still has runs left (all cached)."""
 
@@ -244,4 +266,5 @@ def live_sweep(configs: Sequence, *, max_runs: int | None = None, cache=None,
   took = time.perf_counter() - start
   estimate = "" if plan.estimate_s is None else f" (estimated {duration(plan.estimate_s)})"
   print(f"{desc}: trained {plan.to_train} runs in {duration(took)}{estimate}", flush=True)
+  TRAINED.append(Trained(desc=desc, plan=plan, took_s=took, frame=df))
   return df

@@ -1,0 +1,154 @@
+"""The notebooks measured on a device, read back: ``benchmarks/notebooks.py``'s stored runs.
+
+For each notebook the file holds its wall time (every cell's), the figures it glues and every
+live sweep it trained (:data:`analysis.lab.live.TRAINED`): the plan's estimate
+:math:`\\hat T`, the time :math:`T` the training took, and each run's settings and final eval
+loss. :func:`load_notebooks` refuses an edited file (its hash) and checks what the site says
+about it: every sweep trained as many runs as the plan said, and its estimate agrees with the
+time it took, :math:`|T / \\hat T - 1| \\le` :data:`ESTIMATE_RTOL`.
+
+A sweep's headline (:func:`headline`) is the same function of its rows on every backend: its best
+run and, for each method in it, the method's best final eval loss against DP's best (or, without
+DP, against DiLoCo's), so that the tutorial can set a TPU's sweep beside the CPU's stored one.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from analysis.lab.accelerator import (ACCELERATOR_DIR, NOTEBOOKS_SUFFIX, PROVENANCE, AcceleratorResultError,
+                                      check_stamp, provenance_sentence)
+
+#: How far a live sweep's measured time may sit from its printed estimate (relative).
+ESTIMATE_RTOL = 0.2
+#: The settings kept for each run of a stored sweep, beside its final eval loss.
+RUN_COLUMNS = ("algorithm", "model", "params", "compute_dtype", "steps", "replicas", "sync_every",
+               "fragments", "overlap", "alpha", "compression", "outer_lr", "inner_lr", "seed",
+               "data_non_iid_share", "loss_floor", "final_eval_loss")
+#: Columns that tell the runs of a sweep apart (the best run is named by those that vary).
+SWEPT = ("algorithm", "replicas", "sync_every", "fragments", "overlap", "alpha", "compression",
+         "outer_lr", "inner_lr", "data_non_iid_share")
+RERUN = "python benchmarks/notebooks.py --store"
+
+
+def sweep_record(trained) -> dict:
+  """What is stored of one live sweep (an :class:`analysis.lab.live.Trained`)."""
+  plan, df = trained.plan, trained.frame
+  rows = df[[c for c in RUN_COLUMNS if c in df.columns]].to_dict("records")
+  probe = None if plan.probe is None else {k: float(v) for k, v in vars(plan.probe).items()}
+  return {"sweep": trained.desc, "runs": plan.runs, "trained": plan.to_train, "programs": plan.programs,
+          "estimate_s": plan.estimate_s, "took_s": trained.took_s, "probe": probe,
+          "rows": json.loads(pd.DataFrame(rows).to_json(orient="records"))}
+
+
+def merged(previous: dict | None, new: dict) -> dict:
+  """The stored document with the notebooks of ``new`` (name → result) replacing their entries;
+  its provenance is the newest notebook's.
+
+  Examples:
+    >>> doc = merged(None, {"01_x": {"provenance": {"date": "1"}}})
+    >>> doc = merged(doc, {"02_y": {"provenance": {"date": "2"}}})
+    >>> sorted(doc["notebooks"]), doc["provenance"]["date"]
+    (['01_x', '02_y'], '2')
+  """
+  notebooks = {**(previous or {}).get("notebooks", {}), **new}
+  newest = max(notebooks.values(), key=lambda r: r["provenance"]["date"])
+  return {"provenance": newest["provenance"], "notebooks": dict(sorted(notebooks.items()))}
+
+
+def estimate_error(sweep: dict) -> float:
+  """:math:`T / \\hat T - 1` of a stored sweep.
+
+  Examples:
+    >>> estimate_error({"estimate_s": 100.0, "took_s": 110.0})
+    0.10000000000000009
+  """
+  return sweep["took_s"] / sweep["estimate_s"] - 1.0
+
+
+def check_notebooks(doc: dict, name: str = "stored notebooks") -> None:
+  """The hash, every notebook's provenance and every sweep's counts and estimate (one line if not).
+
+  Examples:
+    >>> from analysis.lab.stored import content_hash
+    >>> sweep = {"sweep": "h_m", "runs": 2, "trained": 2, "estimate_s": 100.0, "took_s": 130.0,
+    ...          "rows": [{"final_eval_loss": 1.0}] * 2}
+    >>> nb = {"provenance": dict.fromkeys(PROVENANCE, "x"), "sweeps": [sweep]}
+    >>> doc = {"provenance": nb["provenance"], "notebooks": {"03_sweep_h_m": nb}}
+    >>> check_notebooks({**doc, "sha256": content_hash(doc)})
+    Traceback (most recent call last):
+    ...
+    analysis.lab.accelerator.AcceleratorResultError: stored notebooks, 03_sweep_h_m, sweep h_m: it took 130 s against an estimate of 100 s (+30%, more than ±20%)
+  """
+  check_stamp(doc, name, RERUN)
+  for nb, r in doc["notebooks"].items():
+    missing = [k for k in PROVENANCE if not r["provenance"].get(k)]
+    if missing:
+      raise AcceleratorResultError(f"{name}, {nb}: provenance lacks {missing}")
+    for s in r["sweeps"]:
+      where = f"{name}, {nb}, sweep {s['sweep']}"
+      if s["trained"] != len(s["rows"]) or s["trained"] > s["runs"]:
+        raise AcceleratorResultError(f"{where}: {len(s['rows'])} runs stored, {s['trained']} planned of {s['runs']}")
+      err = estimate_error(s)
+      if abs(err) > ESTIMATE_RTOL:
+        raise AcceleratorResultError(f"{where}: it took {s['took_s']:.0f} s against an estimate of"
+                                     f" {s['estimate_s']:.0f} s ({err:+.0%}, more than ±{ESTIMATE_RTOL:.0%})")
+
+
+def load_notebooks(device: str) -> dict:
+  """The stored notebooks of ``device`` (e.g. ``"tpu-v5-lite"``), checked by :func:`check_notebooks`.
+
+  Examples:
+    >>> doc = load_notebooks("tpu-v5-lite")
+    >>> sorted(doc["notebooks"])[0]
+    '01_roofline'
+  """
+  path = ACCELERATOR_DIR / f"{device}{NOTEBOOKS_SUFFIX}.json"
+  if not path.exists():
+    stored = sorted(p.stem[:-len(NOTEBOOKS_SUFFIX)] for p in ACCELERATOR_DIR.glob(f"*{NOTEBOOKS_SUFFIX}.json"))
+    raise AcceleratorResultError(f"no stored notebooks for {device!r}; stored: {stored}; run `{RERUN}` on it")
+  doc = json.loads(path.read_text())
+  check_notebooks(doc, path.name)
+  return doc
+
+
+def headline(rows: pd.DataFrame) -> dict:
+  """A sweep's headline: its best run (named by the settings that vary), its loss, the floor,
+  and each method's best final eval loss against the reference method's best in percent (DP's,
+  or DiLoCo's in a sweep without DP).
+
+  Examples:
+    >>> rows = pd.DataFrame({"algorithm": ["dp", "diloco", "diloco"], "sync_every": [1, 10, 50],
+    ...                      "final_eval_loss": [1.0, 1.02, 1.05], "loss_floor": 0.9})
+    >>> h = headline(rows)
+    >>> h["best"], h["best_loss"], {k: round(v, 6) for k, v in h["vs"].items()}, h["reference"]
+    ('algorithm=dp, sync_every=1', 1.0, {'diloco': 2.0}, 'dp')
+  """
+  varying = [c for c in SWEPT if c in rows.columns and rows[c].astype(str).nunique() > 1]
+  best = rows.loc[rows["final_eval_loss"].idxmin()]
+  by_method = rows.groupby("algorithm")["final_eval_loss"].min()
+  reference = "dp" if "dp" in by_method.index else "diloco"
+  vs = {a: 100.0 * (loss / by_method[reference] - 1.0) for a, loss in by_method.items()
+        if a != reference and reference in by_method.index}
+  return {"best": ", ".join(f"{c}={best[c]}" for c in varying), "best_loss": float(best["final_eval_loss"]),
+          "floor": float(rows["loss_floor"].iloc[0]), "vs": vs, "reference": reference}
+
+
+def headline_text(h: dict) -> str:
+  """A :func:`headline` in a few words.
+
+  Examples:
+    >>> headline_text({"best": "algorithm=dp", "best_loss": 1.0, "floor": 0.9, "vs": {"diloco": 2.0},
+    ...                "reference": "dp"})
+    'best 1.000 (floor 0.900; algorithm=dp); diloco +2.00% vs dp'
+  """
+  vs = "".join(f"; {a} {pct:+.2f}% vs {h['reference']}" for a, pct in sorted(h["vs"].items()))
+  where = f"; {h['best']}" if h["best"] else ""
+  return f"best {h['best_loss']:.3f} (floor {h['floor']:.3f}{where}){vs}"
+
+
+def notebooks_provenance(device: str, doc: dict) -> str:
+  """The stored notebooks' provenance as one sentence (the newest notebook's run)."""
+  return provenance_sentence(doc["provenance"], f"{device}{NOTEBOOKS_SUFFIX}.json", RERUN)
