@@ -96,5 +96,5 @@ _MODULES = {**{m: f"analysis.planning.{m}" for m in (
     "cpu_kind", "claims", "arm_frames", "delay_stability", "overlap_eta", "headline", "measured",
     "straggler_arms", "stragglers",
     "wire_measured", "elastic_measured", "accelerator", "roofline_measured",
-    "main_job_measured", "overlap_measured")}}
+    "main_job_measured", "notebooks_measured", "overlap_measured")}}
 __getattr__, __dir__ = lazy_exports(__name__, _TRAINING, globals(), modules=_MODULES)

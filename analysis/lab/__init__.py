@@ -8,6 +8,6 @@ docs' named experiments (:mod:`~analysis.lab.experiments`), a notebook's live sw
 measured background runs (:mod:`~analysis.lab.measured`, stored: :mod:`~analysis.lab.overlap_measured`,
 :mod:`~analysis.lab.wire_measured`) and the accelerator measurements
 (:mod:`~analysis.lab.accelerator`, :mod:`~analysis.lab.roofline_measured`,
-:mod:`~analysis.lab.main_job_measured`). Nothing here is imported by
+:mod:`~analysis.lab.main_job_measured`, :mod:`~analysis.lab.notebooks_measured`). Nothing here is imported by
 ``import analysis``; ``from analysis import stored`` loads a module on first use.
 """

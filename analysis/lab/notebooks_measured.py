@@ -15,6 +15,7 @@ DP, against DiLoCo's), so that the tutorial can set a TPU's sweep beside the CPU
 from __future__ import annotations
 
 import json
+import pathlib
 
 import pandas as pd
 
@@ -27,10 +28,16 @@ ESTIMATE_RTOL = 0.2
 RUN_COLUMNS = ("algorithm", "model", "params", "compute_dtype", "steps", "replicas", "sync_every",
                "fragments", "overlap", "alpha", "compression", "outer_lr", "inner_lr", "seed",
                "data_non_iid_share", "loss_floor", "final_eval_loss")
-#: Columns that tell the runs of a sweep apart (the best run is named by those that vary).
+#: Columns that tell the runs of a sweep apart (the best run is named by those that vary and
+#: apply to its method: :data:`NOT_FOR`).
 SWEPT = ("algorithm", "replicas", "sync_every", "fragments", "overlap", "alpha", "compression",
          "outer_lr", "inner_lr", "data_non_iid_share")
+#: The swept settings a method ignores.
+NOT_FOR = {"dp": ("sync_every", "fragments", "overlap", "alpha", "compression", "outer_lr"),
+           "diloco": ("fragments", "overlap", "alpha")}
 RERUN = "python benchmarks/notebooks.py --store"
+#: The repository's notebooks (in a clone; an installed package has none).
+NOTEBOOKS_DIR = pathlib.Path(__file__).resolve().parents[2] / "notebooks"
 
 
 def sweep_record(trained) -> dict:
@@ -124,13 +131,14 @@ def headline(rows: pd.DataFrame) -> dict:
     ...                      "final_eval_loss": [1.0, 1.02, 1.05], "loss_floor": 0.9})
     >>> h = headline(rows)
     >>> h["best"], h["best_loss"], {k: round(v, 6) for k, v in h["vs"].items()}, h["reference"]
-    ('algorithm=dp, sync_every=1', 1.0, {'diloco': 2.0}, 'dp')
+    ('algorithm=dp', 1.0, {'diloco': 2.0}, 'dp')
   """
-  varying = [c for c in SWEPT if c in rows.columns and rows[c].astype(str).nunique() > 1]
   best = rows.loc[rows["final_eval_loss"].idxmin()]
+  varying = [c for c in SWEPT if c in rows.columns and rows[c].astype(str).nunique() > 1
+             and c not in NOT_FOR.get(best["algorithm"], ())]
   by_method = rows.groupby("algorithm")["final_eval_loss"].min()
   reference = "dp" if "dp" in by_method.index else "diloco"
-  vs = {a: 100.0 * (loss / by_method[reference] - 1.0) for a, loss in by_method.items()
+  vs = {a: float(100.0 * (loss / by_method[reference] - 1.0)) for a, loss in by_method.items()
         if a != reference and reference in by_method.index}
   return {"best": ", ".join(f"{c}={best[c]}" for c in varying), "best_loss": float(best["final_eval_loss"]),
           "floor": float(rows["loss_floor"].iloc[0]), "vs": vs, "reference": reference}
@@ -149,6 +157,57 @@ def headline_text(h: dict) -> str:
   return f"best {h['best_loss']:.3f} (floor {h['floor']:.3f}{where}){vs}"
 
 
+def not_measured(doc: dict) -> list[str]:
+  """The repository's notebooks (``notebooks/NN_*.md``) that ``doc`` holds no run of."""
+  return sorted(p.stem for p in NOTEBOOKS_DIR.glob("[0-9][0-9]_*.md") if p.stem not in doc["notebooks"])
+
+
 def notebooks_provenance(device: str, doc: dict) -> str:
   """The stored notebooks' provenance as one sentence (the newest notebook's run)."""
   return provenance_sentence(doc["provenance"], f"{device}{NOTEBOOKS_SUFFIX}.json", RERUN)
+
+
+def scale_text(rows: pd.DataFrame, compute_dtype: str | None = None) -> str:
+  """The scale of a sweep's runs: model, parameters, steps and compute dtype.
+
+  Examples:
+    >>> scale_text(pd.DataFrame({"model": ["base"], "params": [7_000_000], "steps": [1500]}), "bfloat16")
+    'base (7.0M parameters), 1500 steps, bfloat16'
+  """
+  steps = "/".join(str(s) for s in sorted(rows["steps"].unique()))
+  dtype = f", {compute_dtype}" if compute_dtype else ""
+  params = rows["params"].iloc[0]
+  size = f"{params / 1e6:.1f}M" if params >= 1e5 else f"{params:,}"
+  return f"{rows['model'].iloc[0]} ({size} parameters), {steps} steps{dtype}"
+
+
+def tutorial_table(doc: dict, cpu_frame=None) -> pd.DataFrame:
+  """One row per stored notebook and sweep: the time on the device, what the sweep trained and
+  its estimate, and its headline beside the CPU's stored sweep of the same name.
+
+  Args:
+    doc: a :func:`load_notebooks` document.
+    cpu_frame: ``name -> rows`` of the CPU's stored sweep (default
+      :func:`analysis.lab.stored.frame`).
+
+  Returns:
+    Columns "notebook", "run time", "sweep", "trained", "estimate → took", "scale", "headline",
+    "CPU scale", "CPU headline" (the last six empty for a notebook without live sweeps).
+  """
+  if cpu_frame is None:
+    from analysis.lab.stored import frame as cpu_frame
+  from analysis.lab.live import duration
+  out = []
+  for nb, r in doc["notebooks"].items():
+    base = {"notebook": nb, "run time": duration(r["wall_s"])}
+    if not r["sweeps"]:
+      out.append({**base, **dict.fromkeys(("sweep", "trained", "estimate → took", "scale", "headline",
+                                           "CPU scale", "CPU headline"), "")})
+    for s in r["sweeps"]:
+      rows, cpu = pd.DataFrame(s["rows"]), cpu_frame(s["sweep"])
+      out.append({**base, "sweep": s["sweep"], "trained": f"{s['trained']} runs",
+                  "estimate → took": f"{duration(s['estimate_s'])} → {duration(s['took_s'])} ({estimate_error(s):+.0%})",
+                  "scale": scale_text(rows, r["compute_dtype"]), "headline": headline_text(headline(rows)),
+                  "CPU scale": scale_text(cpu, "float32"), "CPU headline": headline_text(headline(cpu))})
+      base = {"notebook": "", "run time": ""}
+  return pd.DataFrame(out)
