@@ -158,7 +158,10 @@ def headline_text(h: dict) -> str:
 
 
 def not_measured(doc: dict) -> list[str]:
-  """The repository's notebooks (``notebooks/NN_*.md``) that ``doc`` holds no run of."""
+  """The repository's notebooks (``notebooks/NN_*.md``) that ``doc`` holds no run of (in a clone:
+  an installed package has no notebooks folder to compare with)."""
+  if not NOTEBOOKS_DIR.is_dir():
+    raise FileNotFoundError(f"no notebooks folder at {NOTEBOOKS_DIR}: not_measured needs a clone of the repository")
   return sorted(p.stem for p in NOTEBOOKS_DIR.glob("[0-9][0-9]_*.md") if p.stem not in doc["notebooks"])
 
 
