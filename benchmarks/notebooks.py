@@ -10,7 +10,7 @@ provenance to ``analysis/results/accelerator/<device>-notebooks.json`` (a notebo
 replaces its entry; the others are kept), which the tutorial's Colab section shows through
 :mod:`analysis.lab.notebooks_measured`; the build never needs the device.
 
-    python benchmarks/notebooks.py --store               # all six (about 25 min on a TPU v5e)
+    python benchmarks/notebooks.py --store               # all six (03 and 05 train two sweeps each)
     python benchmarks/notebooks.py --store 03 04         # some of them
 """
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import importlib.util
 import pathlib
 
@@ -73,3 +74,20 @@ def test_headline_by_hand():
   assert h["reference"] == "dp" and h["vs"] == pytest.approx({"diloco": 1.0, "streaming": -1.0})
   no_dp = nbm.headline(rows[rows["algorithm"] != "dp"])
   assert no_dp["reference"] == "diloco" and no_dp["vs"] == pytest.approx({"streaming": 100 * (0.99 / 1.01 - 1)})
+
+
+def test_the_stored_cpu_sweep_holds_and_is_refused_when_edited(monkeypatch, tmp_path):
+  doc = nbm.load_cpu_estimate()
+  assert [r["algorithm"] for r in doc["sweep"]["rows"]] == [c.algo.algorithm for c in nbm.cpu_sweep()]
+  assert doc["provenance"]["command"].startswith("python benchmarks/live_estimate.py")
+  slow = copy.deepcopy(doc)
+  slow["sweep"]["took_s"] = 0.7 * slow["sweep"]["estimate_s"]
+  path = tmp_path / "live_estimate.json"
+  monkeypatch.setattr(nbm, "CPU_ESTIMATE_PATH", path)
+  path.write_text(json.dumps(_restamped(slow)))
+  with pytest.raises(AcceleratorResultError, match=r"-30%, more than ±20%"):
+    nbm.load_cpu_estimate()
+  slow["sweep"]["took_s"] = doc["sweep"]["took_s"]  # the stored hash no longer matches
+  path.write_text(json.dumps({**slow, "sha256": _restamped(slow)["sha256"][::-1]}))
+  with pytest.raises(AcceleratorResultError, match="sha256 does not match"):
+    nbm.load_cpu_estimate()

@@ -21,6 +21,8 @@ import pandas as pd
 
 from analysis.lab.accelerator import (ACCELERATOR_DIR, NOTEBOOKS_SUFFIX, PROVENANCE, AcceleratorResultError,
                                       check_stamp, provenance_sentence)
+from analysis.lab.measured import measurement_line
+from analysis.lab.stored import RESULTS_DIR, content_hash
 
 #: How far a live sweep's measured time may sit from its printed estimate (relative).
 ESTIMATE_RTOL = 0.2
@@ -36,6 +38,9 @@ SWEPT = ("algorithm", "replicas", "sync_every", "fragments", "overlap", "alpha",
 NOT_FOR = {"dp": ("sync_every", "fragments", "overlap", "alpha", "compression", "outer_lr"),
            "diloco": ("fragments", "overlap", "alpha")}
 RERUN = "python benchmarks/notebooks.py --store"
+#: The CPU's live sweep, measured (``benchmarks/live_estimate.py --store``).
+CPU_ESTIMATE_PATH = RESULTS_DIR / "measured" / "live_estimate.json"
+CPU_RERUN = "python benchmarks/live_estimate.py --store"
 #: The repository's notebooks (in a clone; an installed package has none).
 NOTEBOOKS_DIR = pathlib.Path(__file__).resolve().parents[2] / "notebooks"
 
@@ -95,13 +100,51 @@ def check_notebooks(doc: dict, name: str = "stored notebooks") -> None:
     if missing:
       raise AcceleratorResultError(f"{name}, {nb}: provenance lacks {missing}")
     for s in r["sweeps"]:
-      where = f"{name}, {nb}, sweep {s['sweep']}"
-      if s["trained"] != len(s["rows"]) or s["trained"] > s["runs"]:
-        raise AcceleratorResultError(f"{where}: {len(s['rows'])} runs stored, {s['trained']} planned of {s['runs']}")
-      err = estimate_error(s)
-      if abs(err) > ESTIMATE_RTOL:
-        raise AcceleratorResultError(f"{where}: it took {s['took_s']:.0f} s against an estimate of"
-                                     f" {s['estimate_s']:.0f} s ({err:+.0%}, more than ±{ESTIMATE_RTOL:.0%})")
+      check_sweep(s, f"{name}, {nb}, sweep {s['sweep']}")
+
+
+def check_sweep(s: dict, where: str) -> None:
+  """A stored sweep's runs are those planned, and its time is within :data:`ESTIMATE_RTOL` of its estimate."""
+  if s["trained"] != len(s["rows"]) or s["trained"] > s["runs"]:
+    raise AcceleratorResultError(f"{where}: {len(s['rows'])} runs stored, {s['trained']} planned of {s['runs']}")
+  err = estimate_error(s)
+  if abs(err) > ESTIMATE_RTOL:
+    raise AcceleratorResultError(f"{where}: it took {s['took_s']:.0f} s against an estimate of"
+                                 f" {s['estimate_s']:.0f} s ({err:+.0%}, more than ±{ESTIMATE_RTOL:.0%})")
+
+
+def cpu_sweep() -> list:
+  """The CPU's live sweep (``benchmarks/live_estimate.py``): the stored experiments' CPU run
+  (:func:`~analysis.lab.experiments.base_config`) at 400 steps, DiLoCo at H = 12 and 24 (one
+  program) and DP (a second).
+
+  Examples:
+    >>> [(c.algo.algorithm, c.algo.sync_every, c.steps, c.model) for c in cpu_sweep()][0]
+    ('diloco', 12, 400, 'mini')
+  """
+  from analysis.lab.experiments import base_config
+  return ([base_config("cpu", sync_every=h, steps=400) for h in (12, 24)]
+          + [base_config("cpu", algorithm="dp", steps=400)])
+
+
+def load_cpu_estimate() -> dict:
+  """The CPU's stored live sweep (:data:`CPU_ESTIMATE_PATH`), checked: its hash, and
+  :func:`check_sweep`.
+
+  Examples:
+    >>> abs(estimate_error(load_cpu_estimate()["sweep"])) <= ESTIMATE_RTOL
+    True
+  """
+  doc = json.loads(CPU_ESTIMATE_PATH.read_text())
+  if doc.get("sha256") != content_hash(doc):
+    raise AcceleratorResultError(f"{CPU_ESTIMATE_PATH.name}: its sha256 does not match its content; run `{CPU_RERUN}`")
+  check_sweep(doc["sweep"], CPU_ESTIMATE_PATH.name)
+  return doc
+
+
+def cpu_estimate_provenance(doc: dict) -> str:
+  """The CPU's stored live sweep's provenance as one sentence."""
+  return measurement_line(doc["provenance"], CPU_ESTIMATE_PATH.name, CPU_RERUN)
 
 
 def load_notebooks(device: str) -> dict:
