@@ -21,7 +21,7 @@ import pandas as pd
 
 from analysis.lab.accelerator import (ACCELERATOR_DIR, NOTEBOOKS_SUFFIX, PROVENANCE, AcceleratorResultError,
                                       check_stamp, provenance_sentence)
-from analysis.lab.measured import measurement_line
+from analysis.lab.measured import json_rows, measurement_line
 from analysis.lab.stored import RESULTS_DIR, content_hash
 
 #: How far a live sweep's measured time may sit from its printed estimate (relative).
@@ -48,11 +48,10 @@ NOTEBOOKS_DIR = pathlib.Path(__file__).resolve().parents[2] / "notebooks"
 def sweep_record(trained) -> dict:
   """What is stored of one live sweep (an :class:`analysis.lab.live.Trained`)."""
   plan, df = trained.plan, trained.frame
-  rows = df[[c for c in RUN_COLUMNS if c in df.columns]].to_dict("records")
   probe = None if plan.probe is None else {k: float(v) for k, v in vars(plan.probe).items()}
   return {"sweep": trained.desc, "runs": plan.runs, "trained": plan.to_train, "programs": plan.programs,
           "estimate_s": plan.estimate_s, "took_s": trained.took_s, "probe": probe,
-          "rows": json.loads(pd.DataFrame(rows).to_json(orient="records"))}
+          "rows": json_rows(df[[c for c in RUN_COLUMNS if c in df.columns]])}
 
 
 def merged(previous: dict | None, new: dict) -> dict:
@@ -243,6 +242,7 @@ def tutorial_table(doc: dict, cpu_frame=None) -> pd.DataFrame:
   if cpu_frame is None:
     from analysis.lab.stored import frame as cpu_frame
   from analysis.lab.live import duration
+  from diloco_core.devices.backend import default_compute_dtype
   out = []
   for nb, r in doc["notebooks"].items():
     base = {"notebook": nb, "run time": duration(r["wall_s"])}
@@ -254,6 +254,6 @@ def tutorial_table(doc: dict, cpu_frame=None) -> pd.DataFrame:
       out.append({**base, "sweep": s["sweep"], "trained": f"{s['trained']} runs",
                   "estimate → took": f"{duration(s['estimate_s'])} → {duration(s['took_s'])} ({estimate_error(s):+.0%})",
                   "scale": scale_text(rows, r["compute_dtype"]), "headline": headline_text(headline(rows)),
-                  "CPU scale": scale_text(cpu, "float32"), "CPU headline": headline_text(headline(cpu))})
+                  "CPU scale": scale_text(cpu, default_compute_dtype("cpu")), "CPU headline": headline_text(headline(cpu))})
       base = {"notebook": "", "run time": ""}
   return pd.DataFrame(out)
