@@ -37,8 +37,11 @@ def test_the_stored_tpu_notebooks_hold_and_every_estimate_is_within_20_percent()
   sweeps = [s for r in doc["notebooks"].values() for s in r["sweeps"]]
   assert sweeps and all(abs(s["took_s"] / s["estimate_s"] - 1) <= 0.2 for s in sweeps)
   assert doc["provenance"]["device_kind"] == "TPU v5 lite"
-  table = nbm.tutorial_table(doc)
+  table = nbm.timing_table(doc)
   assert list(table["notebook"][table["notebook"] != ""]) == sorted(doc["notebooks"])
+  assert list(table["live sweep"][table["live sweep"] != ""]) == [s["sweep"] for s in sweeps]
+  heads = nbm.headline_table(doc, "TPU v5e")
+  assert list(heads["where"]) == ["TPU v5e", "CPU (stored)"] * len(sweeps)
   assert set(nbm.not_measured(doc)) | set(doc["notebooks"]) == {p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.md")}
 
 

@@ -217,43 +217,61 @@ def scale_text(rows: pd.DataFrame, compute_dtype: str | None = None) -> str:
 
   Examples:
     >>> scale_text(pd.DataFrame({"model": ["base"], "params": [7_000_000], "steps": [1500]}), "bfloat16")
-    'base (7.0M parameters), 1500 steps, bfloat16'
+    'base, 7.0M params, 1500 steps, bfloat16'
   """
   steps = "/".join(str(s) for s in sorted(rows["steps"].unique()))
   dtype = f", {compute_dtype}" if compute_dtype else ""
   params = rows["params"].iloc[0]
   size = f"{params / 1e6:.1f}M" if params >= 1e5 else f"{params:,}"
-  return f"{rows['model'].iloc[0]} ({size} parameters), {steps} steps{dtype}"
+  return f"{rows['model'].iloc[0]}, {size} params, {steps} steps{dtype}"
 
 
-def tutorial_table(doc: dict, cpu_frame=None) -> pd.DataFrame:
-  """One row per stored notebook and sweep: the time on the device, what the sweep trained and
-  its estimate, and its headline beside the CPU's stored sweep of the same name.
+def timing_table(doc: dict) -> pd.DataFrame:
+  """One row per stored notebook and live sweep: the notebook's run time on the device, the runs
+  the sweep trained, and its estimate against the time it took.
 
   Args:
     doc: a :func:`load_notebooks` document.
+
+  Returns:
+    Columns "notebook", "run time", "live sweep", "runs", "estimate → took" (the last three
+    empty for a notebook without live sweeps).
+  """
+  from analysis.lab.live import duration
+  out = []
+  for nb, r in doc["notebooks"].items():
+    first = {"notebook": nb, "run time": duration(r["wall_s"])}
+    if not r["sweeps"]:
+      out.append({**first, "live sweep": "", "runs": "", "estimate → took": ""})
+    for s in r["sweeps"]:
+      out.append({**first, "live sweep": s["sweep"], "runs": s["trained"],
+                  "estimate → took": f"{duration(s['estimate_s'])} → {duration(s['took_s'])} ({estimate_error(s):+.0%})"})
+      first = {"notebook": "", "run time": ""}
+  return pd.DataFrame(out)
+
+
+def headline_table(doc: dict, device: str, cpu_frame=None) -> pd.DataFrame:
+  """Two rows per stored live sweep: its headline and scale on the device, and those of the
+  CPU's stored sweep of the same name.
+
+  Args:
+    doc: a :func:`load_notebooks` document.
+    device: the device's name for the "where" column.
     cpu_frame: ``name -> rows`` of the CPU's stored sweep (default
       :func:`analysis.lab.stored.frame`).
 
   Returns:
-    Columns "notebook", "run time", "sweep", "trained", "estimate → took", "scale", "headline",
-    "CPU scale", "CPU headline" (the last six empty for a notebook without live sweeps).
+    Columns "sweep", "where", "scale", "headline".
   """
   if cpu_frame is None:
     from analysis.lab.stored import frame as cpu_frame
-  from analysis.lab.live import duration
   from diloco_core.devices.backend import default_compute_dtype
   out = []
-  for nb, r in doc["notebooks"].items():
-    base = {"notebook": nb, "run time": duration(r["wall_s"])}
-    if not r["sweeps"]:
-      out.append({**base, **dict.fromkeys(("sweep", "trained", "estimate → took", "scale", "headline",
-                                           "CPU scale", "CPU headline"), "")})
+  for r in doc["notebooks"].values():
     for s in r["sweeps"]:
       rows, cpu = pd.DataFrame(s["rows"]), cpu_frame(s["sweep"])
-      out.append({**base, "sweep": s["sweep"], "trained": f"{s['trained']} runs",
-                  "estimate → took": f"{duration(s['estimate_s'])} → {duration(s['took_s'])} ({estimate_error(s):+.0%})",
-                  "scale": scale_text(rows, r["compute_dtype"]), "headline": headline_text(headline(rows)),
-                  "CPU scale": scale_text(cpu, default_compute_dtype("cpu")), "CPU headline": headline_text(headline(cpu))})
-      base = {"notebook": "", "run time": ""}
+      out.append({"sweep": s["sweep"], "where": device, "scale": scale_text(rows, r["compute_dtype"]),
+                  "headline": headline_text(headline(rows))})
+      out.append({"sweep": "", "where": "CPU (stored)", "scale": scale_text(cpu, default_compute_dtype("cpu")),
+                  "headline": headline_text(headline(cpu))})
   return pd.DataFrame(out)
