@@ -10,7 +10,9 @@
   every process writes its own programs: ``diloco_core.devices.compile_cache``). A cached
   executable is the one XLA compiled, so no number depends on it; a test that must compile
   afresh removes the two variables from its subprocess's environment
-  (tests/test_checkpoint.py). ``make clean`` removes the cache.
+  (tests/test_checkpoint.py). ``make clean`` removes the cache. XLA compiles each program's
+  CPU code in one piece, as the docs build does (``docs/build.py``'s ``harness_env``: the same
+  kernels, less work when both cores are busy).
 - Every "bit for bit" a test asserts compares two computations on the machine that runs the
   suite, i.e. on one kind of CPU; across kinds of CPU (another model or instruction set,
   ``--xla_cpu_max_isa``) numbers round differently, and the docs' implementation page lists
@@ -35,7 +37,7 @@ _spec = importlib.util.spec_from_file_location(
     "docs_build", os.path.join(os.path.dirname(os.path.abspath(__file__)), "docs", "build.py"))
 _docs_build = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_docs_build)
-os.environ.update(_docs_build.compilation_cache_env(os.environ))
+os.environ.update(_docs_build.harness_env(os.environ))
 
 _DOCTESTS_NEEDING_DEVICES = {"diloco_core.devices.mesh.make_mesh": 8}
 

@@ -20,7 +20,8 @@ cache, :data:`JAX_CACHE` (unless the environment names one): runs of the same pr
 several pages, in several processes of one page (each process writes its own programs:
 ``diloco_core.devices.compile_cache``) or in the suite after the build (CI builds the docs
 first) compile it once. A cached executable is the one XLA compiled, so no number depends on
-it; ``make clean`` empties the cache.
+it; ``make clean`` empties the cache. Both also compile each program's CPU code in one piece
+(:data:`ONE_PIECE_CODEGEN`, :func:`harness_env`).
 """
 
 from __future__ import annotations
@@ -50,6 +51,32 @@ COMMAND = ["-m", "sphinx", "-W", "-E", "-n", "--keep-going", "-b", "html", ".", 
 # Folders never part of the sources when git is not available (mirrors .gitignore).
 _IGNORED = {".git", ".venv", "_build", ".cache", "runs", "build", ".pytest_cache", "__pycache__",
             ".ipynb_checkpoints"}
+
+
+#: XLA's CPU code generation of a program in one piece, not split into parts compiled on several
+#: threads: the build and the suite keep both cores busy with several processes, where the split
+#: only adds work. The kernels are the same (the experiments page's re-check is exact under it
+#: against runs stored without it), so no number depends on it.
+ONE_PIECE_CODEGEN = "--xla_cpu_parallel_codegen_split_count=1"
+
+
+def harness_env(env: dict[str, str]) -> dict[str, str]:
+  """``env`` as the docs build and the test suite run: :func:`compilation_cache_env`, and
+  :data:`ONE_PIECE_CODEGEN` added to ``XLA_FLAGS`` (the caller's other flags kept; a split
+  count the caller set is left as it is).
+
+  Example::
+
+      >>> harness_env({"XLA_FLAGS": "--xla_cpu_max_isa=AVX2"})["XLA_FLAGS"]
+      '--xla_cpu_max_isa=AVX2 --xla_cpu_parallel_codegen_split_count=1'
+      >>> harness_env({"XLA_FLAGS": "--xla_cpu_parallel_codegen_split_count=4"})["XLA_FLAGS"]
+      '--xla_cpu_parallel_codegen_split_count=4'
+  """
+  env = compilation_cache_env(env)
+  flags = env.get("XLA_FLAGS", "")
+  if "xla_cpu_parallel_codegen_split_count" not in flags:
+    env["XLA_FLAGS"] = f"{flags} {ONE_PIECE_CODEGEN}".strip()
+  return env
 
 
 def compilation_cache_env(env: dict[str, str]) -> dict[str, str]:
@@ -147,7 +174,7 @@ def _build(echo: bool = False, timeout: float | None = None) -> subprocess.Compl
   STAMP.unlink(missing_ok=True)
   digest = source_digest()
   cmd = [sys.executable] + COMMAND
-  env = compilation_cache_env(os.environ)  # inside the suite, conftest.py has set the same
+  env = harness_env(os.environ)  # inside the suite, conftest.py has set the same
   lines = []
   with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                         text=True, start_new_session=True, env=env) as proc:

@@ -222,10 +222,12 @@ def test_source_digest_follows_contents_and_skips_build_outputs(tmp_path):
 
 def test_the_docs_build_and_the_suite_share_one_compilation_cache():
   """The suite's cache is the docs build's (conftest.py reads docs/build.py): after CI's build
-  the suite loads the programs the pages compiled. A cache the caller names is kept."""
+  the suite loads the programs the pages compiled. A cache the caller names is kept. Both
+  compile CPU code in one piece (the same XLA flags, so the same cache keys)."""
   import doctest  # pylint: disable=import-outside-toplevel
   examples = doctest.testmod(site_build)
-  assert examples.attempted >= 2 and examples.failed == 0
+  assert examples.attempted >= 4 and examples.failed == 0
+  assert site_build.ONE_PIECE_CODEGEN in os.environ["XLA_FLAGS"].split()
   env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT"))}
   show = "import os, conftest; print(os.environ['JAX_COMPILATION_CACHE_DIR'], os.environ.get('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '-'))"
   out = subprocess.run([sys.executable, "-c", show], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
