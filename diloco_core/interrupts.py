@@ -7,7 +7,7 @@ threads running into the interpreter's shutdown (a segfault on exit). Under the 
 line (``python -m diloco_core.train`` / ``compare``) the handler of :func:`deferred` only
 records the signal; the training loop calls :func:`check` between steps and between the
 phases of its set-up, which raises ``KeyboardInterrupt`` there (the loop turns it into
-:class:`~diloco_core.run.loop.Interrupted`, one line saying how to go on). A second signal
+:class:`Interrupted`, one line saying how to go on). A second signal
 raises at once. A save that is running when the signal comes is finished first, so an
 interrupted run reports the step of its newest checkpoint.
 
@@ -115,3 +115,22 @@ def check() -> None:
   """Raises ``KeyboardInterrupt`` if a stop was requested; call it at safe points."""
   if _requested:
     raise KeyboardInterrupt
+
+
+class Interrupted(KeyboardInterrupt):
+  """Ctrl-C (or SIGTERM under the command line) during :func:`~diloco_core.run.loop.train`; says how to go on.
+
+  Examples:
+    >>> str(Interrupted(12, "runs/a", "runs/a/checkpoints/10"))
+    'interrupted at step 12; resume with `resume` (from runs/a/checkpoints/10).'
+  """
+
+  def __init__(self, step: int, out: str | None, checkpoint: str | None):
+    if checkpoint is not None:
+      advice = f"resume with `resume` (from {checkpoint})."
+    elif out is not None:
+      advice = "no checkpoint was written: start over with `overwrite` (set `checkpoint_every` to resume later runs)."
+    else:
+      advice = "nothing was saved (no `out`)."
+    super().__init__(f"interrupted at step {step}; {advice}")
+    self.step = step

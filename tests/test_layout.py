@@ -224,11 +224,15 @@ def _protocol_members() -> set[str]:
   return {n for n in vars(Runtime) if not n.startswith("_")} | set(Runtime.__annotations__)
 
 
+#: The modules that drive a run's runtime: the lock-step loop and the tape's rounds.
+DRIVERS = ("diloco_core.run.loop", "diloco_core.run.tape_run")
+
+
 def test_the_loop_calls_only_the_runtime_protocol():
-  """Every ``comm.<name>`` of the training loop is a member of ``Runtime``, and nothing probes
-  the runtime with ``getattr`` / ``hasattr``."""
+  """Every ``comm.<name>`` of the training loop (lock step and a tape's rounds) is a member of
+  ``Runtime``, and nothing probes the runtime with ``getattr`` / ``hasattr``."""
   used, probes = set(), []
-  for node in ast.walk(_tree("diloco_core.run.loop")):
+  for node in (n for module in DRIVERS for n in ast.walk(_tree(module))):
     if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "comm":
       used.add(node.attr)
     elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
@@ -240,12 +244,13 @@ def test_the_loop_calls_only_the_runtime_protocol():
 
 
 def test_every_runtime_implements_the_whole_protocol():
-  """InStep and Background have every member of ``Runtime``, methods with its parameters."""
+  """InStep, Background and TapeRuntime have every member of ``Runtime``, methods with its parameters."""
   import inspect
 
   from diloco_core.runtime.background import Background
   from diloco_core.runtime.communication import InStep, Runtime
-  for runtime in (InStep, Background):
+  from diloco_core.runtime.tape_runtime import TapeRuntime
+  for runtime in (InStep, Background, TapeRuntime):
     missing = sorted(n for n in _protocol_members() if not hasattr(runtime, n))
     assert not missing, f"{runtime.__name__} lacks {missing}"
     for name, spec in vars(Runtime).items():
@@ -371,9 +376,6 @@ def _documented_contract() -> set[str]:
   return set(re.findall(r"``([A-Za-z_]\w*)``", block))
 
 
-#: Names the tape player (``run/tape_play.py``) still reads off the algorithm outside the contract:
-#: it restates the inner and outer steps instead of composing the phases (issue 66's remaining
-#: part). The test below checks this list exactly, so it can only shrink.
 #: Modules where ``algo`` names the run's :class:`~diloco_core.DiLoCoConfig` (``TrainConfig.algo``),
 #: not the algorithm: their reads must be the config's attributes.
 ALGO_IS_A_CONFIG = ("diloco_core.run.config", "diloco_core.runtime.quorum")

@@ -37,7 +37,7 @@ def _replay(out, replay) -> list[dict]:
   """The run in ``out`` replayed in-step on three devices from the tape it recorded (``--tape``: its
   rounds' drops, which are process 0's trace's): checks the final params are equal bit for bit;
   the metrics rows."""
-  from diloco_core.run.trace_tape import drops_of_tape, read_tape
+  from diloco_core.runtime.trace_tape import drops_of_tape, read_tape
   tape = os.path.join(out, "tape.json")
   assert drops_of_tape(read_tape(tape, 3, 4), 3, 4) == schedule_from_trace(_trace(out, 0), replicas=3)
   flags = [x for x in FLAGS if x not in ("--communication", "background")]
@@ -93,7 +93,7 @@ def test_a_late_process_is_dropped_by_the_quorum_and_the_run_equals_its_replay(t
 
 
 def _player_plays(out, trace):
-  """The tape player (diloco_core.run.tape_play: one device, the M replicas in one vmap, the
+  """The tape player (diloco_core.runtime.tape_player: one device, the M replicas in one vmap, the
   program of simulated tapes) plays the recorded tape: the members of its rounds are the
   trace's, and the params equal the in-step run of its drops on one device bit for bit
   (``present_mean``'s masked mean over M and the player's mean over the members give the same
@@ -102,8 +102,9 @@ def _player_plays(out, trace):
   2.4e-7): the tolerance of test_mesh.py's one device against a mesh, not bit for bit."""
   from diloco_core.run.cli import build_parser, config_from_args
   from diloco_core.run.loop import train
-  from diloco_core.run.tape_play import play_tape
-  from diloco_core.run.trace_tape import read_tape
+  from diloco_core.run.tape_run import make_setup
+  from diloco_core.runtime.tape_player import play_tape
+  from diloco_core.runtime.trace_tape import read_tape
   from diloco_core.spec.syncer import SyncerConfig
   from diloco_core.spec.tape import Committed
   from diloco_core.store.params_io import load_params
@@ -113,7 +114,7 @@ def _player_plays(out, trace):
       [m for m, on in enumerate(x["present"] or [1.0] * 3) if on > 0] for x in trace if x["kind"] == "settle"]
   flags = [x for x in FLAGS if x not in ("--communication", "background")]
   cfg = config_from_args(build_parser().parse_args([*flags, "--tape", path]))
-  played = play_tape(cfg, SyncerConfig(), tape)
+  played = play_tape(cfg, SyncerConfig(), tape, make_setup(cfg))
   in_step = train(cfg)  # one device, the tape's drops
   for a, b in zip(jax.tree.leaves(played.params), jax.tree.leaves(in_step.params), strict=True):
     assert np.array_equal(np.asarray(a), np.asarray(b))
@@ -156,7 +157,7 @@ def test_a_lost_process_is_one_more_event_on_the_tape_and_its_replay_is_bit_for_
                       "--elastic", "--quorum", "2", "--out", out],
                      env=dict(ENV, KILL_RANK="2", KILL_AT_STEP="8"), capture_output=True, text=True, timeout=500)
   assert r.returncode == 0, r.stderr[-3000:]
-  from diloco_core.run.trace_tape import drops_of_tape, read_tape
+  from diloco_core.runtime.trace_tape import drops_of_tape, read_tape
   from diloco_core.spec.tape import Committed, Lost
   tape = read_tape(os.path.join(out, "tape.json"), 3, 4, 16)
   [lost] = [e for e in tape if isinstance(e, Lost)]
@@ -185,7 +186,7 @@ def test_a_fast_process_lost_after_its_vote_leaves_a_tape_that_replays_bit_for_b
                      capture_output=True, text=True, timeout=500)
   assert r.returncode == 0, r.stderr[-3000:]
   assert "no tape.json recorded" not in r.stderr, r.stderr[-3000:]
-  from diloco_core.run.trace_tape import read_tape
+  from diloco_core.runtime.trace_tape import read_tape
   from diloco_core.spec.tape import Committed, Lost
   lost_rows = [x for x in _trace(out, 0) if x["kind"] == "lost"]
   assert [x["processes"] for x in lost_rows] == [[1]] and lost_rows[0]["step"] == 8, lost_rows  # noticed at 8

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from analysis import claims, experiments, stored, straggler_arms, stragglers
-from diloco_core.run.tape_play import tape_for
+from diloco_core.runtime.tape_player import tape_for
 from diloco_core.spec.tape import Sent
 
 ARMS = {"sync", "sync+DyLU", "async naive", "async DN", "async DN+DyLU", "K=1", "K=1+grace", "K=4"}

@@ -1,4 +1,4 @@
-"""The trainer plays a syncer tape (issue 52; diloco_core.run.tape_play): the synchronous tape is
+"""The trainer plays a syncer tape (issue 52; diloco_core.runtime.tape_player): the synchronous tape is
 the in-step trainer bit for bit, a slow replica's rounds follow the tape, a carried contribution
 keeps its old base, bad options are one line, and default knobs leave train() as it was."""
 
@@ -16,7 +16,9 @@ from diloco_core.algorithm.hyperparams import resolve_optimizer
 from diloco_core.run.cli import build_parser, config_from_args, to_flags
 from diloco_core.run.loop import train
 from diloco_core.run.syncer_options import SyncerOptions
-from diloco_core.run.tape_play import make_setup, play_tape, speed_ticks, tape_for
+from diloco_core.run.run_setup import build_model
+from diloco_core.run.tape_run import make_setup
+from diloco_core.runtime.tape_player import play_tape, speed_ticks, tape_for
 from diloco_core.spec.syncer import SyncerConfig
 from diloco_core.spec.tape import Committed
 from tiny_run import tiny
@@ -31,7 +33,7 @@ def test_a_synchronous_tape_is_the_in_step_trainer_bit_for_bit():
   replica's loss at every step and the same bytes per replica as train() (in-step runtime)."""
   cfg = tiny(replicas=3, log_every=1)
   ref = train(cfg)
-  got = play_tape(cfg, SyncerConfig(), tape_for(cfg, SyncerConfig(), (1.0, 1.0, 1.0)))
+  got = play_tape(cfg, SyncerConfig(), tape_for(cfg, SyncerConfig(), (1.0, 1.0, 1.0)), make_setup(cfg))
   assert _same(got.params, ref.params)
   assert got.eval_loss == ref.summary["final_eval_loss"]
   assert [x for _, x in got.version_eval_losses] == ref.metrics["eval_loss"].dropna().tolist()
@@ -48,8 +50,9 @@ def test_one_replica_with_outer_lr_1_and_no_momentum_is_plain_training():
   rounds its reductions unlike a plain step (measured on this run: params within 1.2e-7, losses
   within 8.9e-8 relative; tolerances atol 1e-6 and rtol 1e-5)."""
   cfg = tiny(replicas=1, outer_lr=1.0, outer_momentum=0.0)
-  got = play_tape(cfg, SyncerConfig(), tape_for(cfg, SyncerConfig(), (1.0,)))
-  data, _, params, loss_fn, algo = make_setup(cfg)
+  got = play_tape(cfg, SyncerConfig(), tape_for(cfg, SyncerConfig(), (1.0,)), make_setup(cfg))
+  data, _, params, loss_fn = build_model(cfg)
+  algo = make_setup(cfg).algo
   hp = algo.typed_hyperparams()
   step = jax.jit(lambda p, o, b: inner_update(loss_fn, resolve_optimizer(algo.inner_optimizer, hp), p, o, b)[:3])
   p, o = params, resolve_optimizer(algo.inner_optimizer, hp).init(params)
@@ -68,7 +71,7 @@ def test_a_twice_slower_replica_with_quorum_1_follows_the_tape():
   cfg = tiny(replicas=2, steps=8, sync_every=2)
   syncer = SyncerConfig(quorum=1, late="carry")
   tape = tape_for(cfg, syncer, (1.0, 0.5))
-  got = play_tape(cfg, syncer, tape)
+  got = play_tape(cfg, syncer, tape, make_setup(cfg))
   commits = [e for e in tape if isinstance(e, Committed)]
   assert got.members == [[c.replica for c in e.members] for e in commits] and got.rounds == len(commits)
   assert got.local_steps == 2 * cfg.steps == len(got.step_losses)
@@ -86,10 +89,10 @@ def test_a_carried_contribution_keeps_its_old_base():
   (same θ_1: same start, same batches), not θ_g^(1) - θ_1."""
   cfg = tiny(replicas=2, steps=3, sync_every=2)
   carry, seen = SyncerConfig(quorum=1, late="carry"), []
-  play_tape(cfg, carry, tape_for(cfg, carry, (1.0, 0.5)), observe=lambda e, grads, base: seen.append((e, grads, base)))
+  play_tape(cfg, carry, tape_for(cfg, carry, (1.0, 0.5)), make_setup(cfg), observe=lambda e, grads, base: seen.append((e, grads, base)))
   assert [[(c.replica, c.base) for c in e.members] for e, _, _ in seen] == [[(0, 0)], [(0, 1), (1, 0)]]
   sync = []
-  play_tape(cfg, SyncerConfig(), tape_for(cfg, SyncerConfig(), (1.0, 1.0)), observe=lambda e, g, b: sync.append((g, b)))
+  play_tape(cfg, SyncerConfig(), tape_for(cfg, SyncerConfig(), (1.0, 1.0)), make_setup(cfg), observe=lambda e, g, b: sync.append((g, b)))
   carried, fresh = seen[1][1][1], sync[0][0][1]
   assert _same(carried, fresh)
   v0, v1 = sync[0][1], seen[1][2]
@@ -97,7 +100,7 @@ def test_a_carried_contribution_keeps_its_old_base():
   assert not _same(carried, as_if_fresh)
   drop = SyncerConfig(quorum=1)  # late="drop": it never enters a round
   dropped = []
-  play_tape(cfg, drop, tape_for(cfg, drop, (1.0, 0.5)), observe=lambda e, g, b: dropped.append(e))
+  play_tape(cfg, drop, tape_for(cfg, drop, (1.0, 0.5)), make_setup(cfg), observe=lambda e, g, b: dropped.append(e))
   assert [[c.replica for c in e.members] for e in dropped] == [[0], [0]]
 
 
@@ -166,3 +169,44 @@ def test_each_row_of_a_tape_run_carries_its_commit_tick(tmp_path):
   tape = json.load(open(tmp_path / "run" / "summary.json"))["tape"]
   assert tape["step_ticks"] == [1, 2] and tape["ticks"] == rows[-1]["tick"] == 4 * tape["rounds"]
   assert [r["tick"] for r in rows] == [4 * r["step"] for r in rows] and run.metrics["tick"].iloc[0] == 0
+
+
+def test_a_tape_run_is_set_up_as_every_run_and_stepped_round_by_round(monkeypatch):
+  """train() with a non-default syncer: the one set-up makes its runtime, a TapeRuntime whose
+  steps are the tape's committed rounds (1, 2, ... in turn), and the run is play_tape's of the
+  same tape bit for bit; a stop request between two rounds ends it with one line."""
+  from diloco_core.interrupts import Interrupted
+  from diloco_core.run import loop
+  from diloco_core.runtime.tape_runtime import TapeRuntime
+  cfg = dataclasses.replace(tiny(replicas=2, steps=8, sync_every=2),
+                            syncer=SyncerOptions(quorum=1, late="carry", speeds=(1.0, 0.5)))
+  made, steps, set_up, step = [], [], loop.set_up, TapeRuntime.step
+
+  def spy_set_up(c):
+    run, state = set_up(c)
+    made.append(run.comm)
+    return run, state
+
+  def spy_step(self, state, batch, t, present=None, last=False):
+    steps.append(t)
+    return step(self, state, batch, t, present, last)
+
+  monkeypatch.setattr(loop, "set_up", spy_set_up)
+  monkeypatch.setattr(TapeRuntime, "step", spy_step)
+  got = train(cfg)
+  assert isinstance(made[0], TapeRuntime) and not made[0].lock_step
+  assert steps == list(range(1, made[0].last_step(cfg) + 1)) and len(steps) == got.summary["tape"]["rounds"] > 2
+  syncer = cfg.syncer.syncer_config(2)
+  ref = play_tape(cfg, syncer, tape_for(cfg, syncer, (1.0, 0.5)), make_setup(cfg))
+  assert _same(got.params, ref.params) and got.summary["final_eval_loss"] == ref.eval_loss
+  assert [r["members"] for r in got.rows[1:]] == ref.members
+  assert [r["eval_loss"] for r in got.rows] == [x for _, x in ref.version_eval_losses]
+
+  def stop_at_2(self, state, batch, t, present=None, last=False):
+    if t == 2:
+      raise KeyboardInterrupt
+    return step(self, state, batch, t, present, last)
+
+  monkeypatch.setattr(TapeRuntime, "step", stop_at_2)
+  with pytest.raises(Interrupted, match=r"^interrupted at step 1; nothing was saved \(no `out`\)\.$"):
+    train(cfg)

@@ -1,4 +1,4 @@
-"""A real quorum run's trace as a syncer tape (diloco_core.run.trace_tape): a synchronous round,
+"""A real quorum run's trace as a syncer tape (diloco_core.runtime.trace_tape): a synchronous round,
 a dropped late contribution, the file round trip, the tape's drops (what ``--tape`` replays
 in-step), and one-line refusals (Streaming, losses, a tape for another run, a replay the trainer
 cannot make)."""
@@ -8,7 +8,7 @@ import pytest
 from diloco_core.algorithm.config import DiLoCoConfig
 from diloco_core.run.config import TrainConfig
 from diloco_core.run.syncer_options import SyncerOptions, tape_drops
-from diloco_core.run.trace_tape import drops_of_tape, read_tape, tape_from_trace, write_tape
+from diloco_core.runtime.trace_tape import drops_of_tape, read_tape, tape_from_trace, write_tape
 from diloco_core.spec.tape import Committed, Contribution, Dropped, Lost, Merged, Sent
 
 
@@ -152,7 +152,7 @@ def test_every_malformed_field_of_a_tape_file_is_one_line_naming_it(tmp_path, ch
 
 
 def test_a_good_tape_file_reads_and_a_mismatch_shows_types_only_when_values_print_alike(tmp_path):
-  from diloco_core.run.trace_tape import _differ
+  from diloco_core.runtime.trace_tape import _differ
   path = _edit(str(tmp_path / "tape.json"), lambda d: None)
   assert len(read_tape(path, 3, 4)) == 3
   with pytest.raises(ValueError, match=r"recorded with replicas=3, sync_every=4; this run has replicas=2, sync_every=4\."):

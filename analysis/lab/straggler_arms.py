@@ -2,7 +2,7 @@
 
 M = 4 replicas of speeds :data:`SPEEDS` (the last one half as fast), P = 1, the CPU base run
 (:func:`analysis.lab.experiments.base_config`: ``mini``, H = 24, η = 0.5, μ = 0.9, inner LR 2e-2,
-1,200 steps), every arm played from its syncer's tape (:mod:`diloco_core.run.tape_play`) with
+1,200 steps), every arm played from its syncer's tape (:mod:`diloco_core.runtime.tape_player`) with
 the same budget of M × ``steps`` local steps, all replicas together (equal total local steps),
 and the same seeds (paired). The arms (:func:`straggler_arms`), each a row of
 :data:`~diloco_core.spec.syncer_settings.SYNCER_SETTINGS` through
@@ -51,7 +51,7 @@ def grace_ticks(sync_every: int, speeds=SPEEDS) -> int:
     >>> grace_ticks(24)
     12
   """
-  from diloco_core.run.tape_play import speed_ticks  # here: it imports JAX
+  from diloco_core.runtime.tape_player import speed_ticks  # here: it imports JAX
   fast = min(speed_ticks(tuple(speeds)))
   return math.ceil(Fraction(str(GRACE_PERIODS)) * sync_every * fast)
 

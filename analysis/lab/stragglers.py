@@ -35,7 +35,7 @@ def tape_goodput(cfg) -> tuple[float, float]:
   """``(merged local steps per fast step, that over the ideal pool's)`` of ``cfg``'s tape: every
   committed contribution's inner steps over the last commit's tick, in the fast replicas' step
   time; the ideal pool never waits and merges Σ v_m / v_max steps per fast step."""
-  from diloco_core.run.tape_play import speed_ticks, tape_for  # here: it imports JAX
+  from diloco_core.runtime.tape_player import speed_ticks, tape_for  # here: it imports JAX
   from diloco_core.spec.tape import Committed
   m, opts = cfg.algo.replicas, cfg.syncer
   speeds = opts.replica_speeds(m)
@@ -50,7 +50,7 @@ def last_full_ticks(cfg) -> int:
   """The tick of the last commit of ``cfg``'s tape whose round holds a contribution of a fastest
   replica: after it, at equal total local steps, only slower replicas finish their share of the
   budget (in a merged round, one outer step on their contributions alone)."""
-  from diloco_core.run.tape_play import tape_for  # here: it imports JAX
+  from diloco_core.runtime.tape_player import tape_for  # here: it imports JAX
   from diloco_core.spec.tape import Committed
   m, opts = cfg.algo.replicas, cfg.syncer
   speeds = opts.replica_speeds(m)
@@ -99,7 +99,7 @@ def frame(realization: str | None = None) -> pd.DataFrame:
   ``time_to_target`` (fast steps; inf: not reached), ``full_loss`` (the eval loss at
   :func:`last_full_ticks`: before the budget's tail) and ``tail_rounds`` (the commits after it)."""
   from analysis.lab import experiments, stored  # here: they import the trainer's config
-  from diloco_core.run.tape_play import speed_ticks
+  from diloco_core.runtime.tape_player import speed_ticks
   e = stored.load(NAME, realization=realization)
   arms = straggler_arms(experiments.base_config(e.scale))
   df = arm_frame(e, arms)

@@ -43,7 +43,7 @@ exact arithmetic of the tests) everywhere but in the uniform mean and the radial
 mean. ``DelayedNesterovState.count`` is a Python int: the position in the buffer is host-side
 (the tape's), so a jitted caller closes over it.
 
-The trainer's tape player (:mod:`~diloco_core.run.tape_play`) applies its rounds with :func:`apply_round`.
+The trainer's tape player (:mod:`~diloco_core.runtime.tape_player`) applies its rounds with :func:`apply_round`.
 
 Examples:
   Two contributions of 1 and 3 from θ = 0 (η = 1, β = 0.5): merged, one Nesterov step on their

@@ -14,14 +14,14 @@ global copy), named here once with the reason each applies:
 * ``"own"``: a replica that was left out of a round but never stopped (a dropped or late
   contribution: ``drop_schedule``, a quorum's late process) keeps its own moments and step
   count; its merge replaces its params (the drop rule of docs/semantics.md). Every runtime and
-  the syncer's tape player (:mod:`~diloco_core.run.tape_play`) apply it.
+  the syncer's tape player (:mod:`~diloco_core.runtime.tape_player`) apply it.
 * ``"source"``: a replica that was lost and comes back (a replacement process, which starts
   with no state) takes a live peer's inner state (:func:`heal_replicas`): the elastic heal, its
   checkpoint's fill and their in-step replay. The tape player does not: its ``Joined`` replica
   keeps the inner state it had before its loss, which a simulated replica still holds and a
   real replacement would not; a tape with joins therefore differs from its run on real
   processes in the rejoined replica's first inner steps (tapes recorded from real runs hold no
-  joins: :func:`~diloco_core.run.trace_tape.tape_from_trace` refuses heals).
+  joins: :func:`~diloco_core.runtime.trace_tape.tape_from_trace` refuses heals).
 """
 
 from __future__ import annotations

@@ -56,6 +56,13 @@ LEAVE_WAIT_S = 6 * SHUTDOWN_S
 LEFT_GRACE_S = 1.0
 
 
+def lock_step_writes() -> bool:
+  """Whether this process writes the files of a run every process runs in lock step (the in-step
+  runtime, a tape's play): process 0. (An elastic run decides by its membership:
+  :meth:`~diloco_core.runtime.elastic_runtime.ElasticRuntime.writes_files`.)"""
+  return jax.process_index() == 0
+
+
 def initialize_distributed(coordinator: str | None = None, num_processes: int | None = None,
                            process_id: int | None = None, join_timeout: float = JOIN_TIMEOUT_S,
                            describe=None, elastic_heartbeat: int | None = None) -> bool:

@@ -10,9 +10,11 @@ Modules: :mod:`~diloco_core.run.config` (``TrainConfig``), :mod:`~diloco_core.ru
 :mod:`~diloco_core.run.divergence`, :mod:`~diloco_core.run.metrics_log`,
 :mod:`~diloco_core.run.main_job` (DP vs DiLoCo vs Streaming), :mod:`~diloco_core.run.cli`,
 :mod:`~diloco_core.run.flags` (the flags and the launch check, without JAX),
-:mod:`~diloco_core.run.syncer_options` (the syncer's flags), :mod:`~diloco_core.run.tape_play`
-(the trainer plays a syncer tape), :mod:`~diloco_core.run.tape_run` (``train`` from a tape) and
-:mod:`~diloco_core.run.trace_tape` (a real elastic run's trace as a tape, replayed by ``--tape``).
+:mod:`~diloco_core.run.syncer_options` (the syncer's flags) and :mod:`~diloco_core.run.tape_run`
+(``train`` from a syncer tape: its rounds stepped, its files written). The tape player, its
+runtime and a real run's trace as a tape are runtimes' modules
+(:mod:`~diloco_core.runtime.tape_player`, :mod:`~diloco_core.runtime.tape_runtime`,
+:mod:`~diloco_core.runtime.trace_tape`); their public names are re-exported here as before.
 """
 
 from diloco_core.lazy import lazy_exports
@@ -26,19 +28,20 @@ _PUBLIC = {
     "program_key": "diloco_core.run.programs",
     "compare": "diloco_core.run.main_job",
     "SyncerOptions": "diloco_core.run.syncer_options",
-    "check_playable": "diloco_core.run.syncer_options",
+    "check_playable": "diloco_core.runtime.option_checks",
     "syncer_flags": "diloco_core.run.syncer_options",
     "tape_drops": "diloco_core.run.syncer_options",
-    "TapeResult": "diloco_core.run.tape_play",
-    "play_tape": "diloco_core.run.tape_play",
-    "speed_ticks": "diloco_core.run.tape_play",
-    "tape_for": "diloco_core.run.tape_play",
-    "play_run": "diloco_core.run.tape_run",
-    "drops_of_tape": "diloco_core.run.trace_tape",
-    "read_tape": "diloco_core.run.trace_tape",
-    "record_tape": "diloco_core.run.trace_tape",
-    "tape_from_trace": "diloco_core.run.trace_tape",
-    "write_tape": "diloco_core.run.trace_tape",
+    "TapeResult": "diloco_core.runtime.tape_player",
+    "play_tape": "diloco_core.runtime.tape_player",
+    "speed_ticks": "diloco_core.runtime.tape_player",
+    "tape_for": "diloco_core.runtime.tape_player",
+    "make_setup": "diloco_core.run.tape_run",
+    "play_rounds": "diloco_core.run.tape_run",
+    "drops_of_tape": "diloco_core.runtime.trace_tape",
+    "read_tape": "diloco_core.runtime.trace_tape",
+    "record_tape": "diloco_core.runtime.trace_tape",
+    "tape_from_trace": "diloco_core.runtime.trace_tape",
+    "write_tape": "diloco_core.runtime.trace_tape",
 }
 __all__ = list(_PUBLIC)
 

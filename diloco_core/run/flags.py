@@ -28,7 +28,7 @@ from diloco_core.run.config import TrainConfig
 #: The ``--help`` groups, in order (a field's metadata names its group).
 GROUPS = {
     "algorithm": "algorithm (symbols as on the semantics page, docs/semantics.md)",
-    "syncer": ("syncer rule (in-step, any of these plays a tape: P = 1, τ = 0, diloco_core.run.tape_play;"
+    "syncer": ("syncer rule (in-step, any of these plays a tape: P = 1, τ = 0, diloco_core.runtime.tape_player;"
                " background: --quorum with --elastic, --grace-s, --step-delay act on the real processes)"),
     "model": "model and inner optimizer",
     "data": "data",

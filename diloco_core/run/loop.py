@@ -3,7 +3,11 @@
 Metrics stay on device and are fetched once every ``log_every`` steps (one host sync per log
 row, not per step); the progress bar updates at the same cadence. :class:`~diloco_core.run.metrics_log.MetricsLog` keeps
 the rows, the byte counters and ``metrics.jsonl``; a run with ``out`` also writes
-``summary.json`` and ``final_params/``, and with ``checkpoint_every`` its checkpoints.
+``summary.json`` and ``final_params/``, and with ``checkpoint_every`` its checkpoints. Every run
+is set up the same way (:func:`~diloco_core.run.run_setup.set_up`, which makes its runtime); a
+runtime whose steps are not the run's lock steps (a syncer's tape, one committed round per step:
+:class:`~diloco_core.runtime.tape_runtime.TapeRuntime`) is stepped by
+:func:`~diloco_core.run.tape_run.play_rounds`.
 """
 
 from __future__ import annotations
@@ -21,9 +25,9 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from diloco_core.store import checkpoint as ckpt
-from diloco_core.runtime import communication
 from diloco_core.data import files
 from diloco_core import interrupts
+from diloco_core.interrupts import Interrupted  # noqa: F401 (re-exported: the command line catches it)
 from diloco_core.store import solo_write
 from diloco_core.run.divergence import Watch, check_finite  # noqa: F401 (check_finite: re-exported)
 from diloco_core.store.disk_space import disk_full, full_disk_message
@@ -36,29 +40,10 @@ from diloco_core.run.config import TrainConfig
 from diloco_core.run.run_setup import METRICS_FILE, RunWarning, SetUp, prepare_out, set_up  # noqa: F401 (re-exported)
 from diloco_core.run.preflight import preflight
 from diloco_core.run.syncer_options import tape_drops
-from diloco_core.run.tape_run import play_run
-from diloco_core.run.trace_tape import record_tape
+from diloco_core.run.tape_run import play_rounds
+from diloco_core.runtime.trace_tape import record_tape
 from diloco_core.spec.schedule import sent_fragment
 from diloco_core.store.tree_io import one_line
-
-
-class Interrupted(KeyboardInterrupt):
-  """Ctrl-C (or SIGTERM under the command line) during :func:`train`; says how to go on.
-
-  Examples:
-    >>> str(Interrupted(12, "runs/a", "runs/a/checkpoints/10"))
-    'interrupted at step 12; resume with `resume` (from runs/a/checkpoints/10).'
-  """
-
-  def __init__(self, step: int, out: str | None, checkpoint: str | None):
-    if checkpoint is not None:
-      advice = f"resume with `resume` (from {checkpoint})."
-    elif out is not None:
-      advice = "no checkpoint was written: start over with `overwrite` (set `checkpoint_every` to resume later runs)."
-    else:
-      advice = "nothing was saved (no `out`)."
-    super().__init__(f"interrupted at step {step}; {advice}")
-    self.step = step
 
 
 @dataclasses.dataclass
@@ -150,14 +135,12 @@ def train(cfg: TrainConfig, *, until: int | None = None) -> TrainResult:
   if until is not None and cfg.syncer.plays_tape(cfg):
     raise ValueError("until: a run played from a syncer tape trains whole (its rounds are the tape's); pass until=None.")
   preflight(cfg)  # the disk and the devices, once
-  if cfg.syncer.plays_tape(cfg):  # the syncer rule: the run played from its tape, P = 1, τ = 0
-    writes = communication.lock_step_writes()  # the runtime's rule: one in-step program
-    prepare_out(cfg, writes)
-    rows, summary, params = play_run(cfg, writes)
-    return TrainResult(rows=rows, summary=summary, params=params, state=None)
   if cfg.syncer.tape is not None:  # a recorded tape: this run with its drops (checked by validate)
     cfg = dataclasses.replace(cfg, drop_schedule=tape_drops(cfg))
   run, state = set_up(cfg)
+  if not run.comm.lock_step:  # the syncer rule's tape (P = 1, τ = 0): its steps are committed rounds
+    rows, summary, params = play_rounds(run, state)
+    return TrainResult(rows=rows, summary=summary, params=params, state=None)
   last = cfg.steps if until is None else until
   state, host_replicas, watch = _steps(run, state, last)
   if last < cfg.steps:  # the first steps only: their rows

@@ -81,7 +81,7 @@ def compare(configs: dict[str, TrainConfig]) -> dict[str, TrainResult]:
 
   A comparison has no resume: an output directory holding a run is refused unless
   ``overwrite`` is set (the message says so), and an interrupted run (Ctrl-C) raises
-  :class:`~diloco_core.run.loop.Interrupted` with the name of the run in its ``run`` attribute.
+  :class:`~diloco_core.interrupts.Interrupted` with the name of the run in its ``run`` attribute.
   """
   for cfg in configs.values():
     if cfg.out is not None and not cfg.resume:

@@ -2,7 +2,7 @@
 
 :func:`set_up` does, in order, what :func:`~diloco_core.run.loop.train` needs before its first
 step: the resume checks (:func:`check_resumable`, before anything is built), the data and the
-model (:func:`build_model`, which the tape player builds with too; ``init_from``'s params,
+model (:func:`build_model`; ``init_from``'s params,
 :func:`init_params`), the compiled program (kept between runs,
 :data:`~diloco_core.run.programs.PROGRAMS`), the runtime and its first state
 (:func:`first_state`: a checkpoint's on ``resume``, a live peer's for an elastic replacement),
@@ -79,7 +79,7 @@ def set_up(cfg: TrainConfig) -> tuple[SetUp, Any]:
   algo, eval_fn = PROGRAMS.get(cfg, loss_fn, params, model_cfg)  # reuses an earlier run's program
   # eval_replicas: the last step merges nothing (alpha = 1 keeps every replica's own params; the
   # global params do not depend on alpha), so each replica can be evaluated beside them.
-  comm = communication.make_communication(cfg, algo, params, resumed=cfg.resume)
+  comm = communication.make_communication(cfg, algo, params, resumed=cfg.resume, data=data, eval_fn=eval_fn)
   state = comm.init(params)
   interrupts.check()
   state, resumed, first = first_state(cfg, comm, state, data)
@@ -100,8 +100,8 @@ def set_up(cfg: TrainConfig) -> tuple[SetUp, Any]:
 
 def build_model(cfg: TrainConfig, local_replicas=None) -> tuple[Any, Any, Any, Any]:
   """The run's data, its resolved model config, the initial params and the training loss: what
-  every run trains, whichever plays it (:func:`set_up` for the lock-step loop, the tape player's
-  :func:`~diloco_core.run.tape_play.make_setup`).
+  every run trains, whichever runtime plays it (:func:`set_up`; a tape played outside ``train``:
+  :func:`~diloco_core.run.tape_run.make_setup`).
 
   The data defines the vocabulary: synthetic, ``DataConfig.vocab_size``; text, 256 bytes; ``.npy``,
   ``cfg.vocab_size`` (ids must be below it) or the largest id + 1.

@@ -2,11 +2,11 @@
 
 :class:`SyncerOptions` declares each knob of :class:`~diloco_core.spec.syncer.SyncerConfig` as a
 field with its flag (``--quorum``, ``--grace``, ``--late``, ...), plus the replicas' speeds and
-the link of the simulated time (:func:`~diloco_core.run.tape_play.tape_for`). **At their
+the link of the simulated time (:func:`~diloco_core.runtime.tape_player.tape_for`). **At their
 defaults** :func:`~diloco_core.run.loop.train` runs exactly as before (the in-step runtime's
 lock step, every number unchanged); **any other value** makes ``train`` play the tape of the
-run's syncer on replicas of those speeds (:mod:`~diloco_core.run.tape_play`), which supports
-P = 1, τ = 0 only: :func:`check_playable` refuses the rest with one line before anything
+run's syncer on replicas of those speeds (:mod:`~diloco_core.runtime.tape_player`), which supports
+P = 1, τ = 0 only: :func:`~diloco_core.runtime.option_checks.check_playable` refuses the rest with one line before anything
 compiles.
 
 **On real processes** (``communication="background"``) nothing is played: ``quorum`` with
@@ -33,12 +33,13 @@ from __future__ import annotations
 import dataclasses
 import threading
 
+from diloco_core.runtime.option_checks import check_playable
 from diloco_core.spec import validity as v
 from diloco_core.spec.fields import field, flag_names
 from diloco_core.spec.syncer import (APPLY_MODES, LATE_POLICIES, PROCESS_KNOBS, STALENESS_EXPONENT, WEIGHTINGS,
                                      SyncerConfig, tape_only_knobs)
 
-__all__ = ["MAX_STEP_DELAY_S", "SyncerOptions", "check_on_processes", "check_playable", "check_step_delay_processes", "check_tape", "parse_inner_steps", "parse_speeds",
+__all__ = ["MAX_STEP_DELAY_S", "SyncerOptions", "check_on_processes", "check_step_delay_processes", "check_tape", "parse_inner_steps", "parse_speeds",
            "parse_step_delay", "syncer_flags", "tape_drops"]
 
 _G = "syncer"
@@ -177,9 +178,9 @@ class SyncerOptions:
 
 def tape_drops(cfg) -> tuple[tuple[int, int], ...]:
   """The ``drop_schedule`` that replays ``cfg.syncer.tape`` (the file, checked against the run's
-  M, H and steps: :func:`~diloco_core.run.trace_tape.read_tape`,
-  :func:`~diloco_core.run.trace_tape.drops_of_tape`)."""
-  from diloco_core.run.trace_tape import drops_of_tape, read_tape  # loaded when a tape is replayed (it imports the runtime)
+  M, H and steps: :func:`~diloco_core.runtime.trace_tape.read_tape`,
+  :func:`~diloco_core.runtime.trace_tape.drops_of_tape`)."""
+  from diloco_core.runtime.trace_tape import drops_of_tape, read_tape  # loaded when a tape is replayed (it imports the runtime)
   m, h = cfg.algo.replicas, cfg.algo.sync_every
   return drops_of_tape(read_tape(cfg.syncer.tape, m, h, cfg.steps), m, h)
 
@@ -280,53 +281,6 @@ def check_step_delay_processes(opts: SyncerOptions, processes: int) -> None:
     if process >= processes:
       raise ValueError(f"`step_delay` names process {process}, but the run has {processes} process(es) (0 to"
                        f" {processes - 1}): name one of them, or start more processes.")
-
-
-def _refuse(name: str, value, allowed: str) -> None:
-  raise ValueError(f"{name}={value!r} is not supported by the tape player yet (P = 1, τ = 0, float32"
-                   f" whole-model sync): use {allowed}.")
-
-
-def check_playable(cfg, syncer: SyncerConfig) -> None:
-  """Raises a one-line ``ValueError`` naming the option for a run the tape player cannot play
-  (:mod:`~diloco_core.run.tape_play`), and :meth:`~diloco_core.spec.syncer.SyncerConfig.check`'s
-  errors; before anything is compiled.
-
-  Args:
-    cfg: the run (a :class:`~diloco_core.run.config.TrainConfig`).
-    syncer: the syncer's knobs.
-
-  Examples:
-    >>> from diloco_core.run.config import TrainConfig
-    >>> from diloco_core.algorithm.config import DiLoCoConfig
-    >>> check_playable(TrainConfig(algo=DiLoCoConfig(overlap=1)), SyncerConfig())
-    Traceback (most recent call last):
-    ...
-    ValueError: `overlap`=1 is not supported by the tape player yet (P = 1, τ = 0, float32 whole-model sync): use 0.
-  """
-  a = cfg.algo
-  for name, value, ok, allowed in (
-      ("`algorithm`", a.algorithm, a.algorithm in ("diloco", "streaming"), "'diloco'"),
-      ("`fragments`", a.fragments, a.fragments == 1, "1"),
-      ("`overlap`", a.overlap, a.overlap == 0, "0"),
-      ("`outer_overlap`", a.outer_overlap, a.outer_overlap == "none", "'none'"),
-      ("`compression`", a.compression, a.compression == "none", "'none'"),
-      ("`topk`", a.topk, a.topk is None, "None (no top-k)"),
-      ("`error_feedback`", a.error_feedback, not a.error_feedback, "False"),
-      ("`reduction`", a.reduction, a.reduction == "all-gather", "'all-gather'"),
-      ("`communication`", cfg.communication, cfg.communication == "in-step", "'in-step'"),
-      ("`mesh`", cfg.mesh, cfg.mesh is None, "None (one device)"),
-      ("`drop_schedule`", cfg.drop_schedule, not cfg.drop_schedule, "() (a tape's losses instead)"),
-      ("`drop_prob`", cfg.drop_prob, not cfg.drop_prob, "0"),
-      ("`rejoin_schedule`", cfg.rejoin_schedule, not cfg.rejoin_schedule, "() (a tape's joins instead)"),
-      ("`elastic`", cfg.elastic, not cfg.elastic, "False"),
-      ("`checkpoint_every`", cfg.checkpoint_every, not cfg.checkpoint_every, "0"),
-      ("`resume`", cfg.resume, not cfg.resume, "False"),
-      ("`eval_replicas`", cfg.eval_replicas, not cfg.eval_replicas, "False")):
-    if not ok:
-      _refuse(name, value, allowed)
-  syncer.check(a.replicas, a.sync_every, fragments=a.fragments, overlap=a.overlap, reduction=a.reduction,
-               outer_optimizer=a.outer_optimizer, outer_overlap=a.outer_overlap)
 
 
 def _flag_value(value) -> str:

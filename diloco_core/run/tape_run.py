@@ -1,12 +1,15 @@
-"""``train`` with a non-default syncer: the run played from its tape, written as a run is.
+"""``train`` with a non-default syncer: the run's rounds stepped and its files written.
 
-:func:`~diloco_core.run.loop.train` calls :func:`play_run` when ``TrainConfig.syncer`` is not at
-its defaults (:meth:`~diloco_core.run.syncer_options.SyncerOptions.is_default`): the tape of
-the run's syncer on replicas of speeds ``syncer.speeds``
-(:func:`~diloco_core.run.tape_play.tape_for`, equal total local steps :math:`M \\times`
-``steps``), played by :func:`~diloco_core.run.tape_play.play_tape`. (A tape a real elastic run
-recorded, ``syncer.tape``, is not played here: ``train`` runs it in lock step with its drops,
-:func:`~diloco_core.run.syncer_options.check_tape`.)
+When ``TrainConfig.syncer`` is not at its defaults
+(:meth:`~diloco_core.run.syncer_options.SyncerOptions.is_default`), the run's set-up
+(:func:`~diloco_core.run.run_setup.set_up`, as for every run) makes its runtime a
+:class:`~diloco_core.runtime.tape_runtime.TapeRuntime`: the tape of the run's syncer on
+replicas of speeds ``syncer.speeds`` (:func:`~diloco_core.runtime.tape_player.tape_for`, equal
+total local steps :math:`M \\times` ``steps``), whose steps are committed rounds. Its runtime
+says so (``lock_step`` False) and :func:`~diloco_core.run.loop.train` hands the run to
+:func:`play_rounds`, which steps it round by round (a progress bar over the rounds) and writes
+its files. (A tape a real elastic run recorded, ``syncer.tape``, is not played here: ``train``
+runs it in lock step with its drops, :func:`~diloco_core.run.syncer_options.check_tape`.)
 
 What differs from a lock-step run's files: ``metrics.jsonl`` has **one row per committed
 round** (``step`` is the round's version; ``local_steps`` the inner steps played by then, all
@@ -28,15 +31,29 @@ import json
 import os
 import time
 
+import jax
 import numpy as np
+from tqdm.auto import tqdm
 
-from diloco_core.run.tape_play import make_setup, play_tape, speed_ticks, tape_for
+from diloco_core import interrupts
+from diloco_core.algorithm.base import reported_loss
+from diloco_core.run.programs import make_algorithm
+from diloco_core.run.run_setup import SetUp, build_model
+from diloco_core.runtime.tape_player import TapeSetup, speed_ticks
 from diloco_core.spec.model_config import param_count
 from diloco_core.spec.tape import Committed
 from diloco_core.store import checkpoint as ckpt
 from diloco_core.store import params_io
 
-__all__ = ["commit_ticks", "play_run"]
+__all__ = ["commit_ticks", "make_setup", "play_rounds"]
+
+
+def make_setup(cfg) -> TapeSetup:
+  """The run's data, initial params, jitted eval loss and algorithm object, built as
+  :func:`~diloco_core.run.run_setup.set_up` builds them: for a tape played outside ``train``
+  (:func:`~diloco_core.runtime.tape_player.play_tape`)."""
+  data, _, params, loss_fn = build_model(cfg)
+  return TapeSetup(data, params, jax.jit(reported_loss(loss_fn)), make_algorithm(cfg, loss_fn, params))
 
 
 def commit_ticks(tape) -> list[int]:
@@ -67,37 +84,50 @@ def _rows(cfg, result, wall: float) -> list[dict]:
   return rows
 
 
-def play_run(cfg, writes: bool = True) -> tuple[list[dict], dict, object]:
-  """Plays ``cfg``'s run from its syncer's tape and writes its files under ``cfg.out`` (prepared by
-  :func:`~diloco_core.run.loop.train`).
+def play_rounds(run: SetUp, state) -> tuple[list[dict], dict, object]:
+  """Steps a run whose runtime plays a tape (``run.comm``, not in lock step) round by round,
+  then writes its files under ``cfg.out`` (prepared by the set-up) where this process writes them.
 
   Args:
-    cfg: a validated :class:`~diloco_core.run.config.TrainConfig` whose ``syncer`` is not at its defaults.
-    writes: whether this process writes the run's files (the runtime's rule,
-      :func:`~diloco_core.runtime.communication.lock_step_writes`).
+    run: the run set up by :func:`~diloco_core.run.run_setup.set_up`.
+    state: its first state (the runtime's play).
 
   Returns:
     ``(rows, summary, params)``: one row (a dict) per committed round (module docstring), the
     summary (as ``summary.json``), the final global params.
   """
+  cfg, comm = run.cfg, run.comm
+  m = cfg.algo.replicas
   start = time.perf_counter()
-  m, opts = cfg.algo.replicas, cfg.syncer
-  syncer = opts.syncer_config(m)
-  speeds = opts.replica_speeds(m)
-  setup = make_setup(cfg)
-  data, model_cfg = setup[0], setup[1]
-  tape = tape_for(cfg, syncer, speeds, latency=opts.latency, transfer=opts.transfer)
-  result = play_tape(cfg, syncer, tape, setup=setup)
+  last = comm.last_step(cfg)
+  bar = tqdm(total=last, disable=not (cfg.progress and comm.writes_files()),
+             desc=f"{cfg.algo.algorithm} tape ({run.model_cfg.compute_dtype})", unit="round")
+  done = 0
+  try:
+    for t in range(1, last + 1):
+      interrupts.check()  # a stop request (SIGINT / SIGTERM under the command line) ends the play here
+      state, metrics = comm.step(state, None, t)
+      done = t
+      bar.update(1)
+      bar.set_postfix(version=metrics["version"], local_steps=metrics["local_steps"])
+    state = comm.settle(state, last)
+  except KeyboardInterrupt:  # one line, what to do next (a tape run keeps no checkpoint)
+    raise interrupts.Interrupted(done, cfg.out, None) from None
+  finally:
+    bar.close()
+    run.log.close()  # its rows are the rounds', written below
+    comm.close()
+  result = state.result
   wall = time.perf_counter() - start
   rows = _rows(cfg, result, wall)
   final_params = None
-  out = cfg.out if writes else None
-  if out is not None:  # train() prepared it (created; an old run cleared on overwrite)
+  out = cfg.out if comm.writes_files() else None
+  if out is not None:
     with open(os.path.join(out, "metrics.jsonl"), "w") as f:
       f.writelines(json.dumps(r, allow_nan=False) + "\n" for r in rows[1:])  # the step-0 row is not in the file
     final_params = params_io.export_params(result.params, os.path.join(out, ckpt.FINAL_PARAMS))
   tokens = result.local_steps * cfg.batch_size * cfg.seq_len
-  floor = data.loss_floor
+  floor, model_cfg, syncer = run.data.loss_floor, run.model_cfg, cfg.syncer.syncer_config(m)
   summary = {
       "algorithm": cfg.algo.algorithm, "final_eval_loss": result.eval_loss, "loss_floor": floor,
       "gap_to_floor": None if floor is None else result.eval_loss - floor,
@@ -105,12 +135,12 @@ def play_run(cfg, writes: bool = True) -> tuple[list[dict], dict, object]:
       "total_bytes_per_replica": result.bytes_sent / m, "peak_bytes_per_step": result.payload_bytes,
       "wall_time_s": wall, "compile_time_s": None, "tokens": tokens, "tokens_per_s": tokens / max(wall, 1e-9),
       "params": param_count(model_cfg), "active_params": param_count(model_cfg, active=True), "final_aux_loss": None,
-      "compute_dtype": model_cfg.compute_dtype, "attention": model_cfg.attention, "data": data.describe(),
+      "compute_dtype": model_cfg.compute_dtype, "attention": model_cfg.attention, "data": run.data.describe(),
       "config": dataclasses.asdict(cfg), "final_params": final_params, "resumed_from": None,
       "warnings": cfg.schedule_warnings(),
-      "tape": {"step_ticks": list(speed_ticks(tuple(speeds))), "inner_steps": list(syncer.inner_steps_of(
-          cfg.algo.sync_every, m)), "rounds": result.rounds, "local_steps": result.local_steps,
-               "contributions": result.contributions, "members": result.members,
+      "tape": {"step_ticks": list(speed_ticks(tuple(cfg.syncer.replica_speeds(m)))),
+               "inner_steps": list(syncer.inner_steps_of(cfg.algo.sync_every, m)), "rounds": result.rounds,
+               "local_steps": result.local_steps, "contributions": result.contributions, "members": result.members,
                "ticks": commit_ticks(result.tape)[-1] if result.rounds else 0},
   }
   if out is not None:

@@ -11,7 +11,10 @@ Modules: :mod:`~diloco_core.runtime.communication` (``Runtime``, ``InStep``),
 :mod:`~diloco_core.runtime.background_mesh`, :mod:`~diloco_core.runtime.link` (payloads between
 processes), :mod:`~diloco_core.runtime.membership` (agreements over the coordination service),
 :mod:`~diloco_core.runtime.elastic` and :mod:`~diloco_core.runtime.elastic_runtime`,
-:mod:`~diloco_core.runtime.quorum` (a K-of-M quorum deciding an elastic run's syncs in wall-clock time).
+:mod:`~diloco_core.runtime.quorum` (a K-of-M quorum deciding an elastic run's syncs in wall-clock time),
+:mod:`~diloco_core.runtime.tape_player` (the real model trained as a syncer tape says) with
+:mod:`~diloco_core.runtime.tape_runtime` (the runtime that plays it, one round per step), and
+:mod:`~diloco_core.runtime.trace_tape` (a real elastic run's trace as a tape).
 """
 
 from diloco_core.lazy import lazy_exports
@@ -29,6 +32,19 @@ _PUBLIC = {
     "QuorumRule": "diloco_core.runtime.quorum",
     "decide": "diloco_core.runtime.quorum",
     "vote_exchange": "diloco_core.runtime.quorum",
+    "TapePlay": "diloco_core.runtime.tape_player",
+    "TapeResult": "diloco_core.runtime.tape_player",
+    "TapeSetup": "diloco_core.runtime.tape_player",
+    "play_tape": "diloco_core.runtime.tape_player",
+    "speed_ticks": "diloco_core.runtime.tape_player",
+    "tape_for": "diloco_core.runtime.tape_player",
+    "TapeRuntime": "diloco_core.runtime.tape_runtime",
+    "check_playable": "diloco_core.runtime.option_checks",
+    "drops_of_tape": "diloco_core.runtime.trace_tape",
+    "read_tape": "diloco_core.runtime.trace_tape",
+    "record_tape": "diloco_core.runtime.trace_tape",
+    "tape_from_trace": "diloco_core.runtime.trace_tape",
+    "write_tape": "diloco_core.runtime.trace_tape",
 }
 __all__ = list(_PUBLIC)
 

@@ -141,6 +141,10 @@ class Background(PhasePrograms, MeshPlacement, ElasticRuntime):
   """
 
   name = "background"
+  lock_step = True
+
+  def last_step(self, cfg) -> int:
+    return cfg.steps
 
   def __init__(self, algo: DiLoCo, params, mesh: str | None = None, out: str | None = None,
                resumed: bool = False, min_replicas: int | None = None, heal_every: int = 1,

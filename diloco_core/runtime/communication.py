@@ -8,8 +8,11 @@
 * ``"background"`` (:class:`~diloco_core.runtime.background.Background`): the replicas split over
   the processes, each fragment's all-reduce on a communication thread while training goes on.
 
-Both are a :class:`Runtime`: the loop's every call, listed there (``tests/test_layout.py``
-checks that :mod:`diloco_core.run.loop` calls nothing else and that both implement it all). The
+A run whose syncer is not at its defaults is played from its tape instead
+(:class:`~diloco_core.runtime.tape_runtime.TapeRuntime`: a step is one committed round).
+
+Each is a :class:`Runtime`: the loop's every call, listed there (``tests/test_layout.py``
+checks that :mod:`diloco_core.run.loop` calls nothing else and that all three implement it all). The
 numbers are the same. Both run the algorithm's phases
 (:class:`~diloco_core.algorithm.phases.Phases`, read through the public names its docstring
 lists): composed into one jitted step here, as separate programs around a link there.
@@ -27,13 +30,8 @@ from diloco_core.algorithm.state import heal_replicas
 from diloco_core.runtime.background import Background
 from diloco_core.runtime.quorum import QuorumRule
 from diloco_core.devices.mesh import fetch, local_replicas, make_mesh, parse_mesh
-
-
-def lock_step_writes() -> bool:
-  """Whether this process writes the files of a run every process runs in lock step (the in-step
-  runtime, the tape player): process 0. (An elastic run decides by its membership:
-  :meth:`~diloco_core.runtime.elastic_runtime.ElasticRuntime.writes_files`.)"""
-  return jax.process_index() == 0
+from diloco_core.devices.processes import lock_step_writes
+from diloco_core.runtime.tape_runtime import TapeRuntime
 
 
 def data_replicas(cfg) -> tuple[int, ...]:
@@ -48,9 +46,16 @@ def data_replicas(cfg) -> tuple[int, ...]:
 class Runtime(Protocol):
   """What the training loop calls on a run's communication runtime: every name it uses."""
 
-  name: str  #: ``"in-step"`` or ``"background"``
+  name: str  #: ``"in-step"``, ``"background"`` or ``"tape"``
   #: An elastic replacement, which must :meth:`rejoin` before its first step (in-step: never).
   rejoining: bool
+  #: Whether a step is one step of the run, every replica in lock step (False: one committed
+  #: round of a syncer tape, :class:`~diloco_core.runtime.tape_runtime.TapeRuntime`).
+  lock_step: bool
+
+  def last_step(self, cfg) -> int:
+    """The number of steps :meth:`step` takes for the run ``cfg``: ``cfg.steps`` in lock step,
+    the tape's rounds otherwise."""
 
   def init(self, params) -> Any:
     """The initial state (this process's part of it)."""
@@ -128,6 +133,10 @@ class InStep:
 
   name = "in-step"
   rejoining = False  # one program runs every replica: no process to replace
+  lock_step = True
+
+  def last_step(self, cfg) -> int:
+    return cfg.steps
 
   def __init__(self, algo):
     self.algo, self._last = algo, None
@@ -217,9 +226,12 @@ class InStep:
     pass
 
 
-def make_communication(cfg, algo, params, resumed: bool = False) -> Runtime:
-  """The runtime ``cfg.communication`` names, for ``algo``: :class:`InStep` or
-  :class:`~diloco_core.runtime.background.Background`."""
+def make_communication(cfg, algo, params, resumed: bool = False, data=None, eval_fn=None) -> Runtime:
+  """The runtime of the run ``cfg``, for ``algo``: :class:`~diloco_core.runtime.tape_runtime.TapeRuntime`
+  when its syncer plays a tape (which reads ``data`` and evaluates with ``eval_fn``), else the
+  one ``cfg.communication`` names, :class:`InStep` or :class:`~diloco_core.runtime.background.Background`."""
+  if cfg.syncer.plays_tape(cfg):
+    return TapeRuntime(cfg, algo, data, eval_fn)
   if cfg.communication == "background":
     return Background(algo, params, mesh=cfg.mesh, out=cfg.out, resumed=resumed,
                       min_replicas=cfg.min_replicas if cfg.elastic else None, heal_every=cfg.log_every,

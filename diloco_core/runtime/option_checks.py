@@ -3,7 +3,8 @@
 :meth:`TrainConfig.validate <diloco_core.TrainConfig.validate>` refuses here, in one line, the
 options a runtime cannot carry whatever the devices: :func:`check_background` for
 ``communication="background"`` (:mod:`diloco_core.runtime.background_mesh` lays such a run out)
-and :func:`check_elastic` for ``elastic`` (:mod:`diloco_core.runtime.elastic`). What the processes
+and :func:`check_elastic` for ``elastic`` (:mod:`diloco_core.runtime.elastic`), and
+:func:`check_playable` for a run played from a syncer tape (:mod:`diloco_core.runtime.tape_player`). What the processes
 and devices can hold is the pre-flight's part
 (:func:`~diloco_core.runtime.background_mesh.check_background_processes`,
 :func:`~diloco_core.runtime.elastic.check_elastic_processes`). Kept apart from those modules so
@@ -13,6 +14,7 @@ that the run's config and its flags (``python -m diloco_core.launch --help``) lo
 from __future__ import annotations
 
 from diloco_core.spec import validity as v
+from diloco_core.spec.syncer import SyncerConfig
 
 #: Seconds without a heartbeat after which the coordination service declares a process of an
 #: elastic run lost: the longest the others wait for a dead one at a sync.
@@ -83,3 +85,50 @@ def check_elastic(cfg) -> None:
     if bad:
       shown = "" if isinstance(value, bool) else f" {value!r}"
       raise ValueError(f"`elastic` does not support `{name}`{shown} ({why}); drop `elastic` or `{name}`.")
+
+
+def _refuse(name: str, value, allowed: str) -> None:
+  raise ValueError(f"{name}={value!r} is not supported by the tape player yet (P = 1, τ = 0, float32"
+                   f" whole-model sync): use {allowed}.")
+
+
+def check_playable(cfg, syncer: SyncerConfig) -> None:
+  """Raises a one-line ``ValueError`` naming the option for a run the tape player cannot play
+  (:class:`~diloco_core.runtime.tape_player.TapePlay`), and :meth:`~diloco_core.spec.syncer.SyncerConfig.check`'s
+  errors; before anything is compiled.
+
+  Args:
+    cfg: the run (a :class:`~diloco_core.run.config.TrainConfig`).
+    syncer: the syncer's knobs.
+
+  Examples:
+    >>> from diloco_core.run.config import TrainConfig
+    >>> from diloco_core.algorithm.config import DiLoCoConfig
+    >>> check_playable(TrainConfig(algo=DiLoCoConfig(overlap=1)), SyncerConfig())
+    Traceback (most recent call last):
+    ...
+    ValueError: `overlap`=1 is not supported by the tape player yet (P = 1, τ = 0, float32 whole-model sync): use 0.
+  """
+  a = cfg.algo
+  for name, value, ok, allowed in (
+      ("`algorithm`", a.algorithm, a.algorithm in ("diloco", "streaming"), "'diloco'"),
+      ("`fragments`", a.fragments, a.fragments == 1, "1"),
+      ("`overlap`", a.overlap, a.overlap == 0, "0"),
+      ("`outer_overlap`", a.outer_overlap, a.outer_overlap == "none", "'none'"),
+      ("`compression`", a.compression, a.compression == "none", "'none'"),
+      ("`topk`", a.topk, a.topk is None, "None (no top-k)"),
+      ("`error_feedback`", a.error_feedback, not a.error_feedback, "False"),
+      ("`reduction`", a.reduction, a.reduction == "all-gather", "'all-gather'"),
+      ("`communication`", cfg.communication, cfg.communication == "in-step", "'in-step'"),
+      ("`mesh`", cfg.mesh, cfg.mesh is None, "None (one device)"),
+      ("`drop_schedule`", cfg.drop_schedule, not cfg.drop_schedule, "() (a tape's losses instead)"),
+      ("`drop_prob`", cfg.drop_prob, not cfg.drop_prob, "0"),
+      ("`rejoin_schedule`", cfg.rejoin_schedule, not cfg.rejoin_schedule, "() (a tape's joins instead)"),
+      ("`elastic`", cfg.elastic, not cfg.elastic, "False"),
+      ("`checkpoint_every`", cfg.checkpoint_every, not cfg.checkpoint_every, "0"),
+      ("`resume`", cfg.resume, not cfg.resume, "False"),
+      ("`eval_replicas`", cfg.eval_replicas, not cfg.eval_replicas, "False")):
+    if not ok:
+      _refuse(name, value, allowed)
+  syncer.check(a.replicas, a.sync_every, fragments=a.fragments, overlap=a.overlap, reduction=a.reduction,
+               outer_optimizer=a.outer_optimizer, outer_overlap=a.outer_overlap)

@@ -31,7 +31,7 @@ process's ``settle`` row records the decision (``present``), so
 
 **The run's tape.** At the end of a quorum run the process that writes the run's files writes
 ``<out>/tape.json``, its own trace's settles as a syncer tape in ticks of local steps
-(:mod:`~diloco_core.run.trace_tape`: a JSON object ``{"replicas", "sync_every", "events"}``);
+(:mod:`~diloco_core.runtime.trace_tape`: a JSON object ``{"replicas", "sync_every", "events"}``);
 the trainer's ``--tape`` replays it in-step, its drops as ``drop_schedule``
 (:func:`~diloco_core.run.syncer_options.check_tape`; on a mesh of one replica per device, the
 run bit for bit).

@@ -53,7 +53,7 @@ apply with Streaming fragments is allowed (each fragment is its own syncer, its 
 in turn to its own outer state), with ``reduction="reduce-scatter"`` it is refused (no process
 holds the separate contributions, only their re-quantized mean).
 
-The trainer plays it from a tape (:mod:`~diloco_core.run.tape_play`: P = 1, τ = 0, the in-step
+The trainer plays it from a tape (:mod:`~diloco_core.runtime.tape_player`: P = 1, τ = 0, the in-step
 runtime; the background runtime keeps the lock step). Which
 setting reproduces which published algorithm: :mod:`~diloco_core.spec.syncer_settings`.
 

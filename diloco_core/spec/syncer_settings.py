@@ -24,7 +24,7 @@ Nesterov's buffer N = M (one momentum update per M contributions, the equivalenc
 contributions carried to the next round, and its grace window a fixed G ticks (the paper's
 window adapts to the step and sync times).
 
-The trainer plays a non-default setting from its tape (:mod:`~diloco_core.run.tape_play`, P = 1, τ = 0, the
+The trainer plays a non-default setting from its tape (:mod:`~diloco_core.runtime.tape_player`, P = 1, τ = 0, the
 in-step runtime); the background runtime keeps the lock step.
 
 Examples:

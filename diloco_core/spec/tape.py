@@ -34,9 +34,9 @@ contribution arrived, or as soon as all n have, n the live replicas that can sti
 (with a period to run, or a contribution on the way or in the round): a lost or finished
 replica shrinks the quorum, and a round never waits out its window once nobody is left to wait for.
 
-The trainer plays a tape with the real model (:mod:`~diloco_core.run.tape_play`, through
-:func:`~diloco_core.run.tape_play.tape_for`); a quorum run over real processes records its own,
-in ticks of local steps, from its trace (:mod:`~diloco_core.run.trace_tape`).
+The trainer plays a tape with the real model (:mod:`~diloco_core.runtime.tape_player`, through
+:func:`~diloco_core.runtime.tape_player.tape_for`); a quorum run over real processes records its own,
+in ticks of local steps, from its trace (:mod:`~diloco_core.runtime.trace_tape`).
 
 Examples:
   Two replicas, the second twice as slow, synchronous DiLoCo, H = 2, one round each:

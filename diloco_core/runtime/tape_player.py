@@ -62,23 +62,22 @@ import dataclasses
 import functools
 import math
 from fractions import Fraction
-from typing import Any
+from typing import Any, NamedTuple
 
 import drjax
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from diloco_core.algorithm.base import reported_loss
 from diloco_core.algorithm.outer_apply import apply_round
 from diloco_core.algorithm.state import MergeOperands, SendOperands
 from diloco_core.devices.mesh import make_mesh
 from diloco_core.spec import validity as v
 from diloco_core.spec.syncer import SyncerConfig, exact_decimal, round_weights
-from diloco_core.run.syncer_options import check_playable
+from diloco_core.runtime.option_checks import check_playable
 from diloco_core.spec.tape import Committed, Dropped, Joined, Lost, Merged, Sent, simulate_tape
 
-__all__ = ["TapeResult", "make_setup", "play_tape", "speed_ticks", "tape_for"]
+__all__ = ["TapePlay", "TapeResult", "TapeSetup", "play_tape", "speed_ticks", "tape_for"]
 
 
 @dataclasses.dataclass
@@ -167,7 +166,7 @@ def tape_for(cfg, syncer: SyncerConfig, speeds, *, latency: int = 0, transfer: i
   :math:`M \\times` ``cfg.steps``.
 
   Args:
-    cfg: the run (its ``algo.replicas``, ``algo.sync_every``, ``steps``; checked by :func:`~diloco_core.run.syncer_options.check_playable`).
+    cfg: the run (its ``algo.replicas``, ``algo.sync_every``, ``steps``; checked by :func:`~diloco_core.runtime.option_checks.check_playable`).
     syncer: the syncer's knobs.
     speeds: each replica's speed (steps per unit of time), M of them.
     latency, transfer: the link's ticks (:func:`~diloco_core.spec.tape.simulate_tape`).
@@ -193,30 +192,28 @@ def tape_for(cfg, syncer: SyncerConfig, speeds, *, latency: int = 0, transfer: i
                        latency=latency, transfer=transfer, losses=losses, joins=joins)
 
 
-def make_setup(cfg):
-  """The run's data, model and algorithm object: the trainer's own build
-  (:func:`~diloco_core.run.run_setup.build_model`, as :func:`~diloco_core.run.loop.train` builds them).
+class TapeSetup(NamedTuple):
+  """What a play trains: the run's data, initial params, jitted eval loss and algorithm object,
+  built as the trainer builds them (:func:`~diloco_core.run.run_setup.set_up`, or
+  :func:`~diloco_core.run.tape_run.make_setup` for a play outside ``train``)."""
 
-  Returns:
-    ``(data, model_cfg, params, loss_fn, algo)``.
-  """
-  from diloco_core.run.programs import make_algorithm  # the run layer's own modules
-  from diloco_core.run.run_setup import build_model
-  data, model_cfg, params, loss_fn = build_model(cfg)
-  return data, model_cfg, params, loss_fn, make_algorithm(cfg, loss_fn, params)
+  data: Any
+  params: Any
+  eval_fn: Any  #: ``eval_fn(params, tokens)``: the loss the trainer reports, jitted
+  algo: Any
 
 
-def play_tape(cfg, syncer: SyncerConfig, tape, *, eval_versions: bool = True, setup=None,
+def play_tape(cfg, syncer: SyncerConfig, tape, setup: TapeSetup, *, eval_versions: bool = True,
               observe=None) -> TapeResult:
   """Trains ``cfg``'s model as ``tape`` says (module docstring).
 
   Args:
     cfg: the run (a :class:`~diloco_core.run.config.TrainConfig`; refused as
-      :func:`~diloco_core.run.syncer_options.check_playable` says, before anything compiles).
+      :func:`~diloco_core.runtime.option_checks.check_playable` says, before anything compiles).
     syncer: the syncer's knobs the tape was made with (weights, apply, buffer, activation, radial).
     tape: :func:`~diloco_core.spec.tape.simulate_tape`'s (or :func:`tape_for`'s) tape.
     eval_versions: also evaluate every committed version.
-    setup: :func:`make_setup`'s tuple, if already built.
+    setup: the run's data, params, eval loss and algorithm (:class:`TapeSetup`).
     observe: called at each commit as ``observe(event, contributions, params)``: the
       :class:`~diloco_core.spec.tape.Committed` event, its members' pseudo-gradients (member
       order) and the global params they are applied to (the version before); None: nothing.
@@ -227,20 +224,24 @@ def play_tape(cfg, syncer: SyncerConfig, tape, *, eval_versions: bool = True, se
   Examples:
     >>> from diloco_core import DataConfig, DiLoCoConfig
     >>> from diloco_core.run.config import TrainConfig
+    >>> from diloco_core.run.tape_run import make_setup  # the trainer's build (the run layer)
     >>> cfg = TrainConfig(model="tiny", data=DataConfig(vocab_size=16, order=1), batch_size=2, seq_len=8,
     ...                   steps=4, warmup_steps=1, algo=DiLoCoConfig(replicas=2, sync_every=2))
     >>> syncer = SyncerConfig(quorum=1, late="carry")
-    >>> result = play_tape(cfg, syncer, tape_for(cfg, syncer, (1.0, 0.5)))
+    >>> result = play_tape(cfg, syncer, tape_for(cfg, syncer, (1.0, 0.5)), make_setup(cfg))
     >>> result.local_steps, result.rounds, result.members
     (8, 3, [[0], [0, 1], [0]])
   """
   check_playable(cfg, syncer)
-  data, _, params, loss_fn, algo = make_setup(cfg) if setup is None else setup
-  return _Player(cfg, syncer, data, params, loss_fn, algo, eval_versions, observe).play(tape)
+  play = TapePlay(cfg, syncer, tape, setup, eval_versions, observe)
+  while play.rounds_left():
+    play.play_round()
+  return play.finish()
 
 
-class _Player:
-  """One play of a tape (:func:`play_tape`).
+class TapePlay:
+  """One play of a tape, round by round (:func:`play_tape`; the tape runtime's state,
+  :class:`~diloco_core.runtime.tape_runtime.TapeRuntime`).
 
   The replicas' params and inner optimizer states are stacked on a leading replica axis M, and
   inner steps run as one program over all M (the algorithm's ``inner_steps`` under
@@ -250,10 +251,13 @@ class _Player:
   own state and data until its send (τ = 0), so running them before another replica's send
   changes no number, and a synchronous tape runs all M in lock step, as the trainer does.
   (One replica alone, or a vmap of size 1, rounds its reductions differently: 1 to 4 ulp.)
+  :meth:`play_round` plays the events up to the next commit, :meth:`finish` the rest; the
+  events are played in tape order either way, so a play is the same however it is cut.
   """
 
-  def __init__(self, cfg, syncer: SyncerConfig, data, params, loss_fn, algo, eval_versions: bool, observe=None):
+  def __init__(self, cfg, syncer: SyncerConfig, tape, setup: TapeSetup, eval_versions: bool = True, observe=None):
     m = cfg.algo.replicas
+    data, params, eval_fn, algo = setup
     self.observe = observe
     self.syncer, self.data, self.eval_versions, self.m = syncer, data, eval_versions, m
     self.hp = algo.typed_hyperparams()
@@ -265,9 +269,8 @@ class _Player:
     self.treedef = jax.tree.structure(params)
     self.deltas = jax.jit(run(lambda hp, g, r: algo.payloads("all", None, hp, SendOperands(g, [], r, None, None))[1]))
     self.merges = jax.jit(run(lambda al, g, r, how: algo.merge("all", None, al, MergeOperands(g, r, how))))
-    evaluate = jax.jit(reported_loss(loss_fn))
     tokens = jnp.asarray(data.eval_batch())
-    self.evaluate = lambda p: float(evaluate(p, tokens))
+    self.evaluate = lambda p: float(eval_fn(p, tokens))
     self.payload = float(algo.bytes_sent(cfg.algo.sync_every))  # P = 1: the whole model, float32
     start = algo.initial_state(params, m, hp=self.hp)
     self.params, self.opt = start.params, start.opt_state
@@ -287,6 +290,18 @@ class _Player:
     self.members: list = []
     self.marks: list = []
     self.sent = 0
+    self.tape, self.next = tuple(tape), 0  # the events, and the index of the next to play
+    self.result: TapeResult | None = None  # set by finish()
+    self.last_use = {}  # version -> the last event that reads it (a send's base, a merge)
+    for i, e in enumerate(self.tape):
+      if isinstance(e, Sent):
+        self.last_use[e.base] = i
+      elif isinstance(e, Merged):
+        self.last_use[e.version] = i
+    self.commits = sum(isinstance(e, Committed) for e in self.tape)
+    self.evals = [(0, self.evaluate(self.versions[0]))] if eval_versions else []
+    for r in range(m):
+      self.start(-1, r)
 
   def delta(self, base, m: int):
     """Replica m's contribution against ``base``: the payload phase (float32, no wire format)."""
@@ -331,55 +346,67 @@ class _Player:
           self.count[k] += 1
           self.losses.append((k, self.count[k], loss, k))
 
-  def start(self, tape, i: int, m: int) -> None:
+  def start(self, i: int, m: int) -> None:
     """Replica m starts a period after event i: its target is the step of its next send (None
     if it is lost first or sends no more)."""
     self.target[m] = None
-    for e in tape[i + 1:]:
+    for e in self.tape[i + 1:]:
       if e.replica == m and isinstance(e, (Sent, Lost)):
         self.target[m] = e.step if isinstance(e, Sent) else None
         return
 
-  def play(self, tape) -> TapeResult:
-    tape = tuple(tape)
-    last_use = {}
-    for i, e in enumerate(tape):
-      if isinstance(e, Sent):
-        last_use[e.base] = i
-      elif isinstance(e, Merged):
-        last_use[e.version] = i
-    evals = [(0, self.evaluate(self.versions[0]))] if self.eval_versions else []
-    for m in range(self.m):
-      self.start(tape, -1, m)
-    for i, e in enumerate(tape):
-      if isinstance(e, Sent):
-        self.run_to(e.replica, e.step)
-        self.target[e.replica] = None
-        self.pending[e.replica, e.step] = self.delta(self.versions[e.base], e.replica)
-        self.sent += 1
-      elif isinstance(e, Dropped):
-        del self.pending[e.replica, e.step]
-      elif isinstance(e, Committed):
-        self.commit(e)
-        if self.eval_versions:
-          evals.append((e.version, self.evaluate(self.versions[e.version])))
-      elif isinstance(e, Merged):
-        self.merge(e.replica, self.versions[e.version], e.heal)
-        self.start(tape, i, e.replica)
-      elif isinstance(e, Lost):
-        self.target[e.replica] = None
-      elif isinstance(e, Joined):
-        self.count[e.replica] = e.step
-      else:
-        raise ValueError(f"tape events must be those of simulate_tape, got {e!r}.")
-      for old in [u for u in self.versions if u != self.version and last_use.get(u, -1) <= i]:
-        del self.versions[old]
+  def rounds_left(self) -> int:
+    """The commits still to play."""
+    return self.commits - len(self.marks)
+
+  def play_round(self) -> None:
+    """Plays the events up to the next commit, that commit included (ValueError: none is left)."""
+    if not self.rounds_left():
+      raise ValueError(f"tape: every one of its {self.commits} rounds is played.")
+    while not self._play_event():
+      pass
+
+  def finish(self) -> TapeResult:
+    """Plays the events after the last commit and returns the play's :class:`TapeResult` (also
+    kept as the play's ``result``)."""
+    while self.next < len(self.tape):
+      self._play_event()
     final = self.versions[self.version]
     fetched = jax.device_get([x for _, _, x, _ in self.losses])
     losses = [(m, s, float(x[k])) for (m, s, _, k), x in zip(self.losses, fetched)]
-    return TapeResult(params=final, step_losses=losses, eval_loss=self.evaluate(final), version_eval_losses=evals,
-                      local_steps=len(losses), rounds=self.version, members=self.members, round_marks=self.marks, contributions=self.sent,
-                      payload_bytes=self.payload, bytes_sent=self.sent * self.payload, tape=tape)
+    self.result = TapeResult(params=final, step_losses=losses, eval_loss=self.evaluate(final),
+                             version_eval_losses=self.evals, local_steps=len(losses), rounds=self.version,
+                             members=self.members, round_marks=self.marks, contributions=self.sent,
+                             payload_bytes=self.payload, bytes_sent=self.sent * self.payload, tape=self.tape)
+    return self.result
+
+  def _play_event(self) -> bool:
+    """Plays the next event; whether it was a commit."""
+    i, e = self.next, self.tape[self.next]
+    self.next += 1
+    if isinstance(e, Sent):
+      self.run_to(e.replica, e.step)
+      self.target[e.replica] = None
+      self.pending[e.replica, e.step] = self.delta(self.versions[e.base], e.replica)
+      self.sent += 1
+    elif isinstance(e, Dropped):
+      del self.pending[e.replica, e.step]
+    elif isinstance(e, Committed):
+      self.commit(e)
+      if self.eval_versions:
+        self.evals.append((e.version, self.evaluate(self.versions[e.version])))
+    elif isinstance(e, Merged):
+      self.merge(e.replica, self.versions[e.version], e.heal)
+      self.start(i, e.replica)
+    elif isinstance(e, Lost):
+      self.target[e.replica] = None
+    elif isinstance(e, Joined):
+      self.count[e.replica] = e.step
+    else:
+      raise ValueError(f"tape events must be those of simulate_tape, got {e!r}.")
+    for old in [u for u in self.versions if u != self.version and self.last_use.get(u, -1) <= i]:
+      del self.versions[old]
+    return isinstance(e, Committed)
 
   def commit(self, e: Committed) -> None:
     s = self.syncer

@@ -7,7 +7,7 @@ contributions counted, or None for all) and one ``lost`` row per process it lost
 :func:`tape_from_trace` writes that record as a tape of :mod:`~diloco_core.spec.tape` events,
 in **ticks = local steps** (a background run steps every replica once per tick, in lock step):
 a late contribution ``Dropped`` and its replica healed, a lost process's replicas ``Lost``
-(they send nothing after). :func:`~diloco_core.run.tape_play.play_tape` can play it with the
+(they send nothing after). :func:`~diloco_core.runtime.tape_player.play_tape` can play it with the
 real model; the trace stays the source of truth. At the end of an elastic run the process that
 writes the run's files writes its own trace's tape to ``<out>/tape.json`` (:func:`record_tape`;
 :func:`read_tape` reads it back), and ``--tape FILE`` replays it: the in-step trainer with the
