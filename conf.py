@@ -281,7 +281,32 @@ def _resolve_reexport(app, env, node, contnode):
                                         canonical, new, contnode)
 
 
+_RECHECKS: list = []  # the re-check processes this build started
+
+
+def _start_rechecks(app, env, docnames):
+  """The experiments page's re-checks, started as soon as the build knows it will execute the
+  page, so that the other pages build while they run (analysis.lab.recheck_build)."""
+  if "docs/experiments" not in docnames or nb_execution_mode == "off":
+    return
+  import shutil
+  from analysis.lab import cpu_kind, recheck_build, stored
+  folder = os.path.join(app.outdir, "..", "recheck")
+  shutil.rmtree(folder, ignore_errors=True)
+  emulated = cpu_kind.cap_in_effect("--xla_cpu_max_isa=AVX2") is not None
+  _RECHECKS.extend(recheck_build.start(stored.stored_names(), os.path.abspath(folder), emulated))
+  os.environ[recheck_build.ENV] = os.path.abspath(folder)  # the page's kernel inherits it
+
+
+def _stop_rechecks(app, exception):
+  """A build that ended before the page collected its re-checks leaves none running."""
+  from analysis.lab import recheck_build
+  recheck_build.stop(_RECHECKS)
+
+
 def setup(app):
+  app.connect("env-before-read-docs", _start_rechecks)
+  app.connect("build-finished", _stop_rechecks)
   app.connect("missing-reference", _resolve_reexport)
   app.connect("autodoc-process-docstring", _keep_prose_summaries, priority=400)
   app.connect("build-finished", _copy_mathjax)

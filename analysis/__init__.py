@@ -92,7 +92,7 @@ _TRAINING = {"named_sweep": "analysis.lab.experiments", "grid": "analysis.lab.sw
 _MODULES = {**{m: f"analysis.planning.{m}" for m in (
     "hardware", "models", "roofline", "op_cost", "bandwidth", "memory", "simulate", "sim_events",
     "paper_tables", "plan", "candidates", "maxtext", "goodput", "pool", "pool_plan", "published_goodput")}, **{m: f"analysis.lab.{m}" for m in (
-    "sweeps", "sweep_cache", "experiments", "live", "stored", "storing", "recheck", "realizations",
+    "sweeps", "sweep_cache", "experiments", "live", "stored", "storing", "recheck", "recheck_build", "realizations",
     "cpu_kind", "claims", "arm_frames", "delay_stability", "overlap_eta", "headline", "measured",
     "straggler_arms", "stragglers",
     "wire_measured", "elastic_measured", "accelerator", "roofline_measured",

@@ -1,0 +1,60 @@
+"""The docs build's re-checks as processes (analysis.lab.recheck_build): reports collected, a failed
+or unfinished re-check is one error naming it, and a stop leaves none of their processes running."""
+
+import json
+import os
+import time
+
+import pytest
+
+from analysis.lab import recheck_build
+
+
+def _ended(folder, kind, status, records=None, err=""):
+  (folder / f"{kind}.err").write_text(err)
+  if records is not None:
+    (folder / f"{kind}.json").write_text(json.dumps(records))
+  (folder / f"{kind}.rc").write_text(f"{status}\n")
+
+
+def test_reports_are_collected_and_a_failure_names_its_re_check(tmp_path):
+  row = {"experiment": "h_m", "index": 8, "check": "exact", "max_rel_diff": None, "ok": True}
+  _ended(tmp_path, "native", 0, [row])
+  assert recheck_build.started(str(tmp_path)) and not recheck_build.started(None)
+  got = recheck_build.collect(str(tmp_path), emulated=False)
+  assert list(got) == ["native"] and got["native"].to_dict("records")[0]["index"] == 8
+  _ended(tmp_path, "avx2", 1, err="Traceback ...\nValueError: h_m: run 8 moved by 3e-05 (allowed 1e-06)")
+  with pytest.raises(RuntimeError, match=r"(?s)^the avx2 re-check failed \(exit status 1\): .*run 8 moved by 3e-05"):
+    recheck_build.collect(str(tmp_path), emulated=True)
+
+
+def test_an_unfinished_re_check_times_out_in_one_line(tmp_path):
+  (tmp_path / "native.err").write_text("")
+  with pytest.raises(RuntimeError, match=r"^the native re-check in .* did not end within 0 s\.$"):
+    recheck_build.collect(str(tmp_path), emulated=False, timeout=0.2, poll=0.05)
+
+
+def test_the_wrapper_records_the_exit_status_and_stop_ends_the_whole_group(tmp_path, monkeypatch):
+  """A command that fails leaves its status and error output; a stop kills the wrapper and the
+  command it runs (its process group), so no re-check outlives an aborted build."""
+  monkeypatch.setattr(recheck_build, "commands", lambda names, emulated: {
+      "native": ["sh", "-c", "echo no such experiment >&2; exit 3"]})
+  procs = recheck_build.start(["x"], str(tmp_path / "a"), emulated=False)
+  procs[0].wait()
+  with pytest.raises(RuntimeError, match=r"exit status 3\): no such experiment"):
+    recheck_build.collect(str(tmp_path / "a"), emulated=False, timeout=10)
+  marker = f"sleep {400 + os.getpid() % 100}.5"
+  monkeypatch.setattr(recheck_build, "commands", lambda names, emulated: {"native": ["sh", "-c", marker]})
+  procs = recheck_build.start(["x"], str(tmp_path / "b"), emulated=False)
+  time.sleep(0.3)
+  recheck_build.stop(procs)
+  running = [p for p in os.listdir("/proc") if p.isdigit() and _cmdline(p).endswith(marker.split()[1])]
+  assert procs[0].poll() is not None and not running, running
+
+
+def _cmdline(pid: str) -> str:
+  try:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+      return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+  except OSError:
+    return ""
