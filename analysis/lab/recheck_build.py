@@ -6,8 +6,8 @@ the same re-check with XLA compiling for AVX2 (:func:`~analysis.lab.cpu_kind.cap
 Together they keep both cores busy for most of the build's time, and run inside the page they
 would hold the whole build while the pages that train on one core wait their turn. So the
 build's configuration (``conf.py``) :func:`start`\\ s them as soon as Sphinx knows it will
-execute the page, the other pages build meanwhile, and the page :func:`collect`\\ s their
-reports; executed on its own, the page starts them itself. The numbers are the same either
+execute the page and has the page read last, the other pages build meanwhile, and the page
+:func:`collect`\\ s their reports; executed on its own, the page starts them itself. The numbers are the same either
 way: each is ``python -m analysis experiments verify NAMES --sample 1 --json FILE`` (the
 emulated one with ``--isa AVX2``), a fresh process as before.
 
