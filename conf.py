@@ -292,11 +292,11 @@ def _start_rechecks(app, env, docnames):
     return
   import shutil
   from analysis.lab import cpu_kind, recheck_build, stored
-  folder = os.path.join(app.outdir, "..", "recheck")
+  folder = os.path.abspath(os.path.join(app.outdir, "..", "recheck"))
   shutil.rmtree(folder, ignore_errors=True)
   emulated = cpu_kind.cap_in_effect("--xla_cpu_max_isa=AVX2") is not None
-  _RECHECKS.extend(recheck_build.start(stored.stored_names(), os.path.abspath(folder), emulated))
-  os.environ[recheck_build.ENV] = os.path.abspath(folder)  # the page's kernel inherits it
+  _RECHECKS.extend(recheck_build.start(stored.stored_names(), folder, emulated))
+  os.environ[recheck_build.ENV] = folder  # the page's kernel inherits it
   docnames.remove("docs/experiments")  # read last (Sphinx lets this event reorder the list in place):
   docnames.append("docs/experiments")  # every other page builds before the page waits for them
 

@@ -34,9 +34,9 @@ import pandas as pd
 
 from analysis.plots._style import done
 from analysis.plots._style import new_figure
-from diloco_core.spec.tape import Committed, Dropped, Joined, Lost, Merged, Sent
+from diloco_core.spec.tape import Committed, Dropped, Joined, Lost, Merged, Sent, commit_ticks
 
-__all__ = ["FATE_COLORS", "commit_ticks", "plot_tapes", "tape_spans"]
+__all__ = ["FATE_COLORS", "plot_tapes", "tape_spans"]
 
 #: The color of a computed period, by what became of its contribution.
 FATE_COLORS = {"fresh": "0.6", "stale": "C1", "dropped": "C3", "unmerged": "0.85"}
@@ -92,11 +92,6 @@ def tape_spans(tape, replicas: int | None = None) -> pd.DataFrame:
     elif isinstance(e, Joined):
       sent[r] = e.tick  # downloading the current version: waiting
   return pd.DataFrame(rows, columns=_COLUMNS)
-
-
-def commit_ticks(tape) -> list[int]:
-  """The ticks at which rounds committed, in order."""
-  return [e.tick for e in tape if isinstance(e, Committed)]
 
 
 def plot_tapes(tapes: dict, *, tick_s: float = 1.0, end: float | None = None, title: str | None = None):

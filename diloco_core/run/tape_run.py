@@ -31,34 +31,28 @@ import json
 import os
 import time
 
-import jax
 import numpy as np
 from tqdm.auto import tqdm
 
 from diloco_core import interrupts
-from diloco_core.algorithm.base import reported_loss
-from diloco_core.run.programs import make_algorithm
+from diloco_core.run.programs import PROGRAMS
 from diloco_core.run.run_setup import SetUp, build_model
 from diloco_core.runtime.tape_player import TapeSetup, speed_ticks
 from diloco_core.spec.model_config import param_count
-from diloco_core.spec.tape import Committed
+from diloco_core.spec.tape import commit_ticks
 from diloco_core.store import checkpoint as ckpt
 from diloco_core.store import params_io
 
-__all__ = ["commit_ticks", "make_setup", "play_rounds"]
+__all__ = ["make_setup", "play_rounds"]
 
 
 def make_setup(cfg) -> TapeSetup:
   """The run's data, initial params, jitted eval loss and algorithm object, built as
   :func:`~diloco_core.run.run_setup.set_up` builds them: for a tape played outside ``train``
   (:func:`~diloco_core.runtime.tape_player.play_tape`)."""
-  data, _, params, loss_fn = build_model(cfg)
-  return TapeSetup(data, params, jax.jit(reported_loss(loss_fn)), make_algorithm(cfg, loss_fn, params))
-
-
-def commit_ticks(tape) -> list[int]:
-  """The tick of each :class:`~diloco_core.spec.tape.Committed` event of ``tape``, in tape order."""
-  return [e.tick for e in tape if isinstance(e, Committed)]
+  data, model_cfg, params, loss_fn = build_model(cfg)
+  algo, eval_fn = PROGRAMS.get(cfg, loss_fn, params, model_cfg)
+  return TapeSetup(data, params, eval_fn, algo)
 
 
 def _rows(cfg, result, wall: float) -> list[dict]:

@@ -75,7 +75,7 @@ from diloco_core.devices.mesh import make_mesh
 from diloco_core.spec import validity as v
 from diloco_core.spec.syncer import SyncerConfig, exact_decimal, round_weights
 from diloco_core.runtime.option_checks import check_playable
-from diloco_core.spec.tape import Committed, Dropped, Joined, Lost, Merged, Sent, simulate_tape
+from diloco_core.spec.tape import Committed, Dropped, Joined, Lost, Merged, Sent, commit_ticks, simulate_tape
 
 __all__ = ["TapePlay", "TapeResult", "TapeSetup", "play_tape", "speed_ticks", "tape_for"]
 
@@ -298,7 +298,7 @@ class TapePlay:
         self.last_use[e.base] = i
       elif isinstance(e, Merged):
         self.last_use[e.version] = i
-    self.commits = sum(isinstance(e, Committed) for e in self.tape)
+    self.commits = len(commit_ticks(self.tape))
     self.evals = [(0, self.evaluate(self.versions[0]))] if eval_versions else []
     for r in range(m):
       self.start(-1, r)

@@ -31,7 +31,7 @@ import numpy as np
 
 from diloco_core.devices.processes import lock_step_writes
 from diloco_core.runtime.tape_player import TapePlay, TapeSetup, tape_for
-from diloco_core.spec.tape import Committed
+from diloco_core.spec.tape import commit_ticks
 
 __all__ = ["TapeRuntime"]
 
@@ -62,7 +62,7 @@ class TapeRuntime:
 
   def last_step(self, cfg) -> int:
     """The tape's number of committed rounds."""
-    return sum(isinstance(e, Committed) for e in self.tape)
+    return len(commit_ticks(self.tape))
 
   def init(self, params) -> TapePlay:
     return TapePlay(self.cfg, self.syncer, self.tape, TapeSetup(self.data, params, self.eval_fn, self.algo))

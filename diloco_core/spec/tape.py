@@ -63,7 +63,7 @@ from diloco_core.spec import validity as v
 from diloco_core.spec.quorum_close import close_time
 from diloco_core.spec.syncer import SyncerConfig
 
-__all__ = ["Committed", "Contribution", "Dropped", "Joined", "Lost", "Merged", "Sent", "simulate_tape"]
+__all__ = ["Committed", "Contribution", "Dropped", "Joined", "Lost", "Merged", "Sent", "commit_ticks", "simulate_tape"]
 
 
 class Contribution(NamedTuple):
@@ -321,3 +321,14 @@ class _Syncer:
     self.base[m] = version
     self.tape.append(Merged(tick, m, self.step[m], version, heal))
     self.start_period(tick, m)
+
+
+def commit_ticks(tape) -> list[int]:
+  """The tick of each :class:`Committed` event of ``tape``, in tape order (one per round).
+
+  Examples:
+    >>> from diloco_core.spec.syncer import SyncerConfig
+    >>> commit_ticks(simulate_tape(SyncerConfig(), (1, 2), 2, 8))  # synchronous: the slow replica's pace
+    [4, 8]
+  """
+  return [e.tick for e in tape if isinstance(e, Committed)]
