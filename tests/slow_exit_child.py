@@ -8,7 +8,8 @@ coordination service, as a process still closing its files would: a process 0 th
 would have taken the service (which it hosts) with it, and that disconnect would abort. In an
 elastic run, where a process leaves without that clean-up, process ``SLOW_RANK`` waits
 ``SLOW_LEAVE_S`` seconds (default 0) between saying it leaves and exiting, as a loaded machine
-can hold it there (``diloco_core.devices.processes.LEFT_GRACE_S``).
+can hold it there (``diloco_core.devices.processes.LEFT_GRACE_S``). Every process prints what is
+left of its data plane as it leaves (``plane_leftovers``).
 """
 
 import atexit
@@ -28,6 +29,8 @@ def main():
     return step(self, *args, **kwargs)
 
   background.Background.step = slow_step
+  from plane_leftovers import report_at_leave
+  report_at_leave()  # prints what is left of the data plane as it leaves
   if os.environ["JAX_PROCESS_ID"] == os.environ.get("SLOW_RANK", "1"):
     atexit.register(time.sleep, float(os.environ.get("SLOW_EXIT_S", "3")))
     from diloco_core.devices import processes

@@ -252,11 +252,6 @@ CASES = [
     ("elastic-in-step", lambda t, f: ["--elastic"], "--elastic needs --communication background"),
     ("elastic-one-process", lambda t, f: ["--elastic", "--communication", "background", "--replicas", "1"],
      "--elastic needs several processes: start them with `python -m diloco_core.launch"),
-    ("elastic-beyond-the-service", lambda t, f: ["--elastic", "--communication", "background", "--model", "base",
-                                                  "--layers", "200"],
-     "--elastic sends a replacement's heal (the global params, the outer state and one replica's inner optimizer"
-     " state) through JAX's coordination service as one value of at most 2.15 GB (2047 MiB), and this run's would"
-     " be 2.73 GB"),
     ("elastic-with-eval-replicas", lambda t, f: ["--elastic", "--communication", "background", "--eval-replicas"],
      "--elastic does not support --eval-replicas (a lost replica has no params to evaluate); drop --elastic or"
      " --eval-replicas."),

@@ -154,6 +154,7 @@ def test_a_replacement_takes_part_on_a_thread_until_its_heal():
   """The leader names two agreements, then the heal: the replacement's thread takes part in both
   with an empty payload (no contribution) and heal() gives the leader's data and the key of its
   first agreement as a member; its readiness is a key of its own incarnation."""
+  from diloco_core.runtime.data_plane import DataPlane
   from diloco_core.runtime.membership import Membership, PREFIX, _frame
   store = _Store({0: 41})
   store.kv[f"{PREFIX}/started"] = b"1"
@@ -165,9 +166,14 @@ def test_a_replacement_takes_part_on_a_thread_until_its_heal():
     store.kv[f"{PREFIX}/status/0/41/{n}"] = f"key:{key}".encode()
     store.blocking_key_value_get_bytes(f"{PREFIX}/{key}/0", 60_000)  # it took part...
     assert store.kv[f"{PREFIX}/{key}/0"] == b""  # ...with nothing
-  store.kv[f"{PREFIX}/heal/0/41"] = _frame("fragment 0 @ step 16", b"state")
+  leader_plane = DataPlane(1, 3, store.kv[f"{PREFIX}/plane/token"])  # the heal crosses the data plane
+  leader_plane.set_peers({0: (41, m.plane.address)})
+  m.plane.set_peers({1: (3, leader_plane.address)})
+  assert leader_plane.send("heal/0/41", _frame("fragment 0 @ step 16", b"state"), to=[0]) == (0,)
   store.kv[f"{PREFIX}/status/0/41/2"] = b"heal"
   assert m.heal() == ("fragment 0 @ step 16", b"state")
+  leader_plane.close()
+  m.close()
   assert store.barriers == 3  # enter, then the two named agreements
   m.mark_ready()
   leader = Membership(client=store)
@@ -187,20 +193,22 @@ def test_a_replacement_whose_run_ended_says_so():
   store.kv[f"{PREFIX}/status/0/7/0"] = b"ended"
   with pytest.raises(MembershipError, match="the run ended before this replacement could join it"):
     m.heal()
+  m.close()
 
 
-def test_the_path_probe_times_the_services_path_beside_glooes(capsys):
+def test_the_path_probe_times_the_data_plane_beside_the_service_and_gloo(capsys):
   """``diloco_core.launch.path_probe`` under the launcher (path_benchmark): two processes joined as
-  an elastic run's, one payload each through the coordination service and through gloo; the
-  table has both, and a bad size is one line before anything starts. (Its --limit, a 2 GiB put
-  of 12 GB and 70 s, is left to benchmarks/elastic_path.py --limit.)"""
+  an elastic run's, one payload each over the data plane, through the coordination service and
+  through gloo; the table has all three, and a bad size is one line before anything starts."""
   from analysis.lab.elastic_measured import path_benchmark
   from diloco_core.launch import path_probe
+  from diloco_core.runtime.data_plane import CHUNK_BYTES
   from diloco_core.runtime.elastic import HEARTBEAT_S as ELASTIC_HEARTBEAT_S
   table, result = path_benchmark((1, 2), repeats=1)
   assert table["size_mib"].tolist() == [1.0, 2.0]
-  assert (table[["elastic_s", "gloo_s", "elastic_mb_s", "gloo_mb_s"]] > 0).all().all()
-  assert result["processes"] == 2 and result["heartbeat_s"] == ELASTIC_HEARTBEAT_S and result["limit"] is None
+  assert (table[[f"{p}_{x}" for p in ("elastic", "service", "gloo") for x in ("s", "mb_s")]] > 0).all().all()
+  assert result["processes"] == 2 and result["heartbeat_s"] == ELASTIC_HEARTBEAT_S
+  assert result["chunk_bytes"] == CHUNK_BYTES
   assert path_probe.main(["--sizes-mib", "1,x", "--json", "o.json"]) == 2
   assert capsys.readouterr().err == ("error: --sizes-mib must be whole numbers of MiB >= 1 separated by commas"
                                      " (e.g. 1,4,16), got '1,x'.\n")

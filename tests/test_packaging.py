@@ -36,6 +36,7 @@ DISTRIBUTIONS = {
     "pandas": "pandas",
     "matplotlib": "matplotlib",
     "tqdm": "tqdm",
+    "zmq": "pyzmq",
 }
 #: Imports that are tried, not required: the module works without them (``except ImportError``).
 #: Import name -> the only modules allowed to try it.

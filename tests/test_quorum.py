@@ -224,11 +224,14 @@ class _Service:
       return [(k, v) for k, v in self.kv.items() if k.startswith(directory + "/")]
 
   def blocking_key_value_get_bytes(self, key, timeout_ms):
-    deadline = time.time() + timeout_ms / 1000
+    return self.blocking_get(self.kv, key, timeout_ms / 1000)
+
+  def blocking_get(self, store, key, timeout_s=10.0):
+    deadline = time.time() + timeout_s
     while time.time() < deadline:
       with self.lock:
-        if key in self.kv:
-          return self.kv[key]
+        if key in store:
+          return store[key]
       time.sleep(0.001)
     raise RuntimeError("DEADLINE_EXCEEDED")
 
@@ -237,12 +240,14 @@ class _Service:
 def test_a_vote_is_decided_once_and_read_by_the_late_process(grace_s, members):
   """Three threads vote (process 2 arrives 0.3 s late): one decision, the same for all; without a
   grace the late one is left out and gets no payload but its own's absence; with one it counts."""
-  service, freed, out = _Service(), [], {}
+  service, freed, out, sent = _Service(), [], {}, {}
 
   def vote(rank, delay):
     time.sleep(delay)
     membership = SimpleNamespace(client=service, rank=rank, prefix="p", live={0: 1, 1: 1, 2: 1},
-                                 payload_timeout_s=10.0, free_later=lambda *k: freed.extend(k))
+                                 payload_timeout_s=10.0, free_later=lambda *k: freed.extend(k),
+                                 send=lambda key, payload, to: sent.update({(key, rank): payload}),  # the data plane
+                                 take=lambda key, r: service.blocking_get(sent, (key, r)), finish=lambda key: None)
     out[rank] = vote_exchange(membership, "sync-4", bytes([rank]), QuorumRule(2, grace_s))
 
   threads = [threading.Thread(target=vote, args=(r, 0.3 if r == 2 else 0.0)) for r in range(3)]

@@ -1,15 +1,19 @@
-"""The two ways a background run's payloads cross processes, timed: the coordination service and gloo.
+"""The ways a background run's payloads cross processes, timed: the data plane, the service, gloo.
 
 ``python -m diloco_core.launch --processes 2 --module diloco_core.launch.path_probe -- --sizes-mib
-1,4,16 --json OUT [--repeats 3] [--limit]`` (:func:`analysis.lab.elastic_measured.path_benchmark`
-runs it, ``benchmarks/elastic_path.py`` prints it). Every process joins as a process of an elastic
-run does (:func:`~diloco_core.devices.processes.initialize_distributed` with ``elastic_heartbeat``:
+1,4,16 --json OUT [--repeats 3]`` (:func:`analysis.lab.elastic_measured.path_benchmark` runs it,
+``benchmarks/elastic_path.py`` prints it). Every process joins as a process of an elastic run
+does (:func:`~diloco_core.devices.processes.initialize_distributed` with ``elastic_heartbeat``:
 the coordination service recoverable), then, for each payload size S (MiB; S random bytes on
 every process):
 
 * ``elastic``: one :meth:`~diloco_core.runtime.membership.Membership.exchange`, what each sync of
-  an elastic run does: every process puts its payload in the service's key-value store (on
-  process 0's host), passes the membership barrier and reads every member's payload;
+  an elastic run does: every process sends its payload to the others over the data plane
+  (:mod:`~diloco_core.runtime.data_plane`), puts a marker, passes the membership barrier and
+  takes every member's payload;
+* ``service``: the same through the coordination service's key-value store, the path elastic
+  runs took before the data plane (every process puts its payload on process 0's host, passes
+  the barrier and reads every payload back);
 * ``gloo``: one :meth:`~diloco_core.runtime.link.Link.gather` of a link without membership, what
   each sync of a background run without ``elastic`` does (``process_allgather``: gloo on CPU).
 
@@ -18,18 +22,8 @@ small agreement that lines the processes up. A repeat takes as long as its slowe
 size's time is the median of its repeats, and its rate (MB/s, 10^6 bytes per second) S over that
 time: every process's S bytes delivered to every process.
 
-With ``--limit``, the last process also puts one value of
-:data:`~diloco_core.spec.footprint.KV_VALUE_LIMIT` bytes, which process 0 reads back, and one of
-:data:`~diloco_core.spec.footprint.PROTOBUF_LIMIT` bytes, which the service must refuse (about
-70 s and 12 GB of memory on a small CPU). The processes then join with the heartbeat of a run
-without ``elastic`` (:data:`LIMIT_HEARTBEAT_S`): on a small CPU a 2 GiB request keeps the service
-busy past an elastic run's heartbeat (:data:`~diloco_core.runtime.option_checks.HEARTBEAT_S`), and JAX
-then aborts process 0 for a heartbeat its own service did not answer.
-
-Process 0 writes the JSON: ``{"processes", "repeats", "heartbeat_s", "rows": [{"size_mib", "path",
-"seconds", "mb_per_s"}, ...], "limit": None or {"value": ..., "beyond": ...}}``, each put as
-``{"bytes", "ok", "put_s", "read_s", "error"}`` (``read_s``: process 0 read it back whole;
-``error``: the first line of what the put raised).
+Process 0 writes the JSON: ``{"processes", "repeats", "heartbeat_s", "chunk_bytes", "rows":
+[{"size_mib", "path", "seconds", "mb_per_s"}, ...]}``.
 
 Examples:
   >>> parse_sizes("1,4,16")
@@ -49,26 +43,19 @@ import time
 
 import numpy as np
 
-from diloco_core.devices import processes
 from diloco_core.devices.processes import initialize_distributed, leave_elastic
 from diloco_core.runtime.elastic import HEARTBEAT_S
 from diloco_core.runtime.link import Link
 from diloco_core.runtime.membership import Membership
 from diloco_core.run.flags import one_line_errors
-from diloco_core.spec.footprint import KV_VALUE_LIMIT, PROTOBUF_LIMIT, host_bytes
+from diloco_core.spec.footprint import host_bytes
 
 #: Bytes of one MiB (the sizes' unit).
 MIB = 2**20
-#: Seconds a process waits for a payload, or for the other side of a limit put (a 2 GiB put takes
-#: about 70 s on a small CPU).
+#: Seconds a process waits for a payload.
 WAIT_S = 600.0
 #: The key-value prefix of the probe's agreements and puts (no trainer runs beside it).
 PREFIX = "diloco/path-probe"
-#: The heartbeat (s) of a ``--limit`` probe: that of a run without ``elastic``
-#: (:data:`diloco_core.devices.process_options.HEARTBEAT_S`), which a 2 GiB request does not outlast.
-LIMIT_HEARTBEAT_S = processes.HEARTBEAT_S
-
-
 def parse_sizes(text: str) -> tuple[int, ...]:
   """The payload sizes of ``--sizes-mib``: whole MiB, at least 1.
 
@@ -92,8 +79,8 @@ def parse_sizes(text: str) -> tuple[int, ...]:
 def probe_bytes(size_mib: int, processes: int) -> int:
   """A lower bound on the host memory one size's exchanges take, every process on this machine.
 
-  Each of the N processes holds its payload S, the N payloads an elastic exchange reads and
-  the N rows a gather returns; the service (process 0's host) holds the N payloads put:
+  Each of the N processes holds its payload S, the N payloads an exchange reads and the N rows
+  a gather returns; the service (process 0's host) holds the N payloads put on its path:
 
   .. math:: \\text{bytes} = N (1 + 2N) S + N S = 2 N (N + 1) S
 
@@ -157,8 +144,6 @@ def build_parser() -> argparse.ArgumentParser:
                               description=__doc__.split("\n")[0], allow_abbrev=False)
   p.add_argument("--sizes-mib", default="1,4,16", help="payload sizes, MiB (1,4,16)")
   p.add_argument("--repeats", type=int, default=3, help="timed exchanges per size and path (3)")
-  p.add_argument("--limit", action="store_true",
-                 help="also put one value of the service's limit and one of 2 GiB (slow: about 70 s, 12 GB)")
   p.add_argument("--json", required=True, help="where process 0 writes the results")
   return one_line_errors(p)
 
@@ -175,6 +160,7 @@ def time_paths(membership: Membership, link: Link, sizes, repeats: int) -> list[
     payload = rng.bytes(size * MIB)
     array = np.frombuffer(payload, np.uint8)[None]
     paths = {"elastic": lambda key: membership.exchange(key, payload),
+             "service": lambda key: service_exchange(membership, key, payload),
              "gloo": lambda key: link.gather(array, key).result()}
     for path, run in paths.items():
       times = []
@@ -187,41 +173,16 @@ def time_paths(membership: Membership, link: Link, sizes, repeats: int) -> list[
   return rows
 
 
-def put_limit(membership: Membership, client) -> dict:
-  """The last process puts a value of :data:`~diloco_core.spec.footprint.KV_VALUE_LIMIT` bytes, then one of
-  :data:`~diloco_core.spec.footprint.PROTOBUF_LIMIT`; process 0 reads each that was put back and removes it. Returns
-  ``{"value": ..., "beyond": ...}`` on process 0 (``{}`` on the others)."""
-  putter, out = membership.processes - 1, {}
-  for name, size in (("value", KV_VALUE_LIMIT), ("beyond", PROTOBUF_LIMIT)):
-    key = f"{PREFIX}/limit/{name}"
-    if membership.rank == putter:
-      data = np.random.default_rng(size).bytes(size)
-      start, error = time.perf_counter(), None
-      try:
-        client.key_value_set_bytes(key, data, allow_overwrite=True)
-      except Exception as e:  # noqa: BLE001 - what the service says is the result
-        error = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-      del data
-      put = {"bytes": size, "ok": error is None, "put_s": time.perf_counter() - start, "error": error}
-      client.key_value_set(f"{key}/put", json.dumps(put), allow_overwrite=True)
-    if membership.rank == 0:
-      put = json.loads(client.blocking_key_value_get(f"{key}/put", int(WAIT_S * 1000)))
-      put["read_s"] = None
-      if put["ok"]:
-        start = time.perf_counter()
-        whole = len(client.blocking_key_value_get_bytes(key, int(WAIT_S * 1000))) == size
-        put["read_s"] = time.perf_counter() - start if whole else None
-        client.key_value_delete(key)
-      out[name] = put
-      client.key_value_set(f"{key}/read", "1", allow_overwrite=True)
-    if membership.rank == putter:  # the value is gone from the service before the next one
-      client.blocking_key_value_get(f"{key}/read", int(WAIT_S * 1000))
-  return out
-
-
-def _client():
-  from jax._src import distributed  # the coordination service's client (no public accessor)
-  return distributed.global_state.client
+def service_exchange(membership: Membership, key: str, payload: bytes) -> dict[int, bytes]:
+  """Every live process's ``payload`` through the coordination service's key-value store: put,
+  the membership barrier, every payload read (the path before the data plane); the keys are
+  removed after the next line-up."""
+  client, base = membership.client, f"{PREFIX}/service/{key}"
+  client.key_value_set_bytes(f"{base}/{membership.rank}", payload, allow_overwrite=True)
+  live = client.get_live_nodes(list(range(membership.processes)))
+  got = {int(r): client.blocking_key_value_get_bytes(f"{base}/{r}", int(WAIT_S * 1000)) for r in sorted(live)}
+  membership.free_later(f"{base}/{membership.rank}")
+  return got
 
 
 def main(argv=None) -> int:
@@ -234,7 +195,7 @@ def main(argv=None) -> int:
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
-  heartbeat = LIMIT_HEARTBEAT_S if a.limit else HEARTBEAT_S
+  heartbeat = HEARTBEAT_S
   if not initialize_distributed(elastic_heartbeat=heartbeat):
     print("error: the path probe runs under the launcher: python -m diloco_core.launch --processes 2 --module"
           " diloco_core.launch.path_probe -- ...", file=sys.stderr)
@@ -243,7 +204,6 @@ def main(argv=None) -> int:
   link = Link()
   rows = time_paths(membership, link, sizes, a.repeats)
   link.close()
-  limit = put_limit(membership, _client()) if a.limit else None
   everyone = membership.exchange("times", json.dumps(rows).encode())
   if membership.rank == 0:
     theirs = [json.loads(everyone.payloads[r]) for r in everyone.members]
@@ -253,8 +213,9 @@ def main(argv=None) -> int:
       table.append({"size_mib": row["size_mib"], "path": row["path"], "seconds": seconds,
                     "mb_per_s": row["size_mib"] * MIB / seconds / 1e6})
     with open(a.json, "w") as f:
-      json.dump({"processes": membership.processes, "repeats": a.repeats, "heartbeat_s": heartbeat, "rows": table,
-                 "limit": limit}, f, indent=1)
+      json.dump({"processes": membership.processes, "repeats": a.repeats, "heartbeat_s": heartbeat,
+                 "chunk_bytes": membership.plane.chunk, "rows": table}, f, indent=1)
+  membership.close()
   leave_elastic(0)
   return 0
 

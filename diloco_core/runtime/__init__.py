@@ -10,6 +10,8 @@ Modules: :mod:`~diloco_core.runtime.communication` (``Runtime``, ``InStep``),
 :mod:`~diloco_core.runtime.background` with :mod:`~diloco_core.runtime.background_programs` and
 :mod:`~diloco_core.runtime.background_mesh`, :mod:`~diloco_core.runtime.link` (payloads between
 processes), :mod:`~diloco_core.runtime.membership` (agreements over the coordination service),
+:mod:`~diloco_core.runtime.data_plane` with :mod:`~diloco_core.runtime.plane_frames` (an elastic
+run's payloads peer to peer over ZeroMQ),
 :mod:`~diloco_core.runtime.elastic` and :mod:`~diloco_core.runtime.elastic_runtime`,
 :mod:`~diloco_core.runtime.quorum` (a K-of-M quorum deciding an elastic run's syncs in wall-clock time),
 :mod:`~diloco_core.runtime.tape_player` (the real model trained as a syncer tape says) with
@@ -27,6 +29,8 @@ _PUBLIC = {
     "Background": "diloco_core.runtime.background",
     "ElasticRuntime": "diloco_core.runtime.elastic_runtime",
     "Membership": "diloco_core.runtime.membership",
+    "DataPlane": "diloco_core.runtime.data_plane",
+    "PlaneTimeout": "diloco_core.runtime.data_plane",
     "Link": "diloco_core.runtime.link",
     "LostProcessError": "diloco_core.runtime.link",
     "QuorumRule": "diloco_core.runtime.quorum",

@@ -80,7 +80,7 @@ from diloco_core.runtime.background_programs import PhasePrograms, flat_buffer, 
 from diloco_core.algorithm.diloco import DiLoCo
 from diloco_core.runtime.elastic_runtime import ElasticRuntime
 from diloco_core.runtime.link import Link, wait
-from diloco_core.runtime.membership import process_membership
+from diloco_core.runtime.membership import close_process_membership, process_membership
 from diloco_core.devices.mesh import MeshPlacement, global_array, host_copy, replica_sharding, replicated
 from diloco_core.wire.reduce_scatter import ChunkPlan
 from diloco_core.spec.schedule import merged_fragment, sent_fragment
@@ -106,6 +106,8 @@ from diloco_core.wire.packing import WireLayout
 TOLERANCE = 1e-5
 #: The trace file of process r under ``<out>``.
 TRACE_FILE = os.path.join("trace", "process-{rank}.jsonl")
+#: Seconds an elastic run's end waits for its link thread before it closes the data plane under it.
+CLOSE_WAIT_S = 10.0
 
 
 @dataclasses.dataclass
@@ -401,6 +403,9 @@ class Background(PhasePrograms, MeshPlacement, ElasticRuntime):
     if self.link.membership is not None:
       self.link.membership.release()  # a replacement still waiting: the run ended
     self.link.close()
+    if self.link.membership is not None:  # its data plane's thread and sockets end with the run
+      self.link.join(CLOSE_WAIT_S)
+      close_process_membership()
     if self._trace_file is not None:
       self._trace_file.close()
       self._trace_file = None

@@ -34,11 +34,10 @@ the run replayed with them rejoining at the checkpoint
 lost, process 0 included: the lowest process left writes the run's files from then on; losing
 the service's process ends the run, to go on with ``resume``.
 
-**Size.** Every sync payload, heal and checkpoint row crosses the coordination service as one
-value, of at most :data:`~diloco_core.spec.footprint.KV_VALUE_LIMIT` bytes (protobuf's message
-limit): a run whose largest value would be larger is refused before anything starts
-(:func:`check_elastic_processes`; the largest model that fits:
-:func:`~diloco_core.spec.footprint.elastic_max_params`).
+**Size.** The payloads (syncs, log rows, checkpoint rows, heals) cross peer to peer over the
+data plane (:mod:`~diloco_core.runtime.data_plane`), in chunks; the coordination service carries
+only the agreement's few bytes. The largest elastic run is bounded by memory, which the
+pre-flight checks as for any run.
 
 Not yet (one-line refusals, :func:`~diloco_core.runtime.option_checks.check_elastic`): ``eval_replicas``,
 ``reduction="reduce-scatter"``, ``outer_overlap`` other than ``"none"`` (as for simulated
@@ -50,16 +49,12 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from diloco_core.spec.footprint import check_elastic_fits
 from diloco_core.runtime.option_checks import HEARTBEAT_S, check_elastic  # noqa: F401  (re-exported)
 
 
 
 def check_elastic_processes(cfg, processes: int | None = None) -> None:
-  """The one-line errors for an ``elastic`` run that its processes cannot carry (before anything
-  compiles): its largest value beyond what the coordination service carries
-  (:func:`~diloco_core.spec.footprint.check_elastic_fits`: a heal, a process's checkpoint rows or
-  sync payload over :data:`~diloco_core.spec.footprint.KV_VALUE_LIMIT`), or one process.
+  """The one-line error for an ``elastic`` run over one process (before anything compiles).
 
   Args:
     cfg: a :class:`~diloco_core.TrainConfig` whose options :func:`~diloco_core.runtime.option_checks.check_elastic` accepted.
@@ -72,17 +67,15 @@ def check_elastic_processes(cfg, processes: int | None = None) -> None:
     >>> from diloco_core import TrainConfig
     >>> check_elastic_processes(TrainConfig())  # not elastic: nothing to check
     >>> big = TrainConfig(model="base", n_layers=200, communication="background", elastic=True)
-    >>> check_elastic_processes(big, processes=2)
+    >>> check_elastic_processes(big, processes=2)  # 170 M params: no size limit but memory
+    >>> check_elastic_processes(big, processes=1)
     Traceback (most recent call last):
     ...
-    ValueError: `elastic` sends a replacement's heal (the global params, the outer state and one replica's inner optimizer state) through JAX's coordination service as one value of at most 2.15 GB (2047 MiB), and this run's would be 2.73 GB (170512640 params); drop `elastic` (a lost process then stops the run, and `resume` continues from the last checkpoint) or train a model of at most 134152192 params.
+    ValueError: `elastic` needs several processes: start them with `python -m diloco_core.launch --processes N -- ... --elastic` (or one per host with --coordinator).
   """
   if not cfg.elastic:
     return
   processes = jax.process_count() if processes is None else processes
-  check_elastic_fits(cfg.planned_param_count(), replicas_per_process=max(cfg.algo.replicas // processes, 1),
-                     outer_optimizer=cfg.algo.outer_optimizer, error_feedback=cfg.algo.error_feedback,
-                     checkpoints=bool(cfg.checkpoint_every))
   if processes == 1:
     raise ValueError("`elastic` needs several processes: start them with `python -m diloco_core.launch"
                      " --processes N -- ... --elastic` (or one per host with --coordinator).")

@@ -18,8 +18,8 @@ service's key-value store (:meth:`Link.exchange`), not through the collective th
 row never waits behind a fragment in flight.
 
 In an elastic run (``membership``: a :class:`~diloco_core.runtime.membership.Membership`) nothing
-crosses gloo: each payload and each log row's values go through the coordination service as
-one agreement over the live processes, on the link's thread (a log row then waits behind a
+crosses gloo: each payload and each log row's values are one agreement over the live processes
+(the payloads peer to peer over the data plane, :mod:`~diloco_core.runtime.data_plane`), on the link's thread (a log row then waits behind a
 fragment in flight); a process left out sends nothing that counts, and its rows come back as
 ``fill``.
 
@@ -261,6 +261,11 @@ class Link:
     if not self._closed:
       self._closed = True
       self._jobs.put(None)
+
+  def join(self, timeout_s: float) -> bool:
+    """Waits up to ``timeout_s`` for the thread to end after :meth:`close`; whether it ended."""
+    self._thread.join(timeout_s)
+    return not self._thread.is_alive()
 
 
 def _process_mesh():

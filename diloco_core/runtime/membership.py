@@ -4,22 +4,29 @@ An elastic run must go on when a process dies, and let a replacement in. On CPU 
 collective whose peer died cannot be cancelled (it waits for gloo's own timeout; JAX cancels
 collectives in flight on GPUs only), and a restarted process cannot set up a gloo context under
 the key its first incarnation left in the coordination service (``ALREADY_EXISTS: key
-cpu:gloo/...``). So an elastic exchange crosses no gloo collective: it goes through the
-coordination service that ``jax.distributed`` already runs (its key-value store and its
-membership barrier), whose waits are bounded by the heartbeat.
+cpu:gloo/...``). So an elastic exchange crosses no gloo collective: the agreement on who takes
+part goes through the coordination service that ``jax.distributed`` already runs (its key-value
+store and its membership barrier, whose waits are bounded by the heartbeat), and the payloads go
+peer to peer over the data plane (:mod:`~diloco_core.runtime.data_plane`, ZeroMQ), whose waits
+are bounded too. The service carries a few bytes per process and sync: markers, addresses, the
+run's token, the quorum's decision, a replacement's status.
 
 One sync (:meth:`Membership.exchange`):
 
-1. the process puts its payload (bytes) under ``<prefix>/<key>/<rank>``;
+1. the process sends its payload (bytes) to every process of the last agreement over the data
+   plane and waits until each acknowledged it whole (or its connection dropped: a killed peer);
+   then it puts a marker under ``<prefix>/<key>/<rank>`` (the payload's length; empty: nothing);
 2. it calls the service's ``get_live_nodes`` over every process: a barrier over the *live*
    ones, which returns the same ``{process: incarnation}`` to each of them. A process that
    died is left out once the service stops hearing its heartbeat (``heartbeat_timeout_seconds``
-   of ``jax.distributed.initialize``: the bounded wait); a process killed after step 1 is left
-   out too (its payload is ignored), so every survivor agrees on the same contributors;
+   of ``jax.distributed.initialize``: the bounded wait); a process killed after step 1, or in
+   the middle of sending its payload, is left out too (what it sent is dropped), so every
+   survivor agrees on the same contributors;
 3. the contributors (*members*) are the live processes with the incarnation they had at the
-   previous agreement and a payload; a live process with a new incarnation (a replacement that
-   called :meth:`Membership.enter`) *joins* at this sync;
-4. it reads every contributor's payload (they were put before the barrier: each is there).
+   previous agreement and a non-empty marker; a live process with a new incarnation (a
+   replacement that called :meth:`Membership.enter`) *joins* at this sync;
+4. it takes every contributor's payload from its data plane (each was acknowledged before its
+   sender's barrier: it is there, unless a peer was cut off without dying).
 
 **A replacement** must take part in every barrier from its first on (the barrier waits for
 every live process: from its connection on, so it enters at once, :func:`process_membership`,
@@ -27,19 +34,16 @@ and a thread takes part while it builds and compiles), but has no state yet. The
 joined at) writes, before each of its next barriers, a status for it: "take part in agreement
 *key* with nothing" (an empty payload: no contribution), until the trainer hands the leader
 its heal (the trainer waits until the replacement said it is ready, :meth:`Membership.mark_ready`) (:meth:`Membership.send_heal`, at a point where nothing of the leader is in flight);
-the next status then says "heal", and that agreement is the replacement's first as a member
-(:meth:`Membership.wait_for_heal`). Every process reads the same payloads, so every process
-agrees on who counted, at every agreement.
+the leader then sends the heal over the data plane, and the next status says "heal": that
+agreement is the replacement's first as a member (:meth:`Membership.wait_for_heal`). Every
+process reads the same markers, so every process agrees on who counted, at every agreement.
 
 The coordination service must run with ``jax_enable_recoverability`` (see
 :func:`diloco_core.devices.processes.initialize_distributed`): without it, the service ends every
 process when one misses its heartbeat. The process hosting the service (process 0) cannot be
-lost. The payloads cross the service (one host), one value each: a value is at most
-:data:`~diloco_core.spec.footprint.KV_VALUE_LIMIT` bytes (protobuf's message limit; an elastic run
-whose heal, checkpoint rows or sync payload would be larger is refused before it starts,
-:func:`~diloco_core.runtime.elastic.check_elastic_processes`), and the service moves them many
-times slower than gloo (``benchmarks/elastic_path.py`` measures both). Collectives over the live
-devices, cancelled when a peer dies, are the path for large models and GPUs.
+lost unless the service runs in a process of its own. No payload crosses the service, so no
+value approaches its 2 GiB limit: the largest elastic run is bounded by memory (which the
+pre-flight checks); ``benchmarks/elastic_path.py`` times the data plane beside gloo.
 
 Examples:
   >>> agreement = Agreement("sync/4", members=(0, 2), joined=(1,), lost=(), payloads={0: b"a", 2: b"b"},
@@ -57,9 +61,14 @@ import threading
 import jax
 import numpy as np
 
-#: Seconds a process waits for a contributor's payload once the barrier has passed (it was put
-#: before the barrier, so only a lost coordination service makes this wait expire).
+from diloco_core.runtime.data_plane import DataPlane, PlaneTimeout, bind_host, run_token
+
+#: Seconds a process waits for a contributor's payload once the barrier has passed (it was
+#: acknowledged before the barrier, so only a peer cut off without dying makes this wait expire),
+#: and for its own payload's acknowledgements.
 PAYLOAD_TIMEOUT_S = 60.0
+#: Seconds a process waits for a new peer's data plane address (put right after its first barrier).
+ADDRESS_TIMEOUT_S = 30.0
 #: Seconds a replacement waits for the leader's heal data after it entered.
 HEAL_TIMEOUT_S = 120.0
 #: The key-value prefix of the membership's keys.
@@ -123,11 +132,16 @@ class Membership:
     prefix: the key-value prefix (two memberships of one run need two prefixes).
     payload_timeout_s: :data:`PAYLOAD_TIMEOUT_S`.
     client: the coordination service's client (tests); default: ``jax.distributed``'s.
+    chunk: the data plane's bytes per chunk (default:
+      :func:`~diloco_core.runtime.data_plane.chunk_bytes`).
   """
 
-  def __init__(self, prefix: str = PREFIX, payload_timeout_s: float = PAYLOAD_TIMEOUT_S, client=None):
-    self.prefix, self.payload_timeout_s = prefix, payload_timeout_s
+  def __init__(self, prefix: str = PREFIX, payload_timeout_s: float = PAYLOAD_TIMEOUT_S, client=None,
+               chunk: int | None = None):
+    self.prefix, self.payload_timeout_s, self._chunk = prefix, payload_timeout_s, chunk
     self._client = client or _client()
+    self.plane: DataPlane | None = None  # this process's end of the data plane, from enter()
+    self._addresses: dict[int, tuple[int, str]] = {}  # the peers' (incarnation, data plane address)
     self.rank, self.processes = jax.process_index(), jax.process_count()
     self._known: dict[int, int] | None = None  # {process: incarnation} of the last agreement
     self.incarnation: int | None = None  # this process's, from enter()
@@ -174,12 +188,61 @@ class Membership:
     self.rejoined = _try_get(self._client, f"{self.prefix}/started") is not None
     live = self._barrier()
     self._known, self.incarnation = live, live[self.rank]
+    if self.plane is None:
+      self.plane = DataPlane(self.rank, self.incarnation, run_token(self._client, self.prefix),
+                             bind_host(_coordinator()), self._chunk)
+    self.plane.set_peers({r: (i, None) for r, i in live.items()})  # accepted before anyone can send
+    self._client.key_value_set(f"{self.prefix}/plane/{self.rank}/{self.incarnation}", self.plane.address,
+                               allow_overwrite=True)
     if not self.rejoined and self.rank == min(live):
       self._client.key_value_set(f"{self.prefix}/started", "1", allow_overwrite=True)
+    self._update_peers(live)
     return Agreement("enter", tuple(sorted(live)), (), (), {}, dict(live))
 
+  def _update_peers(self, live: dict[int, int]) -> None:
+    """The data plane's peers: the live processes (accepted at once), at the addresses their
+    incarnations put (sent to once read)."""
+    peers = lambda: {r: (i, self._addresses[r][1] if self._addresses.get(r, (None,))[0] == i else None)
+                     for r, i in live.items()}
+    self.plane.set_peers(peers())
+    for r, incarnation in live.items():
+      if r != self.rank and self._addresses.get(r, (None,))[0] != incarnation:
+        key = f"{self.prefix}/plane/{r}/{incarnation}"
+        try:
+          address = self._client.blocking_key_value_get_bytes(key, int(ADDRESS_TIMEOUT_S * 1000))
+        except Exception:  # noqa: BLE001 - lost right after its first barrier: nothing to send it
+          continue
+        self._addresses[r] = (incarnation, bytes(address).decode())
+    self.plane.set_peers(peers())
+
+  def send(self, key: str, payload: bytes, to=None) -> tuple[int, ...]:
+    """Sends ``payload`` under ``key`` over the data plane to the processes ``to`` (default: the
+    others of the last agreement); returns those that acknowledged it."""
+    to = [r for r in (self._known if to is None else to) if r != self.rank]
+    return self.plane.send(key, payload, to, self.payload_timeout_s)
+
+  def take(self, key: str, sender: int | None) -> bytes:
+    """``sender``'s payload of ``key`` from the data plane (None: any sender's).
+
+    Raises:
+      MembershipError: it did not come within the payload timeout.
+    """
+    try:
+      return self.plane.take(key, sender, self.payload_timeout_s)
+    except PlaneTimeout as e:
+      raise MembershipError(f"{e} (a peer was lost or cut off during the transfer)") from None
+
+  def finish(self, key: str) -> None:
+    """``key``'s agreement is over on this process: its data plane drops what comes later."""
+    self.plane.finish(key)
+
+  def close(self) -> None:
+    """Closes the data plane (its thread and sockets); the membership cannot exchange after it."""
+    if self.plane is not None:
+      self.plane.close()
+
   def exchange(self, key: str, payload: bytes) -> Agreement:
-    """One sync: puts ``payload``, agrees on the live processes, reads the members' payloads.
+    """One sync: sends ``payload``, agrees on the live processes, takes the members' payloads.
 
     Args:
       key: the sync's name, the same on every process (no ``/``).
@@ -196,27 +259,34 @@ class Membership:
       raise RuntimeError("call Membership.enter() before the first exchange.")
     client = self._client
     self._tell_joiners(key)
-    client.key_value_set_bytes(f"{self.prefix}/{key}/{self.rank}", payload, allow_overwrite=True)
+    if payload:
+      self.send(key, payload)
+    client.key_value_set_bytes(f"{self.prefix}/{key}/{self.rank}", _marker(payload), allow_overwrite=True)
     live = self._barrier()
     known = self._known
     joined = tuple(r for r in sorted(live) if known.get(r) != live[r])
     lost = tuple(r for r in sorted(known) if live.get(r) != known[r])
-    payloads = {}
+    members, payloads = [], {}
     for r in (r for r in sorted(live) if known.get(r) == live[r]):
       try:
-        raw = client.blocking_key_value_get_bytes(f"{self.prefix}/{key}/{r}", int(self.payload_timeout_s * 1000))
+        marker = client.blocking_key_value_get_bytes(f"{self.prefix}/{key}/{r}", int(self.payload_timeout_s * 1000))
       except Exception as e:  # noqa: BLE001
-        raise MembershipError(f"process {r}'s payload of {key!r} did not come within"
+        raise MembershipError(f"process {r}'s marker of {key!r} did not come within"
                               f" {self.payload_timeout_s:g} s ({_first_line(e)})") from None
-      if raw:  # an empty payload: a replacement not healed yet
-        payloads[r] = raw
+      if marker:  # an empty marker: a replacement not healed yet
+        members.append(r)
+        if payload:  # one that sends nothing reads nothing (it was not sent the others' payloads)
+          payloads[r] = payload if r == self.rank else self.take(key, r)
+    self.finish(key)
     if self._last_key is not None:  # everyone has read it: they all passed this barrier
       _delete(client, f"{self.prefix}/{self._last_key}/{self.rank}")
     for k in self._to_free:  # the votes before this barrier: every process read them before it
       _delete(client, k)
     self._to_free = []
     self._known, self._last_key = live, key
-    agreement = Agreement(key, tuple(sorted(payloads)), joined, lost, payloads, dict(live))
+    if joined or lost:
+      self._update_peers(live)
+    agreement = Agreement(key, tuple(members), joined, lost, payloads, dict(live))
     if joined and payloads and self.rank == agreement.leader:  # the leader heals them (send_heal)
       self.pending.update({r: [live[r], 0] for r in joined})
     return agreement
@@ -228,8 +298,7 @@ class Membership:
     for r, (incarnation, n) in list(self.pending.items()):
       status = f"{self.prefix}/status/{r}/{incarnation}/{n}"
       if r in self._heals:
-        self._client.key_value_set_bytes(f"{self.prefix}/heal/{r}/{incarnation}", _frame(key, self._heals.pop(r)),
-                                         allow_overwrite=True)
+        self.send(f"heal/{r}/{incarnation}", _frame(key, self._heals.pop(r)), to=[r])
         self._client.key_value_set(status, "heal", allow_overwrite=True)
         del self.pending[r]
       else:
@@ -250,7 +319,10 @@ class Membership:
     while True:
       status = self._get(f"{self.prefix}/status/{self.rank}/{incarnation}/{n}", timeout_s).decode()
       if status == "heal":
-        return _unframe(self._get(f"{self.prefix}/heal/{self.rank}/{incarnation}", timeout_s))
+        try:
+          return _unframe(bytes(self.plane.take(f"heal/{self.rank}/{incarnation}", None, timeout_s)))
+        except PlaneTimeout as e:
+          raise MembershipError(f"the heal did not come: {e}") from None
       if status == "ended":
         raise MembershipError("the run ended before this replacement could join it.")
       self.exchange(status.removeprefix("key:"), b"")
@@ -321,6 +393,30 @@ def process_membership() -> Membership:
     if _PROCESS.rejoined:
       _PROCESS.start_waiting_for_heal()
   return _PROCESS
+
+
+def close_process_membership() -> None:
+  """Closes this process's membership (:func:`process_membership`), if it has one: its data
+  plane's thread and sockets end."""
+  global _PROCESS
+  if _PROCESS is not None:
+    _PROCESS.close()
+    _PROCESS = None
+
+
+def _coordinator() -> str | None:
+  from jax._src import distributed  # the coordinator's address (no public accessor)
+  return getattr(distributed.global_state, "coordinator_address", None)
+
+
+def _marker(payload: bytes) -> bytes:
+  """What a process puts in the service for its payload: the length (8 bytes), or nothing.
+
+  Examples:
+    >>> _marker(b""), _marker(b"abc")
+    (b'', b'\\x03\\x00\\x00\\x00\\x00\\x00\\x00\\x00')
+  """
+  return struct.pack("<Q", len(payload)) if len(payload) else b""
 
 
 def _try_get(client, key: str) -> bytes | None:

@@ -5,8 +5,9 @@ elastic run (:mod:`diloco_core.runtime.elastic`) is not an agreement over every 
 (:meth:`~diloco_core.runtime.membership.Membership.exchange`, whose barrier waits for the
 slowest) but a *vote* (:func:`vote_exchange`) through the same coordination service:
 
-1. each process puts its payload under ``<prefix>/<key>/<rank>``, then a marker under
-   ``<prefix>/<key>/in/<rank>`` (the payload is there before its marker);
+1. each process sends its payload to every live process over the data plane
+   (:meth:`~diloco_core.runtime.membership.Membership.send`: acknowledged), then puts a marker
+   under ``<prefix>/<key>/in/<rank>`` (the payload is there before its marker);
 2. while no decision is written, it reads the markers every :data:`POLL_S` seconds, noting when
    it first saw each (its own clock), and applies :func:`decide`, the closing rule of
    :mod:`~diloco_core.spec.quorum_close` that the simulated tape uses too: with ``n`` the processes
@@ -20,7 +21,8 @@ slowest) but a *vote* (:func:`vote_exchange`) through the same coordination serv
 3. the first process to reach a decision writes it under ``<prefix>/<key>/decision`` with the
    service's create-only set (a second writer fails and reads the first one's): exactly one
    decision per sync, whoever is slow, process 0 included;
-4. every process reads the decision and the members' payloads (each put before its marker).
+4. every process reads the decision and takes the members' payloads from its data plane (each
+   acknowledged before its marker was put).
 
 A process whose marker missed the decision (*late*) reads the decision when it arrives and is
 left out of that sync: its payload does not count, and the settle and merge heal its replicas
@@ -129,15 +131,15 @@ def vote_exchange(membership, key: str, payload: bytes, rule: QuorumRule,
 
   Raises:
     MembershipError: no decision within the membership's payload timeout, or a member's
-      payload did not come.
+      payload did not come over the data plane.
   """
   client, rank, base = membership.client, membership.rank, f"{membership.prefix}/{key}"
   live = tuple(sorted(membership.live))
   need = min(rule.processes, len(live))
   start = time.time()
-  client.key_value_set_bytes(f"{base}/{rank}", payload, allow_overwrite=True)
+  membership.send(key, payload, to=live)
   client.key_value_set(f"{base}/in/{rank}", "1", allow_overwrite=True)
-  membership.free_later(f"{base}/{rank}", f"{base}/in/{rank}")
+  membership.free_later(f"{base}/in/{rank}")
   arrivals: dict[int, float] = {}
   members, decided = None, False
   while members is None:
@@ -163,10 +165,8 @@ def vote_exchange(membership, key: str, payload: bytes, rule: QuorumRule,
       time.sleep(poll_s)
   payloads = {rank: payload} if rank in members else {}
   for r in (r for r in members if r != rank):
-    try:
-      payloads[r] = client.blocking_key_value_get_bytes(f"{base}/{r}", int(membership.payload_timeout_s * 1000))
-    except Exception as e:  # noqa: BLE001
-      raise MembershipError(f"process {r}'s payload of {key!r} did not come ({str(e).strip()[:200]})") from None
+    payloads[r] = membership.take(key, r)
+  membership.finish(key)
   agreement = Agreement(key, members, (), (), payloads, dict(membership.live))
   row = {"kind": "quorum", "at": key, "members": list(members), "late": [r for r in live if r not in members],
          "arrived": {str(r): t for r, t in sorted(arrivals.items())}, "decided": decided, "start": start,

@@ -5,9 +5,9 @@ One formula for the trainer's up-front check (:func:`check_fits`) and for
 ``replicas``, ``batch_size`` or ``n_layers`` far beyond the devices is refused in one line
 before the model is built, not by the allocator after compiling.
 
-The same bytes size what an elastic run puts in JAX's coordination service as one value
-(:func:`elastic_value_bytes`: a heal, a process's checkpoint rows, a sync payload), which
-carries at most :data:`KV_VALUE_LIMIT`; :func:`check_elastic_fits` refuses a larger run up front.
+The same bytes size the largest payloads an elastic run sends over its data plane
+(:func:`elastic_value_bytes`: a heal, a process's checkpoint rows, a sync payload); they cross
+in chunks, so no size limit applies beyond memory.
 """
 
 from __future__ import annotations
@@ -126,22 +126,11 @@ def gb(x: float) -> str:
   return f"{x / 1e9:.2g} GB"
 
 
-#: The size at which protobuf refuses a message (2 GiB): a coordination-service request that
-#: carries a value this large fails (``INTERNAL: Protobuf is too large to be serialized``).
-PROTOBUF_LIMIT = 2**31
-#: The largest value (bytes) an elastic run puts in JAX's coordination service under one key
-#: (:mod:`diloco_core.runtime.membership`): 2047 MiB, one MiB below :data:`PROTOBUF_LIMIT`,
-#: which the request's key and framing (and a heal's npz headers) share. Measured by
-#: ``benchmarks/elastic_path.py --limit`` (:mod:`diloco_core.launch.path_probe`): a value of
-#: exactly this size is put and read back; one of :data:`PROTOBUF_LIMIT` bytes is refused.
-KV_VALUE_LIMIT = PROTOBUF_LIMIT - 2**20
-
-
 def elastic_value_bytes(n: float, *, replicas_per_process: int, outer_optimizer: str = "nesterov",
                         error_feedback: bool = False, checkpoints: bool = False) -> dict[str, float]:
-  """Bytes of the largest values an elastic run puts in the coordination service, for N params.
+  """Bytes of the largest payloads an elastic run sends over its data plane, for N params.
 
-  Each crosses the service as one value (:mod:`diloco_core.runtime.elastic_runtime`), from the
+  Each crosses peer to peer in chunks (:mod:`diloco_core.runtime.data_plane`), from the
   bytes of :func:`replica_state_bytes` (float32 params, 8 bytes of AdamW moments per param,
   :data:`OUTER_STATE_COPIES`), m = ``replicas_per_process``:
 
@@ -176,45 +165,3 @@ def elastic_value_bytes(n: float, *, replicas_per_process: int, outer_optimizer:
   return {"heal": s["outer_params"] + s["outer_momentum"] + s["optimizer"],
           "checkpoint": replicas_per_process * rows if checkpoints else 0,
           "sync": replicas_per_process * s["params"]}
-
-
-#: What each value of :func:`elastic_value_bytes` holds, as the refusal names it.
-ELASTIC_VALUES = {
-    "heal": "a replacement's heal (the global params, the outer state and one replica's inner optimizer state)",
-    "checkpoint": ("each process's checkpoint rows (its replicas' params, inner optimizer state and any"
-                   " error-feedback residual)"),
-    "sync": "each process's sync payload (its replicas' pseudo-gradients)",
-}
-
-
-def elastic_max_params(**config) -> int:
-  """The largest N whose values (:func:`elastic_value_bytes`, with these keyword arguments)
-  all fit in :data:`KV_VALUE_LIMIT` (they grow in proportion to N).
-
-  Examples:
-    >>> elastic_max_params(replicas_per_process=1)  # the heal, 16 bytes per param with Nesterov
-    134152192
-  """
-  return KV_VALUE_LIMIT // max(elastic_value_bytes(1, **config).values())
-
-
-def check_elastic_fits(n_params: int, **config) -> None:
-  """Raises a one-line ``ValueError`` when an elastic run's largest value
-  (:func:`elastic_value_bytes`, with these keyword arguments) exceeds :data:`KV_VALUE_LIMIT`.
-
-  Examples:
-    >>> check_elastic_fits(10**8, replicas_per_process=1)  # 1.6 GB: fits
-    >>> check_elastic_fits(2 * 10**8, replicas_per_process=1)
-    Traceback (most recent call last):
-    ...
-    ValueError: `elastic` sends a replacement's heal (the global params, the outer state and one replica's inner optimizer state) through JAX's coordination service as one value of at most 2.15 GB (2047 MiB), and this run's would be 3.20 GB (200000000 params); drop `elastic` (a lost process then stops the run, and `resume` continues from the last checkpoint) or train a model of at most 134152192 params.
-  """
-  values = elastic_value_bytes(n_params, **config)
-  largest = max(values, key=values.get)
-  if values[largest] > KV_VALUE_LIMIT:
-    raise ValueError(
-        f"`elastic` sends {ELASTIC_VALUES[largest]} through JAX's coordination service as one value of at"
-        f" most {KV_VALUE_LIMIT / 1e9:.2f} GB ({KV_VALUE_LIMIT // 2**20} MiB), and this run's would be"
-        f" {values[largest] / 1e9:.2f} GB ({n_params} params); drop `elastic` (a lost process then stops the"
-        f" run, and `resume` continues from the last checkpoint) or train a model of at most"
-        f" {elastic_max_params(**config)} params.")
