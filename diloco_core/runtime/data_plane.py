@@ -11,16 +11,18 @@ service: each process sends its own to the processes that need it, directly, thr
 process to another on 127.0.0.1 of a 2-core CPU (median of 5, each until the receiver's
 acknowledgement) took 0.8 / 9 / 32 ms for 1 / 16 / 64 MiB with ZeroMQ (about 1.4 / 1.8 / 2.1
 GB/s) and 2.9 / 18 / 100 ms with gRPC streams (grpcio 1.85: 0.36 / 0.94 / 0.67 GB/s), whose
-receiver also spent 3.5-4 times the CPU (several threads on a 2-core machine) and which needs a
-``bytes`` copy of every message where ZeroMQ sends slices of the payload as they are. ZeroMQ
-adds two native I/O threads per process and no Python thread; gRPC about seven and a worker
-pool. Both can listen on one address only.
+receiver also spent 3.5-4 times the CPU (several threads on a 2-core machine). ZeroMQ adds two
+native I/O threads per process and no Python thread; gRPC about seven and a worker pool. Both
+can listen on one address only.
 
 **How a payload crosses.** Each process binds one ROUTER socket on one address (:func:`bind_host`:
 the interface that reaches the coordinator, or ``DILOCO_PLANE_HOST``; never every interface) and
 publishes it in the coordination service. :meth:`DataPlane.send` cuts the payload into chunks of
-:func:`chunk_bytes` (``DILOCO_PLANE_CHUNK_BYTES``, default 4 MiB) and sends them, without a copy,
-on one DEALER socket per receiver; each receiver's thread assembles them in place and
+:func:`chunk_bytes` (``DILOCO_PLANE_CHUNK_BYTES``, default 1 MiB: with three processes on two
+cores, 1 MiB chunks moved 4-64 MiB payloads 1.2-2 times faster than 4 MiB ones, the receiver
+copying one chunk while the next crosses) and sends them on one DEALER socket per receiver
+(each chunk copied once into its message: ZeroMQ's zero-copy sends would start pyzmq's
+tracking thread, which outlives the run); each receiver's thread assembles them in place and
 acknowledges the whole payload; the sender returns when every receiver acknowledged, or the
 connection to it dropped (a killed peer's socket closes at once), or ``timeout_s`` passed.
 :meth:`DataPlane.take` waits, bounded, for a sender's payload of a key. Each process thus sends
@@ -64,7 +66,7 @@ from zmq.utils.monitor import recv_monitor_message
 from diloco_core.runtime.plane_frames import ACK, PAYLOAD, FrameError, Header, decode, encode
 
 #: Bytes of one chunk unless ``DILOCO_PLANE_CHUNK_BYTES`` says otherwise.
-CHUNK_BYTES = 4 * 2**20
+CHUNK_BYTES = 2**20
 #: Keys remembered as finished (a late payload for one is acknowledged and dropped).
 FINISHED_KEYS = 4096
 #: Connection events that say a receiver is gone (a killed process's socket closes at once).
@@ -80,7 +82,7 @@ def chunk_bytes(environ=os.environ) -> int:
 
   Examples:
     >>> chunk_bytes({}), chunk_bytes({"DILOCO_PLANE_CHUNK_BYTES": "4096"})
-    (4194304, 4096)
+    (1048576, 4096)
     >>> chunk_bytes({"DILOCO_PLANE_CHUNK_BYTES": "1.5"})
     Traceback (most recent call last):
     ...
