@@ -117,6 +117,12 @@ def bind_host(coordinator: str | None, environ=os.environ) -> str:
     return probe.getsockname()[0]
 
 
+def coordinator_address() -> str | None:
+  """The ``host:port`` this process joined ``jax.distributed`` at (None before it joined)."""
+  from jax._src import distributed  # the coordinator's address (no public accessor)
+  return getattr(distributed.global_state, "coordinator_address", None)
+
+
 def run_token(client, prefix: str) -> bytes:
   """The run's 16-byte identity: the first process to ask puts random bytes (create-only) in
   the coordination service under ``<prefix>/plane/token``; every process reads the same."""

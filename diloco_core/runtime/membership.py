@@ -61,7 +61,7 @@ import threading
 import jax
 import numpy as np
 
-from diloco_core.runtime.data_plane import DataPlane, PlaneTimeout, bind_host, run_token
+from diloco_core.runtime.data_plane import DataPlane, PlaneTimeout, bind_host, coordinator_address, run_token
 
 #: Seconds a process waits for a contributor's payload once the barrier has passed (it was
 #: acknowledged before the barrier, so only a peer cut off without dying makes this wait expire),
@@ -190,7 +190,7 @@ class Membership:
     self._known, self.incarnation = live, live[self.rank]
     if self.plane is None:
       self.plane = DataPlane(self.rank, self.incarnation, run_token(self._client, self.prefix),
-                             bind_host(_coordinator()), self._chunk)
+                             bind_host(coordinator_address()), self._chunk)
     self.plane.set_peers({r: (i, None) for r, i in live.items()})  # accepted before anyone can send
     self._client.key_value_set(f"{self.prefix}/plane/{self.rank}/{self.incarnation}", self.plane.address,
                                allow_overwrite=True)
@@ -396,17 +396,11 @@ def process_membership() -> Membership:
 
 
 def close_process_membership() -> None:
-  """Closes this process's membership (:func:`process_membership`), if it has one: its data
-  plane's thread and sockets end."""
+  """Closes this process's membership (:func:`process_membership`) if any: its data plane ends."""
   global _PROCESS
   if _PROCESS is not None:
     _PROCESS.close()
     _PROCESS = None
-
-
-def _coordinator() -> str | None:
-  from jax._src import distributed  # the coordinator's address (no public accessor)
-  return getattr(distributed.global_state, "coordinator_address", None)
 
 
 def _marker(payload: bytes) -> bytes:
