@@ -10,7 +10,8 @@ and the others learn of its loss only at their next agreement over every process
 ``KILL_MID_TRANSFER=1`` (an elastic run) it dies in the middle of sending that sync's payload over
 the data plane: right after a chunk past the first went out (set ``DILOCO_PLANE_CHUNK_BYTES`` small
 so that the payload spans several), after writing ``{"time", "offset", "total", "chunk"}`` to
-``KILL_STAMP``. Every other process runs the trainer unchanged. Every process prints what is
+``KILL_STAMP``; with ``--reduction reduce-scatter``, ``KILL_PHASE=/ag`` picks the all-gather of the
+reduced chunks (``/rs``: the chunks of the rows). Every other process runs the trainer unchanged. Every process prints what is
 left of its data plane as it leaves (``plane_leftovers``).
 """
 
@@ -62,7 +63,8 @@ def main():
       def chunk_or_die(self, dealer, header, body):
         send_chunk(self, dealer, header, body)
         h = plane_frames.decode(header)
-        if h.key.endswith(at) and h.offset > 0:  # the payload is part way across
+        sync, _, phase = h.key.partition("~")  # a reduce-scatter's keys: "<sync>~<attempt>/rs" or "/ag"
+        if sync.endswith(at) and phase.endswith(os.environ.get("KILL_PHASE", "")) and h.offset > 0:  # part way
           time.sleep(0.05)  # the chunks sent so far reach the receiver
           _die({"time": time.time(), "offset": h.offset, "total": h.total, "chunk": self.chunk})
 

@@ -88,19 +88,54 @@ def test_a_process_killed_mid_transfer_is_left_out_and_the_run_equals_its_replay
   assert [x["replica_loss"][:2] for x in rows] == [x["replica_loss"][:2] for x in rows2]
 
 
+@pytest.mark.slow
+def test_with_reduce_scatter_a_process_killed_mid_sync_is_retried_without_and_the_run_equals_its_replay(tmp_path):
+  """``--reduction reduce-scatter``: each sync is a reduce-scatter over its members on the data plane,
+  so the three processes together receive 2 (K - 1) payloads per sync, not the all-gather's
+  K (K - 1). Process 2 is SIGKILLed part way through sending its reduced chunk of the sync sent at
+  step 6 (64-byte chunks): processes 0 and 1 have its rows but not its chunk, try again without
+  it, and leave it out of that sync and every later one; the run equals its trace replayed in-step
+  with the same reduction, bit for bit."""
+  out, stamp = str(tmp_path / "elastic"), tmp_path / "killed_at"
+  env = dict(ENV, KILL_RANK="2", KILL_AT_STEP=str(KILLED_AT), KILL_STAMP=str(stamp), KILL_MID_TRANSFER="1",
+             KILL_PHASE="/ag", DILOCO_PLANE_CHUNK_BYTES="64", PLANE_LEFTOVERS=str(tmp_path / "leftovers"))
+  flags = [*FLAGS, "--reduction", "reduce-scatter"]
+  r = _launch(*THREE, "--module", "kill_child", "--", *flags, "--elastic", "--out", out, env=env)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert 0 < json.loads(stamp.read_text())["offset"]
+  trace = [_trace(out, rank) for rank in range(3)]
+  settles = [[(x["sent_at"], x["present"]) for x in t if x["kind"] == "settle"] for t in trace[:2]]
+  assert settles[0] == settles[1] == [(s, [1.0, 1.0, 1.0] if s < KILLED_AT else [1.0, 1.0, 0.0])
+                                      for s in range(2, 17, 2)]
+  moved = {}  # per sync: (bytes each process handed on, bytes received by every process together)
+  for t in trace:
+    for x in (x for x in t if x["kind"] == "transfer" and x["what"].startswith("fragment")):
+      handed, received = moved.get(x["what"], ((), 0))
+      moved[x["what"]] = ((*handed, x["sent_bytes"]), received + x["received_bytes"])
+  for what, (handed, received) in moved.items():
+    k = len(handed) if int(what.split()[-1]) < KILLED_AT else 2
+    if int(what.split()[-1]) != KILLED_AT:  # (the killed sync moved its first attempt too)
+      assert len(set(handed)) == 1 and received == 2 * (k - 1) * handed[0], (what, handed, received)
+  assert _leftovers(tmp_path) == {str(r): {"zmq_threads": 0, "plane_threads": 0} for r in range(2)}
+  rows, rows2 = metrics_rows(os.path.join(out, "metrics.jsonl")), _replay(out, tmp_path / "replay", extra=flags)
+  assert [x["eval_loss"] for x in rows] == [x["eval_loss"] for x in rows2]
+  assert [x["replica_loss"][:2] for x in rows] == [x["replica_loss"][:2] for x in rows2]
+
+
 def _leftovers(tmp_path) -> dict:
   """What each process's data plane left as it left (tests/plane_leftovers.py), by process."""
   folder = tmp_path / "leftovers"
   return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))} if folder.is_dir() else {}
 
 
-def _replay(out, replay, rank=0) -> list[dict]:
+def _replay(out, replay, rank=0, extra=FLAGS) -> list[dict]:
   """The elastic run in ``out`` replayed from process ``rank``'s trace in the in-step runtime on three
-  devices (its drops and rejoins): checks the final params are equal bit for bit; the metrics rows."""
+  devices (its drops and rejoins; the run's flags ``extra``): checks the final params are equal bit for bit;
+  the metrics rows."""
   trace = _trace(out, rank)
   drops = ",".join(f"{s}:{m}" for s, m in schedule_from_trace(trace, replicas=3))
   rejoins = ",".join(f"{s}:{m}:{src}" for s, m, src in rejoins_from_trace(trace))
-  flags = [x for x in FLAGS if x not in ("--communication", "background")]
+  flags = [x for x in extra if x not in ("--communication", "background")]
   r = subprocess.run([sys.executable, "-m", "diloco_core.train", *flags, "--steps", _steps(out), "--mesh",
                       "diloco=3,data=1", "--drop-schedule", drops, *(["--rejoin-schedule", rejoins] if rejoins else []),
                       "--out", str(replay)], env=dict(ENV, XLA_FLAGS=xla_flags(3)), capture_output=True, text=True,

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from diloco_core.launch import supervisor as launch
-from diloco_core.runtime.membership import Agreement
+from diloco_core.runtime.agreement import Agreement
 from elastic_child import HEAL_DELAY
 from tiny_run import ENV, TESTS
 
@@ -155,7 +155,8 @@ def test_a_replacement_takes_part_on_a_thread_until_its_heal():
   with an empty payload (no contribution) and heal() gives the leader's data and the key of its
   first agreement as a member; its readiness is a key of its own incarnation."""
   from diloco_core.runtime.data_plane import DataPlane
-  from diloco_core.runtime.membership import Membership, PREFIX, _frame
+  from diloco_core.runtime.membership import Membership, PREFIX
+  from diloco_core.runtime.agreement import frame as _frame
   store = _Store({0: 41})
   store.kv[f"{PREFIX}/started"] = b"1"
   m = Membership(client=store)

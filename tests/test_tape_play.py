@@ -121,6 +121,9 @@ def _cli_error(argv) -> str:
     (["--replicas", "2", "--quorum", "1", "--outer-buffer", "0"], "--outer-buffer (N) must be an integer >= 1"),
     (["--replicas", "2", "--outer-apply", "sequential", "--reduction", "reduce-scatter",
       "--communication", "background"], "--outer-apply='sequential' is not built on real processes"),
+    (["--replicas", "3", "--communication", "background", "--elastic", "--quorum", "2", "--reduction",
+      "reduce-scatter"], "--quorum on real processes decides who counts from the payloads that arrived whole;"
+     " --reduction reduce-scatter commits each sync at a barrier of every live process"),
     (["--algorithm", "streaming", "--fragments", "2", "--quorum", "1"], "--fragments=2 is not supported by the tape player yet"),
     (["--overlap", "1", "--quorum", "1"], "--overlap=1 is not supported by the tape player yet"),
     (["--outer-overlap", "eager", "--quorum", "1"], "--outer-overlap='eager' is not supported"),

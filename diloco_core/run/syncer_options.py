@@ -260,6 +260,10 @@ def check_on_processes(cfg, opts: SyncerOptions) -> None:
   if not cfg.elastic:
     raise ValueError("`quorum` on real processes leaves a late process out of a sync, as an elastic run"
                      " leaves a lost one: add `elastic`, or use `communication` in-step (the tape).")
+  if cfg.algo.reduction == "reduce-scatter":
+    raise ValueError("`quorum` on real processes decides who counts from the payloads that arrived whole;"
+                     " `reduction` reduce-scatter commits each sync at a barrier of every live process (a late"
+                     " one would hold it): use `reduction` all-gather, or drop `quorum`.")
   if opts.quorum < cfg.min_replicas:
     raise ValueError(f"`quorum` K={opts.quorum} closes a sync with {opts.quorum} replica(s), fewer than"
                      f" `min_replicas`={cfg.min_replicas}: the run would stop at the first sync a process is"

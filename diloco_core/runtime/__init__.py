@@ -9,9 +9,11 @@ Modules: :mod:`~diloco_core.runtime.communication` (``Runtime``, ``InStep``),
 :mod:`~diloco_core.runtime.option_checks` (the refusals of options alone, without JAX),
 :mod:`~diloco_core.runtime.background` with :mod:`~diloco_core.runtime.background_programs` and
 :mod:`~diloco_core.runtime.background_mesh`, :mod:`~diloco_core.runtime.link` (payloads between
-processes), :mod:`~diloco_core.runtime.membership` (agreements over the coordination service),
+processes), :mod:`~diloco_core.runtime.membership` (agreements over the coordination service) with
+:mod:`~diloco_core.runtime.agreement` (what a barrier agrees on),
 :mod:`~diloco_core.runtime.data_plane` with :mod:`~diloco_core.runtime.plane_frames` (an elastic
-run's payloads peer to peer over ZeroMQ),
+run's payloads peer to peer over ZeroMQ), :mod:`~diloco_core.runtime.plane_reduce` (an elastic
+sync as a reduce-scatter over its members),
 :mod:`~diloco_core.runtime.elastic` and :mod:`~diloco_core.runtime.elastic_runtime`,
 :mod:`~diloco_core.runtime.quorum` (a K-of-M quorum deciding an elastic run's syncs in wall-clock time),
 :mod:`~diloco_core.runtime.tape_player` (the real model trained as a syncer tape says) with
@@ -29,6 +31,8 @@ _PUBLIC = {
     "Background": "diloco_core.runtime.background",
     "ElasticRuntime": "diloco_core.runtime.elastic_runtime",
     "Membership": "diloco_core.runtime.membership",
+    "Agreement": "diloco_core.runtime.agreement",
+    "reduce_over_members": "diloco_core.runtime.plane_reduce",
     "DataPlane": "diloco_core.runtime.data_plane",
     "PlaneTimeout": "diloco_core.runtime.data_plane",
     "Link": "diloco_core.runtime.link",

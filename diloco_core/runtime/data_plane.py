@@ -28,7 +28,9 @@ connection to it dropped (a killed peer's socket closes at once), or ``timeout_s
 :meth:`DataPlane.take` waits, bounded, for a sender's payload of a key. Each process thus sends
 its payload :math:`N - 1` times and receives :math:`(N - 1)` payloads, the bytes of gloo's
 all-gather, and no host carries more than its own share (through the service, process 0's
-host carried :math:`N^2` payloads).
+host carried :math:`N^2` payloads). With ``reduction="reduce-scatter"`` a sync sends each
+receiver a payload of its own (:meth:`DataPlane.send_each`), and each process moves under two
+payloads whatever N (:mod:`~diloco_core.runtime.plane_reduce`).
 
 **Nobody else gets in.** Every message carries the run's token (random bytes that the first
 process put in the coordination service, :func:`run_token`), the sender's process and
@@ -217,12 +219,19 @@ class DataPlane:
     Returns:
       The processes that acknowledged (sorted).
     """
-    view = memoryview(payload).cast("B")
-    total, acked = view.nbytes, set()
+    return self.send_each(key, {r: payload for r in to}, timeout_s)
+
+  def send_each(self, key: str, payloads: dict, timeout_s: float = 60.0) -> tuple[int, ...]:
+    """:meth:`send` with one payload per receiver, ``{process: bytes-like}`` (a reduce-scatter
+    sends each owner its own chunk): every chunk goes out before the first acknowledgement is
+    awaited, so the transfers overlap."""
+    views = {r: memoryview(x).cast("B") for r, x in payloads.items()}
+    acked = set()
     with self._send_lock:
-      targets = {r: self._sender(r) for r in sorted(set(to)) if self._peers.get(r, (0, None))[1]
+      targets = {r: self._sender(r) for r in sorted(views) if self._peers.get(r, (0, None))[1]
                  and (r, self._peers[r][0]) not in self._gone}
       for r, (_, dealer, _) in targets.items():
+        view, total = views[r], views[r].nbytes
         for offset in range(0, max(total, 1), self.chunk):
           body = view[offset:offset + self.chunk]
           header = encode(Header(self.token, PAYLOAD, self.rank, self.incarnation, offset, body.nbytes, total, key))
@@ -238,10 +247,23 @@ class DataPlane:
           if monitor in ready and recv_monitor_message(monitor)["event"] & GONE_EVENTS:
             self._gone.add((r, inc))
             del waiting[r]
-          elif dealer in ready and self._is_ack(dealer.recv_multipart(), key, r, total):
+          elif dealer in ready and self._is_ack(dealer.recv_multipart(), key, r, views[r].nbytes):
             acked.add(r)
             del waiting[r]
     return tuple(sorted(acked))
+
+  def gone(self, r: int) -> bool:
+    """Whether the connection this process opened to process ``r`` (by sending to it) dropped:
+    a killed process's socket closes at once. False when it never sent to ``r``."""
+    with self._send_lock:
+      peer = self._peers.get(r)
+      if peer is None or r not in self._senders:
+        return peer is not None and (r, peer[0]) in self._gone
+      inc, _, monitor = self._senders[r]
+      while monitor.poll(0):
+        if recv_monitor_message(monitor)["event"] & GONE_EVENTS:
+          self._gone.add((r, inc))
+      return (r, inc) in self._gone
 
   def _send_chunk(self, dealer, header: bytes, body: memoryview) -> None:
     """One chunk on its way (a seam for the tests that kill a process mid-transfer)."""
@@ -256,23 +278,34 @@ class DataPlane:
 
   # -- receiving --------------------------------------------------------------------------------
 
-  def take(self, key: str, sender: int | None, timeout_s: float) -> bytearray:
+  def take(self, key: str, sender: int | None, timeout_s: float, watch: bool = False) -> bytearray:
     """``sender``'s payload of ``key`` (any sender's: None), waiting at most ``timeout_s``.
 
+    Args:
+      key: the agreement's key.
+      sender: the process that sends it, or None for any.
+      timeout_s: the longest wait.
+      watch: stop waiting as soon as the connection to ``sender`` dropped (:meth:`gone`; this
+        process must have sent to it): a killed sender is then noticed at once.
+
     Raises:
-      PlaneTimeout: it did not arrive whole in time.
+      PlaneTimeout: it did not arrive whole in time, or (``watch``) its sender is gone.
     """
-    deadline = time.monotonic() + timeout_s
-    with self._cond:
-      while True:
+    deadline, who = time.monotonic() + timeout_s, "any process" if sender is None else f"process {sender}"
+    while True:
+      with self._cond:
         found = next((k for k in self._inbox if k[0] == key and sender in (None, k[1])), None)
         if found is not None:
           return self._inbox.pop(found)
         left = deadline - time.monotonic()
         if left <= 0 or self._closed:
-          who = "any process" if sender is None else f"process {sender}"
           raise PlaneTimeout(f"the payload of {key!r} from {who} did not arrive within {timeout_s:g} s")
         self._cond.wait(min(left, 0.1))
+      if watch and sender is not None and self.gone(sender):
+        with self._cond:  # it may have come whole before its sender went
+          if (key, sender) in self._inbox:
+            return self._inbox.pop((key, sender))
+        raise PlaneTimeout(f"the payload of {key!r} from {who} did not come: its connection dropped")
 
   def finish(self, key: str) -> None:
     """``key``'s agreement is over here: what arrives for it later is acknowledged and dropped."""

@@ -39,9 +39,15 @@ data plane (:mod:`~diloco_core.runtime.data_plane`), in chunks; the coordination
 only the agreement's few bytes. The largest elastic run is bounded by memory, which the
 pre-flight checks as for any run.
 
+**Reduction.** With ``reduction="all-gather"`` each process receives every member's payload
+(:math:`(K - 1) V` bytes for K members); with ``reduction="reduce-scatter"`` a sync is a
+reduce-scatter over the members (:mod:`~diloco_core.runtime.plane_reduce`): at most :math:`2V`
+per process whatever K, a member lost mid-sync retried without it.
+
 Not yet (one-line refusals, :func:`~diloco_core.runtime.option_checks.check_elastic`): ``eval_replicas``,
-``reduction="reduce-scatter"``, ``outer_overlap`` other than ``"none"`` (as for simulated
-drops). A replacement for process 0 (``launch --restart`` starts the others again only).
+``outer_overlap`` other than ``"none"`` (as for simulated drops), a ``quorum`` with
+``reduction="reduce-scatter"``. A replacement for process 0 (``launch --restart`` starts the
+others again only).
 """
 
 from __future__ import annotations

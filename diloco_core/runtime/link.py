@@ -21,7 +21,8 @@ In an elastic run (``membership``: a :class:`~diloco_core.runtime.membership.Mem
 crosses gloo: each payload and each log row's values are one agreement over the live processes
 (the payloads peer to peer over the data plane, :mod:`~diloco_core.runtime.data_plane`), on the link's thread (a log row then waits behind a
 fragment in flight); a process left out sends nothing that counts, and its rows come back as
-``fill``.
+``fill``. :meth:`Link.reduce` is then a reduce-scatter over the sync's members on the same
+plane (:mod:`~diloco_core.runtime.plane_reduce`).
 
 With one process there is nothing to cross: :meth:`Link.gather` returns its input at once
 (still through the thread, so the code path is the same).
@@ -49,6 +50,7 @@ import time
 import jax
 import numpy as np
 
+from diloco_core.runtime.plane_reduce import reduce_over_members
 from diloco_core.runtime.quorum import vote_exchange
 from diloco_core.wire import reduce_scatter
 
@@ -167,7 +169,7 @@ class Link:
     30 s for every process, which a process still compiling its first step can miss. (Under the
     all-gather nothing is run at start: a late peer would hold the others there.)"""
     def work():
-      if self.processes > 1:
+      if self.processes > 1 and self.membership is None:  # elastic: nothing crosses gloo
         _all_to_all(np.zeros((self.processes, 1), np.uint8))
       return None, None, None, None
     return self._submit("connect", work)
@@ -182,9 +184,19 @@ class Link:
       plan: the payload's chunks, one per process (``plan.parts`` = the process count).
 
     Returns:
-      A future of the mean ``[1, elements]`` (float32, re-quantized).
+      A future of the mean ``[1, elements]`` (float32, re-quantized). Elastic: of ``(mean,
+      agreement)``, over the replicas of the agreement's members
+      (:func:`~diloco_core.runtime.plane_reduce.reduce_over_members`, peer to peer; ``plan``'s
+      layout is re-cut for them).
     """
     x = np.ascontiguousarray(x, np.float32)
+    if self.membership is not None:
+      def elastic():
+        mean, agreement, sent, received = reduce_over_members(
+            self.membership, what.replace("/", "-"), x, plan.layout, self.processes * x.shape[0])
+        self._note(agreement)
+        return (mean, agreement), sent, received, 0
+      return self._submit(what, elastic)
     if plan.parts != self.processes:
       raise ValueError(f"a reduce-scatter over {self.processes} processes needs {self.processes} chunks,"
                        f" got {plan.parts}.")
@@ -223,15 +235,18 @@ class Link:
     for r, raw in agreement.payloads.items():
       rows[r] = np.frombuffer(raw, x.dtype).reshape(x.shape)
     received = sum(len(raw) for r, raw in agreement.payloads.items() if r != self.rank)
-    if vote:  # no loss or join is seen by a vote: `last` stays the last barrier's
-      return rows.reshape(-1, *x.shape[1:]), received, agreement
+    if not vote:  # no loss or join is seen by a vote: `last` stays the last barrier's
+      self._note(agreement)
+    return rows.reshape(-1, *x.shape[1:]), received, agreement
+
+  def _note(self, agreement) -> None:
+    """Elastic: ``agreement`` is the last; its losses and joins go to :attr:`events`."""
     self.last = agreement
     self.replaced.update(agreement.joined)
     for kind in ("lost", "joined"):
       if getattr(agreement, kind):
         self.events.append({"kind": kind, "processes": list(getattr(agreement, kind)), "at": agreement.key,
                             "time": time.time()})
-    return rows.reshape(-1, *x.shape[1:]), received, agreement
 
   def exchange(self, key: str, x: np.ndarray, timeout_s: float = PEER_TIMEOUT_S, fill=np.nan) -> np.ndarray:
     """Every process's ``x`` (small: a log row's values) as ``[processes, ...]``, through the

@@ -28,6 +28,9 @@ One sync (:meth:`Membership.exchange`):
 4. it takes every contributor's payload from its data plane (each was acknowledged before its
    sender's barrier: it is there, unless a peer was cut off without dying).
 
+Steps 2 and 3 alone are :meth:`Membership.agree` (a barrier with a marker of a few bytes), on
+which :mod:`~diloco_core.runtime.plane_reduce` builds a sync that reduces instead of gathering.
+
 **A replacement** must take part in every barrier from its first on (the barrier waits for
 every live process: from its connection on, so it enters at once, :func:`process_membership`,
 and a thread takes part while it builds and compiles), but has no state yet. The leader (the lowest member of the agreement it
@@ -55,12 +58,11 @@ Examples:
 from __future__ import annotations
 
 import dataclasses
-import struct
 import threading
 
 import jax
-import numpy as np
 
+from diloco_core.runtime.agreement import Agreement, delete_key, first_line, frame, marker_of, try_get, unframe
 from diloco_core.runtime.data_plane import DataPlane, PlaneTimeout, bind_host, coordinator_address, run_token
 
 #: Seconds a process waits for a contributor's payload once the barrier has passed (it was
@@ -77,41 +79,6 @@ PREFIX = "diloco/elastic"
 
 class MembershipError(ConnectionError):
   """The coordination service could not complete an agreement (it was lost, or a key timed out)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Agreement:
-  """What every live process agreed on at one sync.
-
-  Attributes:
-    key: the sync's name (the same on every process, e.g. ``"fragment 1 @ step 6"``).
-    members: the processes whose payloads count (sorted): live, with the incarnation they had at
-      the previous agreement.
-    joined: live processes with a new incarnation: replacements that get the heal now and
-      count from the next sync.
-    lost: processes of the previous agreement that are gone (dead, or restarted: a restarted
-      process is lost and joined at once).
-    payloads: ``{process: bytes}`` of the members (empty for :meth:`Membership.enter`).
-    incarnations: ``{process: incarnation}`` of every live process.
-  """
-
-  key: str
-  members: tuple[int, ...]
-  joined: tuple[int, ...]
-  lost: tuple[int, ...]
-  payloads: dict
-  incarnations: dict
-
-  @property
-  def leader(self) -> int:
-    """The member that sends the heal to the joiners (the lowest)."""
-    return min(self.members)
-
-  def present(self, processes: int) -> np.ndarray:
-    """The float32 ``[processes]`` mask of the members (1 counts, 0 does not)."""
-    mask = np.zeros(processes, np.float32)
-    mask[list(self.members)] = 1.0
-    return mask
 
 
 def _client():
@@ -172,7 +139,7 @@ class Membership:
     try:
       return {int(r): int(i) for r, i in self._client.get_live_nodes(list(range(self.processes))).items()}
     except Exception as e:  # noqa: BLE001 - the service itself gone
-      raise MembershipError(f"the membership barrier failed: the coordination service was lost ({_first_line(e)})") from None
+      raise MembershipError(f"the membership barrier failed: the coordination service was lost ({first_line(e)})") from None
 
   @classmethod
   def entered(cls, **kwargs) -> "Membership":
@@ -185,7 +152,7 @@ class Membership:
     """The first agreement of this process: at start (every process calls it, everyone is a
     member), or as a replacement (the others are at a sync: they see it join there; then
     :attr:`rejoined` is True and :meth:`wait_for_heal` gives what the leader sent)."""
-    self.rejoined = _try_get(self._client, f"{self.prefix}/started") is not None
+    self.rejoined = try_get(self._client, f"{self.prefix}/started") is not None
     live = self._barrier()
     self._known, self.incarnation = live, live[self.rank]
     if self.plane is None:
@@ -221,14 +188,20 @@ class Membership:
     to = [r for r in (self._known if to is None else to) if r != self.rank]
     return self.plane.send(key, payload, to, self.payload_timeout_s)
 
-  def take(self, key: str, sender: int | None) -> bytes:
-    """``sender``'s payload of ``key`` from the data plane (None: any sender's).
+  def send_each(self, key: str, payloads: dict) -> tuple[int, ...]:
+    """Sends each process of ``payloads`` (``{process: bytes}``) its own payload under ``key``;
+    returns those that acknowledged it."""
+    return self.plane.send_each(key, {r: x for r, x in payloads.items() if r != self.rank}, self.payload_timeout_s)
+
+  def take(self, key: str, sender: int | None, watch: bool = False) -> bytes:
+    """``sender``'s payload of ``key`` from the data plane (None: any sender's; ``watch``: give
+    up as soon as the connection this process opened to ``sender`` dropped).
 
     Raises:
-      MembershipError: it did not come within the payload timeout.
+      MembershipError: it did not come within the payload timeout, or (``watch``) its sender is gone.
     """
     try:
-      return self.plane.take(key, sender, self.payload_timeout_s)
+      return self.plane.take(key, sender, self.payload_timeout_s, watch)
     except PlaneTimeout as e:
       raise MembershipError(f"{e} (a peer was lost or cut off during the transfer)") from None
 
@@ -250,55 +223,73 @@ class Membership:
         the barrier without counting).
 
     Returns:
-      The :class:`Agreement`.
+      The :class:`~diloco_core.runtime.agreement.Agreement`.
 
     Raises:
       MembershipError: the coordination service was lost, or a member's payload did not come.
     """
     if self._known is None:
       raise RuntimeError("call Membership.enter() before the first exchange.")
-    client = self._client
-    self._tell_joiners(key)
+    self.tell_joiners(key)
     if payload:
       self.send(key, payload)
-    client.key_value_set_bytes(f"{self.prefix}/{key}/{self.rank}", _marker(payload), allow_overwrite=True)
+    agreement = self.agree(key, marker_of(payload))
+    payloads = {}
+    if payload:  # one that sends nothing reads nothing (it was not sent the others' payloads)
+      payloads = {r: payload if r == self.rank else self.take(key, r) for r in agreement.members}
+    self.finish(key)
+    return dataclasses.replace(agreement, payloads=payloads)
+
+  def agree(self, key: str, marker: bytes) -> Agreement:
+    """One barrier: puts ``marker`` under ``<prefix>/<key>/<rank>``, passes the service's barrier
+    over the live processes, reads the markers of those with their previous incarnation.
+
+    Args:
+      key: the barrier's name, the same on every process (no ``/``).
+      marker: a few bytes (empty: this process takes part without counting).
+
+    Returns:
+      The :class:`~diloco_core.runtime.agreement.Agreement` (no payloads): its members put a non-empty marker.
+
+    Raises:
+      MembershipError: the coordination service was lost, or a marker did not come.
+    """
+    client = self._client
+    client.key_value_set_bytes(f"{self.prefix}/{key}/{self.rank}", marker, allow_overwrite=True)
     live = self._barrier()
     known = self._known
     joined = tuple(r for r in sorted(live) if known.get(r) != live[r])
     lost = tuple(r for r in sorted(known) if live.get(r) != known[r])
-    members, payloads = [], {}
+    markers = {}
     for r in (r for r in sorted(live) if known.get(r) == live[r]):
       try:
-        marker = client.blocking_key_value_get_bytes(f"{self.prefix}/{key}/{r}", int(self.payload_timeout_s * 1000))
+        markers[r] = bytes(client.blocking_key_value_get_bytes(f"{self.prefix}/{key}/{r}",
+                                                               int(self.payload_timeout_s * 1000)))
       except Exception as e:  # noqa: BLE001
         raise MembershipError(f"process {r}'s marker of {key!r} did not come within"
-                              f" {self.payload_timeout_s:g} s ({_first_line(e)})") from None
-      if marker:  # an empty marker: a replacement not healed yet
-        members.append(r)
-        if payload:  # one that sends nothing reads nothing (it was not sent the others' payloads)
-          payloads[r] = payload if r == self.rank else self.take(key, r)
-    self.finish(key)
+                              f" {self.payload_timeout_s:g} s ({first_line(e)})") from None
     if self._last_key is not None:  # everyone has read it: they all passed this barrier
-      _delete(client, f"{self.prefix}/{self._last_key}/{self.rank}")
+      delete_key(client, f"{self.prefix}/{self._last_key}/{self.rank}")
     for k in self._to_free:  # the votes before this barrier: every process read them before it
-      _delete(client, k)
+      delete_key(client, k)
     self._to_free = []
     self._known, self._last_key = live, key
     if joined or lost:
       self._update_peers(live)
-    agreement = Agreement(key, tuple(members), joined, lost, payloads, dict(live))
-    if joined and payloads and self.rank == agreement.leader:  # the leader heals them (send_heal)
+    members = tuple(r for r, m in markers.items() if m)  # an empty marker: a replacement not healed yet
+    agreement = Agreement(key, members, joined, lost, {}, dict(live), markers)
+    if joined and marker and self.rank == agreement.leader:  # the leader heals them (send_heal)
       self.pending.update({r: [live[r], 0] for r in joined})
     return agreement
 
-  def _tell_joiners(self, key: str) -> None:
+  def tell_joiners(self, key: str, heal: bool = True) -> None:
     """The leader, before each barrier: tells each replacement waiting for its heal what this
-    agreement is (take part with nothing), or that its heal is there (its first agreement as a
-    member is this one)."""
+    barrier is (take part with nothing), or that its heal is there (its first agreement as a
+    member is this one; only with ``heal``: the first barrier of a sync or exchange)."""
     for r, (incarnation, n) in list(self.pending.items()):
       status = f"{self.prefix}/status/{r}/{incarnation}/{n}"
-      if r in self._heals:
-        self.send(f"heal/{r}/{incarnation}", _frame(key, self._heals.pop(r)), to=[r])
+      if heal and r in self._heals:
+        self.send(f"heal/{r}/{incarnation}", frame(key, self._heals.pop(r)), to=[r])
         self._client.key_value_set(status, "heal", allow_overwrite=True)
         del self.pending[r]
       else:
@@ -320,7 +311,7 @@ class Membership:
       status = self._get(f"{self.prefix}/status/{self.rank}/{incarnation}/{n}", timeout_s).decode()
       if status == "heal":
         try:
-          return _unframe(bytes(self.plane.take(f"heal/{self.rank}/{incarnation}", None, timeout_s)))
+          return unframe(bytes(self.plane.take(f"heal/{self.rank}/{incarnation}", None, timeout_s)))
         except PlaneTimeout as e:
           raise MembershipError(f"the heal did not come: {e}") from None
       if status == "ended":
@@ -363,7 +354,7 @@ class Membership:
   def ready(self, process: int) -> bool:
     """The leader: whether the replacement ``process`` waiting for its heal is ready
     (:meth:`mark_ready`; no wait)."""
-    return _try_get(self._client, f"{self.prefix}/ready/{process}/{self.pending[process][0]}") is not None
+    return try_get(self._client, f"{self.prefix}/ready/{process}/{self.pending[process][0]}") is not None
 
   def release(self) -> None:
     """The leader, at its end: tells the replacements still waiting that the run ended."""
@@ -376,7 +367,7 @@ class Membership:
       return self._client.blocking_key_value_get_bytes(key, int(timeout_s * 1000))
     except Exception as e:  # noqa: BLE001
       raise MembershipError(f"no live process answered this replacement within {timeout_s:g} s (at {key}:"
-                            f" {_first_line(e)})") from None
+                            f" {first_line(e)})") from None
 
 
 _PROCESS: Membership | None = None
@@ -401,48 +392,3 @@ def close_process_membership() -> None:
   if _PROCESS is not None:
     _PROCESS.close()
     _PROCESS = None
-
-
-def _marker(payload: bytes) -> bytes:
-  """What a process puts in the service for its payload: the length (8 bytes), or nothing.
-
-  Examples:
-    >>> _marker(b""), _marker(b"abc")
-    (b'', b'\\x03\\x00\\x00\\x00\\x00\\x00\\x00\\x00')
-  """
-  return struct.pack("<Q", len(payload)) if len(payload) else b""
-
-
-def _try_get(client, key: str) -> bytes | None:
-  """The value under ``key``, or None when there is none (the service raises NOT_FOUND)."""
-  try:
-    return client.key_value_try_get_bytes(key)
-  except Exception:  # noqa: BLE001 - NOT_FOUND
-    return None
-
-
-def _delete(client, key: str) -> None:
-  try:
-    client.key_value_delete(key)
-  except Exception:  # noqa: BLE001 - already gone: nothing to free
-    pass
-
-
-def _first_line(e: Exception) -> str:
-  return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-
-
-def _frame(key: str, data: bytes) -> bytes:
-  """``key`` and ``data`` in one value: the key's length (4 bytes), the key, the data.
-
-  Examples:
-    >>> _unframe(_frame("fragment 0 @ step 4", b"xyz"))
-    ('fragment 0 @ step 4', b'xyz')
-  """
-  k = key.encode()
-  return struct.pack("<I", len(k)) + k + data
-
-
-def _unframe(raw: bytes) -> tuple[str, bytes]:
-  (n,) = struct.unpack("<I", raw[:4])
-  return raw[4:4 + n].decode(), raw[4 + n:]

@@ -79,7 +79,6 @@ def check_elastic(cfg) -> None:
                      " program: no process to lose); pass `communication` background.")
   a = cfg.algo
   refused = [("eval_replicas", cfg.eval_replicas, cfg.eval_replicas, "a lost replica has no params to evaluate"),
-             ("reduction", a.reduction, a.reduction == "reduce-scatter", "its owners average every replica"),
              ("outer_overlap", a.outer_overlap, a.outer_overlap != "none", "as for simulated drops: only 'none'")]
   for name, value, bad, why in refused:
     if bad:

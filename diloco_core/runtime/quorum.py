@@ -57,7 +57,8 @@ import dataclasses
 import math
 import time
 
-from diloco_core.runtime.membership import Agreement, MembershipError
+from diloco_core.runtime.agreement import Agreement
+from diloco_core.runtime.membership import MembershipError
 from diloco_core.spec.quorum_close import closed
 
 #: Seconds between two reads of a vote's markers.
@@ -124,7 +125,7 @@ def vote_exchange(membership, key: str, payload: bytes, rule: QuorumRule,
     poll_s: seconds between two reads of the markers.
 
   Returns:
-    ``(agreement, row)``: the :class:`~diloco_core.runtime.membership.Agreement` (the members
+    ``(agreement, row)``: the :class:`~diloco_core.runtime.agreement.Agreement` (the members
     and their payloads; no join or loss: those are seen at the next barrier) and the trace's
     ``quorum`` row (``members``, ``late``, ``arrived``: when this process saw each, ``decided``:
     whether it wrote the decision, ``start``, ``end``).

@@ -151,9 +151,20 @@ def scatter(rows: np.ndarray, plan: ChunkPlan) -> list[np.ndarray]:
           for d in range(plan.parts)]
 
 
-def reduce_owned(received: list[np.ndarray], plan: ChunkPlan, d: int) -> tuple[np.ndarray, np.ndarray]:
+def reduce_owned(received: list[np.ndarray], plan: ChunkPlan, d: int, present: np.ndarray | None = None,
+                 mean=None) -> tuple[np.ndarray, np.ndarray]:
   """Phase 2, the owner d of a chunk: the packed rows every process sent it (in process order,
   so the rows are in replica order), averaged and re-quantized.
+
+  Args:
+    received: each process's packed rows of chunk d (``[m * b_d]`` uint8), in process order.
+    plan: the payload's chunks.
+    d: the chunk.
+    present: the [M] participation mask of the rows (an elastic run: the replicas of the
+      processes left out are 0, their rows any bytes), or None for every row.
+    mean: with ``present``, the masked mean ``mean(rows [M, n], present [M]) -> [n]`` (the
+      runtimes' rule, :func:`~diloco_core.algorithm.phases.present_mean`); a module-level
+      function (the jitted reduction is cached by it).
 
   Returns:
     ``(packed, mean)``: the reduced chunk packed (``[b_d]`` uint8) and as float32 ``[len]``.
@@ -162,17 +173,20 @@ def reduce_owned(received: list[np.ndarray], plan: ChunkPlan, d: int) -> tuple[n
   if layout.elements == 0:  # more processes than scaling units: an empty chunk
     return np.zeros(0, np.uint8), np.zeros(0, np.float32)
   rows = np.concatenate([unpack_payload(r.reshape(-1, layout.row_bytes), layout) for r in received])
-  mean = np.asarray(_reduced(layout)(jax.device_put(rows, jax.local_devices(backend="cpu")[0])))
+  cpu = jax.local_devices(backend="cpu")[0]
+  args = (rows,) if present is None else (rows, np.asarray(present, np.float32))
+  mean = np.asarray(_reduced(layout, None if present is None else mean)(*[jax.device_put(a, cpu) for a in args]))
   return pack_payload(mean[None], layout).reshape(-1), mean
 
 
 @functools.lru_cache(maxsize=None)
-def _reduced(layout: WireLayout):
-  """The jitted mean over the rows of one chunk and its re-quantization, segment by segment (each
-  segment starts on a unit boundary of its leaf, so its blocks are the leaf's)."""
+def _reduced(layout: WireLayout, masked_mean=None):
+  """The jitted mean over the rows of one chunk (``masked_mean`` with a mask) and its
+  re-quantization, segment by segment (each segment starts on a unit boundary of its leaf, so its
+  blocks are the leaf's)."""
 
-  def fn(rows):
-    mean, out, at = jnp.mean(rows, axis=0), [], 0
+  def fn(rows, *present):
+    mean, out, at = jnp.mean(rows, axis=0) if masked_mean is None else masked_mean(rows, *present), [], 0
     for size in layout.sizes:
       out.append(compression.quantize(mean[at:at + size], layout.name, block_size=layout.block_size))
       at += size
