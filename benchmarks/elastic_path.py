@@ -8,7 +8,10 @@ joined as an elastic run's, and each payload size: one payload per process over 
 (the path before the data plane) and through gloo (a background run without ``--elastic``:
 :meth:`~diloco_core.runtime.link.Link.gather`), the median of a few repeats. Per row: seconds and
 MB/s (a process's payload over the time until every process has every payload) of each path,
-and elastic / gloo (the target is at least 0.5). Measured, never asserted.
+and elastic / gloo (the target is at least 0.5). Then the reduction of ``--reduction
+reduce-scatter`` (the mean of every process's payload of float32 values) over the data plane
+(an elastic sync: :func:`~diloco_core.runtime.plane_reduce.reduce_over_members`) and over gloo
+(:meth:`~diloco_core.runtime.link.Link.reduce`), and their ratio. Measured, never asserted.
 
 Usage: python benchmarks/elastic_path.py [--sizes-mib 1,4,16,64] [--processes 2,3] [--repeats 3]
 """
@@ -39,6 +42,11 @@ def main(argv=None) -> None:
     for r in table.itertuples():
       print(f"{r.size_mib:5.0f} {r.elastic_s:8.4f} {r.service_s:10.4f} {r.gloo_s:8.4f} {r.elastic_mb_s:11.1f}"
             f" {r.service_mb_s:13.1f} {r.gloo_mb_s:10.1f} {r.elastic_over_gloo:10.2f}x")
+    print("the mean of every process's payload (--reduction reduce-scatter), median of the same repeats")
+    print(f"{'MiB':>5} {'plane s':>8} {'gloo s':>8} {'plane MB/s':>11} {'gloo MB/s':>10} {'plane/gloo':>11}")
+    for r in table.itertuples():
+      print(f"{r.size_mib:5.0f} {r.elastic_reduce_s:8.4f} {r.gloo_reduce_s:8.4f} {r.elastic_reduce_mb_s:11.1f}"
+            f" {r.gloo_reduce_mb_s:10.1f} {r.elastic_reduce_over_gloo_reduce:10.2f}x")
 
 
 if __name__ == "__main__":

@@ -42,6 +42,8 @@ OUT = ROOT / "_build"
 HTML = OUT / "html"
 LOG = OUT / "build.log"
 STAMP = OUT / "build.stamp"
+#: Where ``conf.py`` starts the experiments page's re-checks (beside the HTML).
+RECHECKS = OUT / "recheck"
 LOCK = OUT / ".build.lock"
 #: JAX's persistent compilation cache of the repository: the docs build, its notebook kernels and
 #: the test suite (``conftest.py``) read and write the same programs. (JAX's cache key includes
@@ -180,9 +182,10 @@ def _build(echo: bool = False, timeout: float | None = None) -> subprocess.Compl
                         text=True, start_new_session=True, env=env) as proc:
     expired = threading.Event()
 
-    def kill():  # the whole group: Sphinx and the notebook kernels it started
+    def kill():  # the whole group: Sphinx and the notebook kernels it started, and the re-checks
       expired.set()
       os.killpg(proc.pid, signal.SIGKILL)
+      kill_rechecks()
 
     watchdog = threading.Timer(timeout, kill) if timeout else None
     if watchdog:
@@ -196,6 +199,7 @@ def _build(echo: bool = False, timeout: float | None = None) -> subprocess.Compl
       rc = proc.wait()
     except BaseException:
       os.killpg(proc.pid, signal.SIGKILL)
+      kill_rechecks()
       raise
     finally:
       if watchdog:
@@ -206,6 +210,16 @@ def _build(echo: bool = False, timeout: float | None = None) -> subprocess.Compl
     raise subprocess.TimeoutExpired(cmd, timeout, output=out)
   STAMP.write_text(json.dumps({"digest": digest, "returncode": rc}))
   return subprocess.CompletedProcess(cmd, rc, out, "")
+
+
+def kill_rechecks() -> list[int]:
+  """Kills the experiments page's re-checks (their own process groups, which a kill of Sphinx's
+  group does not reach: ``analysis.lab.recheck_build``, started by ``conf.py`` in
+  :data:`RECHECKS`); the groups it found."""
+  if str(ROOT) not in sys.path:  # run as `python docs/build.py`: the repository importable
+    sys.path.insert(0, str(ROOT))
+  from analysis.lab import recheck_build  # pylint: disable=import-outside-toplevel
+  return recheck_build.kill_started(str(RECHECKS))
 
 
 def current_build() -> subprocess.CompletedProcess | None:

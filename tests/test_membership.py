@@ -200,16 +200,21 @@ def test_a_replacement_whose_run_ended_says_so():
 def test_the_path_probe_times_the_data_plane_beside_the_service_and_gloo(capsys):
   """``diloco_core.launch.path_probe`` under the launcher (path_benchmark): two processes joined as
   an elastic run's, one payload each over the data plane, through the coordination service and
-  through gloo; the table has all three, and a bad size is one line before anything starts."""
+  through gloo, and its mean over the data plane and over gloo; the table has all five and their
+  ratios, and a bad size or path is one line before anything starts."""
   from analysis.lab.elastic_measured import path_benchmark
   from diloco_core.launch import path_probe
   from diloco_core.runtime.data_plane import CHUNK_BYTES
   from diloco_core.runtime.elastic import HEARTBEAT_S as ELASTIC_HEARTBEAT_S
   table, result = path_benchmark((1, 2), repeats=1)
   assert table["size_mib"].tolist() == [1.0, 2.0]
-  assert (table[[f"{p}_{x}" for p in ("elastic", "service", "gloo") for x in ("s", "mb_s")]] > 0).all().all()
+  assert (table[[f"{p}_{x}" for p in path_probe.PATHS for x in ("s", "mb_s")]] > 0).all().all()
+  assert (table[["elastic_over_gloo", "elastic_over_service", "elastic_reduce_over_gloo_reduce"]] > 0).all().all()
   assert result["processes"] == 2 and result["heartbeat_s"] == ELASTIC_HEARTBEAT_S
   assert result["chunk_bytes"] == CHUNK_BYTES
   assert path_probe.main(["--sizes-mib", "1,x", "--json", "o.json"]) == 2
   assert capsys.readouterr().err == ("error: --sizes-mib must be whole numbers of MiB >= 1 separated by commas"
                                      " (e.g. 1,4,16), got '1,x'.\n")
+  assert path_probe.main(["--paths", "gloo,ring", "--json", "o.json"]) == 2
+  assert capsys.readouterr().err == ("error: --paths must be some of elastic, service, gloo, elastic_reduce,"
+                                     " gloo_reduce separated by commas, got 'gloo,ring'.\n")

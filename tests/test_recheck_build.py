@@ -55,6 +55,27 @@ def test_the_wrapper_records_the_exit_status_and_stop_ends_the_whole_group(tmp_p
     time.sleep(0.05)
 
 
+def test_a_re_check_is_killed_from_another_process_by_its_folder(tmp_path, monkeypatch):
+  """The docs build's watchdog kills Sphinx's process group, which does not hold the re-checks
+  (each has a group of its own): ``kill_started`` ends them by the group numbers ``start`` wrote
+  in their folder, the folder docs/build.py names."""
+  import importlib.util
+  spec = importlib.util.spec_from_file_location("docs_build", os.path.join(os.path.dirname(__file__), "..", "docs", "build.py"))
+  site_build = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(site_build)
+  assert site_build.RECHECKS == site_build.HTML.parent / "recheck"  # conf.py: <outdir>/../recheck
+  marker = f"sleep {500 + os.getpid() % 100}.5"
+  monkeypatch.setattr(recheck_build, "commands", lambda names, emulated: {"native": ["sh", "-c", marker]})
+  procs = recheck_build.start(["x"], str(tmp_path), emulated=False)
+  time.sleep(0.3)
+  assert recheck_build.kill_started(str(tmp_path)) == [procs[0].pid]
+  procs[0].wait(10)
+  deadline = time.monotonic() + 10
+  while running := [p for p in os.listdir("/proc") if p.isdigit() and _cmdline(p).endswith(marker.split()[1])]:
+    assert time.monotonic() < deadline, running
+    time.sleep(0.05)
+
+
 def _cmdline(pid: str) -> str:
   try:
     with open(f"/proc/{pid}/cmdline", "rb") as f:

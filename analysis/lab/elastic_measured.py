@@ -33,6 +33,7 @@ import pandas as pd
 from analysis.lab.measured import (launch_module, launch_run, machine_provenance, measurement_line, read_trace,
                                    write_measurement)
 from analysis.lab.stored import RESULTS_DIR, content_hash
+from diloco_core.launch.path_probe import PATHS
 from analysis.planning.goodput import Failures, elastic_failure_cost
 
 #: The demo run's shape: replicas M (one per process), sync interval H, fragments P.
@@ -250,14 +251,19 @@ def process_timeline(traces: dict, first_step: int = 1) -> pd.DataFrame:
 
 #: The payload sizes (MiB) :func:`path_benchmark` measures unless told.
 PATH_SIZES_MIB = (1, 4, 16, 64)
-#: The paths the probe times: the data plane, the coordination service, gloo.
-PATHS = ("elastic", "service", "gloo")
+#: The ratios :func:`path_table` adds, ``(name, numerator path, denominator path)``: the data
+#: plane's rate over gloo's and over the service's, and the reduction's over gloo's.
+PATH_RATIOS = (("elastic_over_gloo", "elastic", "gloo"), ("elastic_over_service", "elastic", "service"),
+               ("elastic_reduce_over_gloo_reduce", "elastic_reduce", "gloo_reduce"))
 
 
-def path_benchmark(sizes_mib=PATH_SIZES_MIB, *, repeats: int = 3, processes: int = 2) -> tuple[pd.DataFrame, dict]:
+def path_benchmark(sizes_mib=PATH_SIZES_MIB, *, repeats: int = 3, processes: int = 2,
+                   paths=PATHS) -> tuple[pd.DataFrame, dict]:
   """Launches the path probe (:mod:`diloco_core.launch.path_probe`) over ``processes`` processes:
   one payload of each size per process over the data plane (an elastic sync), through the
-  coordination service (the path before it) and through gloo, ``repeats`` times.
+  coordination service (the path before it) and through gloo, and its mean reduced over the
+  data plane and over gloo (``reduction="reduce-scatter"``), ``repeats`` times; ``paths``: some
+  of them (:data:`~diloco_core.launch.path_probe.PATHS`).
 
   Returns:
     ``(path_table(result), result)``: the table (:func:`path_table`) and the probe's JSON
@@ -266,7 +272,8 @@ def path_benchmark(sizes_mib=PATH_SIZES_MIB, *, repeats: int = 3, processes: int
   with tempfile.TemporaryDirectory(prefix="path-probe-") as tmp:
     out = os.path.join(tmp, "paths.json")
     launch_module("diloco_core.launch.path_probe", ["--sizes-mib", ",".join(map(str, sizes_mib)), "--repeats",
-                                                    str(repeats), "--json", out], processes)
+                                                    str(repeats), "--paths", ",".join(paths), "--json", out],
+                  processes)
     with open(out) as f:
       result = json.load(f)
   return path_table(result), result
@@ -274,10 +281,11 @@ def path_benchmark(sizes_mib=PATH_SIZES_MIB, *, repeats: int = 3, processes: int
 
 def path_table(result: dict) -> pd.DataFrame:
   """The probe's rows (:mod:`diloco_core.launch.path_probe`) as one row per payload size: for
-  each path (``elastic``: the data plane, ``service``: the coordination service, ``gloo``)
-  ``<path>_s`` (median seconds until every process had every payload) and ``<path>_mb_s`` (MB/s:
-  a process's payload over that time); ``elastic_over_gloo``, the data plane's rate over gloo's,
-  and ``elastic_over_service``.
+  each path timed (``elastic``: the data plane, ``service``: the coordination service, ``gloo``;
+  ``elastic_reduce`` and ``gloo_reduce``: the mean over the data plane and over gloo)
+  ``<path>_s`` (median seconds until every process had every payload, or the mean) and
+  ``<path>_mb_s`` (MB/s: a process's payload over that time); the ratios of
+  :data:`PATH_RATIOS` whose two paths were timed.
 
   Examples:
     >>> rows = [{"size_mib": 8, "path": "elastic", "seconds": 0.1, "mb_per_s": 84.0},
@@ -289,9 +297,11 @@ def path_table(result: dict) -> pd.DataFrame:
   rows = pd.DataFrame(result["rows"])
   wide = rows.pivot(index="size_mib", columns="path", values=["seconds", "mb_per_s"])
   table = pd.DataFrame({"size_mib": wide.index.astype(float)})
-  for path in PATHS:
+  timed = [p for p in PATHS if p in set(rows["path"])]
+  for path in timed:
     table[f"{path}_s"] = wide["seconds", path].values
     table[f"{path}_mb_s"] = wide["mb_per_s", path].values
-  table["elastic_over_gloo"] = table["elastic_mb_s"] / table["gloo_mb_s"]
-  table["elastic_over_service"] = table["elastic_mb_s"] / table["service_mb_s"]
+  for name, a, b in PATH_RATIOS:
+    if a in timed and b in timed:
+      table[name] = table[f"{a}_mb_s"] / table[f"{b}_mb_s"]
   return table

@@ -33,7 +33,7 @@ from typing import Sequence
 
 import pandas as pd
 
-__all__ = ["ENV", "KINDS", "collect", "commands", "start", "started", "stop"]
+__all__ = ["ENV", "KINDS", "collect", "commands", "kill_started", "start", "started", "stop"]
 
 #: The environment variable that names the folder of the build's re-checks (set by ``conf.py``,
 #: read by the page's kernel, which inherits it).
@@ -57,11 +57,16 @@ def commands(names: Sequence[str], emulated: bool) -> dict[str, list[str]]:
 
 def start(names: Sequence[str], folder: str, emulated: bool) -> list:
   """Starts the re-checks of :func:`commands` in ``folder`` (created), each in a process group
-  of its own (:func:`stop` ends it with its workers); returns their ``subprocess.Popen`` objects."""
+  of its own (:func:`stop` ends it with its workers; its number is written as ``KIND.pgid``, so
+  that :func:`kill_started` ends it from another process); returns their ``subprocess.Popen`` objects."""
   os.makedirs(folder, exist_ok=True)
-  return [subprocess.Popen(["sh", "-c", _WRAP, os.path.join(folder, kind), *cmd], cwd=folder,
-                           stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL, process_group=0)
-          for kind, cmd in commands(names, emulated).items()]
+  procs = []
+  for kind, cmd in commands(names, emulated).items():
+    procs.append(subprocess.Popen(["sh", "-c", _WRAP, os.path.join(folder, kind), *cmd], cwd=folder,
+                                  stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL, process_group=0))
+    with open(os.path.join(folder, f"{kind}.pgid"), "w") as f:
+      f.write(str(procs[-1].pid))
+  return procs
 
 
 def stop(procs: Sequence) -> None:
@@ -73,6 +78,27 @@ def stop(procs: Sequence) -> None:
       except ProcessLookupError:
         pass
       proc.wait()
+
+
+def kill_started(folder: str) -> list[int]:
+  """Kills the process groups of the re-checks :func:`start` started in ``folder``, from any
+  process (the docs build's watchdog, after it killed a Sphinx that never stopped them);
+  returns the groups it found still there.
+
+  Examples:
+    >>> kill_started("/nonexistent")
+    []
+  """
+  killed = []
+  for kind in KINDS:
+    try:
+      with open(os.path.join(folder, f"{kind}.pgid")) as f:
+        group = int(f.read())
+      os.killpg(group, signal.SIGKILL)
+    except (OSError, ValueError):  # no such file, or the group already ended
+      continue
+    killed.append(group)
+  return killed
 
 
 def started(folder: str | None) -> bool:

@@ -1,11 +1,11 @@
 """The ways a background run's payloads cross processes, timed: the data plane, the service, gloo.
 
 ``python -m diloco_core.launch --processes 2 --module diloco_core.launch.path_probe -- --sizes-mib
-1,4,16 --json OUT [--repeats 3]`` (:func:`analysis.lab.elastic_measured.path_benchmark` runs it,
+1,4,16 --json OUT [--repeats 3] [--paths elastic,gloo]`` (:func:`analysis.lab.elastic_measured.path_benchmark` runs it,
 ``benchmarks/elastic_path.py`` prints it). Every process joins as a process of an elastic run
 does (:func:`~diloco_core.devices.processes.initialize_distributed` with ``elastic_heartbeat``:
 the coordination service recoverable), then, for each payload size S (MiB; S random bytes on
-every process):
+every process), times the paths of :data:`PATHS` (``--paths``: some of them):
 
 * ``elastic``: one :meth:`~diloco_core.runtime.membership.Membership.exchange`, what each sync of
   an elastic run does: every process sends its payload to the others over the data plane
@@ -15,12 +15,18 @@ every process):
   runs took before the data plane (every process puts its payload on process 0's host, passes
   the barrier and reads every payload back);
 * ``gloo``: one :meth:`~diloco_core.runtime.link.Link.gather` of a link without membership, what
-  each sync of a background run without ``elastic`` does (``process_allgather``: gloo on CPU).
+  each sync of a background run without ``elastic`` does (``process_allgather``: gloo on CPU);
+* ``elastic_reduce``: the mean of every process's S bytes of float32 values, as a sync of an
+  elastic run with ``reduction="reduce-scatter"`` takes it
+  (:func:`~diloco_core.runtime.plane_reduce.reduce_over_members`: a barrier, the reduce-scatter
+  and the all-gather over the data plane, the commit barrier);
+* ``gloo_reduce``: the same mean as a background run without ``elastic`` takes it
+  (:meth:`~diloco_core.runtime.link.Link.reduce`: gloo's all-to-all, then its all-gather).
 
 Each runs once untimed (the gather compiles for its shape), then ``repeats`` times, each after a
 small agreement that lines the processes up. A repeat takes as long as its slowest process; a
 size's time is the median of its repeats, and its rate (MB/s, 10^6 bytes per second) S over that
-time: every process's S bytes delivered to every process.
+time: every process's S bytes delivered to every process, or reduced with the others'.
 
 Process 0 writes the JSON: ``{"processes", "repeats", "heartbeat_s", "chunk_bytes", "rows":
 [{"size_mib", "path", "seconds", "mb_per_s"}, ...]}``.
@@ -43,11 +49,8 @@ import time
 
 import numpy as np
 
-from diloco_core.devices.processes import initialize_distributed, leave_elastic
-from diloco_core.runtime.elastic import HEARTBEAT_S
-from diloco_core.runtime.link import Link
-from diloco_core.runtime.membership import Membership
 from diloco_core.run.flags import one_line_errors
+from diloco_core.runtime.option_checks import HEARTBEAT_S
 from diloco_core.spec.footprint import host_bytes
 
 #: Bytes of one MiB (the sizes' unit).
@@ -56,6 +59,26 @@ MIB = 2**20
 WAIT_S = 600.0
 #: The key-value prefix of the probe's agreements and puts (no trainer runs beside it).
 PREFIX = "diloco/path-probe"
+#: The paths the probe can time (see the module docstring), in the order it times them.
+PATHS = ("elastic", "service", "gloo", "elastic_reduce", "gloo_reduce")
+
+
+def parse_paths(text: str) -> tuple[str, ...]:
+  """The paths of ``--paths``: some of :data:`PATHS`, comma-separated, each once.
+
+  Examples:
+    >>> parse_paths("gloo,elastic")
+    ('elastic', 'gloo')
+    >>> parse_paths("elastic,ring")
+    Traceback (most recent call last):
+    ...
+    ValueError: --paths must be some of elastic, service, gloo, elastic_reduce, gloo_reduce separated by commas, got 'elastic,ring'.
+  """
+  names = text.split(",")
+  if not names or any(n not in PATHS for n in names) or len(set(names)) != len(names):
+    raise ValueError(f"--paths must be some of {', '.join(PATHS)} separated by commas, got {text!r}.")
+  return tuple(p for p in PATHS if p in names)
+
 def parse_sizes(text: str) -> tuple[int, ...]:
   """The payload sizes of ``--sizes-mib``: whole MiB, at least 1.
 
@@ -79,16 +102,17 @@ def parse_sizes(text: str) -> tuple[int, ...]:
 def probe_bytes(size_mib: int, processes: int) -> int:
   """A lower bound on the host memory one size's exchanges take, every process on this machine.
 
-  Each of the N processes holds its payload S, the N payloads an exchange reads and the N rows
-  a gather returns; the service (process 0's host) holds the N payloads put on its path:
+  Each of the N processes holds its payload S and its float32 copy, the N payloads an exchange
+  reads, the N rows a gather returns and the mean a reduction returns; the service (process 0's
+  host) holds the N payloads put on its path:
 
-  .. math:: \\text{bytes} = N (1 + 2N) S + N S = 2 N (N + 1) S
+  .. math:: \\text{bytes} = N (3 + 2N) S + N S = 2 N (N + 2) S
 
   Examples:
-    >>> probe_bytes(1, 2) == 12 * MIB
+    >>> probe_bytes(1, 2) == 16 * MIB
     True
   """
-  return 2 * processes * (processes + 1) * size_mib * MIB
+  return 2 * processes * (processes + 2) * size_mib * MIB
 
 
 def check_options(a: argparse.Namespace, processes: int) -> tuple[int, ...]:
@@ -99,6 +123,7 @@ def check_options(a: argparse.Namespace, processes: int) -> tuple[int, ...]:
   (:func:`probe_bytes`) fit in this host's memory.
   """
   sizes = parse_sizes(a.sizes_mib)
+  parse_paths(a.paths)
   if a.repeats < 1:
     raise ValueError(f"--repeats must be an integer >= 1, got {a.repeats}.")
   folder = os.path.dirname(os.path.abspath(a.json))
@@ -145,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--sizes-mib", default="1,4,16", help="payload sizes, MiB (1,4,16)")
   p.add_argument("--repeats", type=int, default=3, help="timed exchanges per size and path (3)")
   p.add_argument("--json", required=True, help="where process 0 writes the results")
+  p.add_argument("--paths", default=",".join(PATHS), help=f"the paths to time, some of {','.join(PATHS)} (all)")
   return one_line_errors(p)
 
 
@@ -153,27 +179,37 @@ def slowest_median(times: list[list[float]]) -> float:
   return float(statistics.median(max(column) for column in zip(*times)))
 
 
-def time_paths(membership: Membership, link: Link, sizes, repeats: int) -> list[dict]:
-  """This process's times: ``[{"size_mib", "path", "times"}, ...]`` (see the module docstring)."""
-  rng, rows = np.random.default_rng(membership.rank), []
+def time_paths(membership, link, sizes, repeats: int, which=PATHS) -> list[dict]:
+  """This process's times: ``[{"size_mib", "path", "times"}, ...]`` (see the module docstring),
+  over ``membership`` (a :class:`~diloco_core.runtime.membership.Membership`) and ``link`` (a
+  :class:`~diloco_core.runtime.link.Link` without one)."""
+  from diloco_core.runtime.plane_reduce import reduce_over_members  # JAX: not for the launcher's check
+  from diloco_core.wire.packing import WireLayout
+  from diloco_core.wire.reduce_scatter import ChunkPlan
+  rng, rows, n = np.random.default_rng(membership.rank), [], membership.processes
   for size in sizes:
     payload = rng.bytes(size * MIB)
     array = np.frombuffer(payload, np.uint8)[None]
+    values = rng.standard_normal((1, size * MIB // 4), dtype=np.float32)  # S bytes of float32
+    layout = WireLayout((values.shape[1],), "none")
+    plan = ChunkPlan(layout, n)
     paths = {"elastic": lambda key: membership.exchange(key, payload),
              "service": lambda key: service_exchange(membership, key, payload),
-             "gloo": lambda key: link.gather(array, key).result()}
-    for path, run in paths.items():
+             "gloo": lambda key: link.gather(array, key).result(),
+             "elastic_reduce": lambda key: reduce_over_members(membership, key, values, layout, n),
+             "gloo_reduce": lambda key: link.reduce(values, key, plan).result()}
+    for path in which:
       times = []
       for i in range(repeats + 1):  # the first compiles (gloo) or warms the connection up: untimed
         membership.exchange(f"line up {path} {size} {i}", b"1")
         start = time.perf_counter()
-        run(f"{path} {size} MiB {i}")
+        paths[path](f"{path} {size} MiB {i}")
         times.append(time.perf_counter() - start)
       rows.append({"size_mib": size, "path": path, "times": times[1:]})
   return rows
 
 
-def service_exchange(membership: Membership, key: str, payload: bytes) -> dict[int, bytes]:
+def service_exchange(membership, key: str, payload: bytes) -> dict[int, bytes]:
   """Every live process's ``payload`` through the coordination service's key-value store: put,
   the membership barrier, every payload read (the path before the data plane); the keys are
   removed after the next line-up."""
@@ -195,6 +231,9 @@ def main(argv=None) -> int:
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
+  from diloco_core.devices.processes import initialize_distributed, leave_elastic  # JAX: after the checks
+  from diloco_core.runtime.link import Link
+  from diloco_core.runtime.membership import Membership
   heartbeat = HEARTBEAT_S
   if not initialize_distributed(elastic_heartbeat=heartbeat):
     print("error: the path probe runs under the launcher: python -m diloco_core.launch --processes 2 --module"
@@ -202,7 +241,7 @@ def main(argv=None) -> int:
     return 2
   membership = Membership.entered(prefix=PREFIX, payload_timeout_s=WAIT_S)
   link = Link()
-  rows = time_paths(membership, link, sizes, a.repeats)
+  rows = time_paths(membership, link, sizes, a.repeats, parse_paths(a.paths))
   link.close()
   everyone = membership.exchange("times", json.dumps(rows).encode())
   if membership.rank == 0:

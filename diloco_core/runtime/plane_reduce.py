@@ -44,7 +44,7 @@ waiting for its heal takes part in every barrier with nothing (the leader names 
 
 Examples:
   Three processes, one replica each; process 2 was left out, so each replica present counts
-  with weight M / |S| = 3/2 in the mean over all three rows (its row is ignored):
+  with weight :math:`M / |S| = 3/2` in the mean over all three rows (its row is ignored):
 
   >>> import numpy as np
   >>> rows = np.array([[1.0, 2.0], [3.0, 6.0], [np.nan, np.nan]], np.float32)
