@@ -183,21 +183,18 @@ def time_paths(membership, link, sizes, repeats: int, which=PATHS) -> list[dict]
   """This process's times: ``[{"size_mib", "path", "times"}, ...]`` (see the module docstring),
   over ``membership`` (a :class:`~diloco_core.runtime.membership.Membership`) and ``link`` (a
   :class:`~diloco_core.runtime.link.Link` without one)."""
-  from diloco_core.runtime.plane_reduce import reduce_over_members  # JAX: not for the launcher's check
-  from diloco_core.wire.packing import WireLayout
-  from diloco_core.wire.reduce_scatter import ChunkPlan
-  rng, rows, n = np.random.default_rng(membership.rank), [], membership.processes
+  from diloco_core.runtime.link import Link  # JAX: not for the launcher's check
+  elastic_link = Link(membership=membership)  # a link of an elastic run: its reduction over the plane
+  rng, rows = np.random.default_rng(membership.rank), []
   for size in sizes:
     payload = rng.bytes(size * MIB)
     array = np.frombuffer(payload, np.uint8)[None]
     values = rng.standard_normal((1, size * MIB // 4), dtype=np.float32)  # S bytes of float32
-    layout = WireLayout((values.shape[1],), "none")
-    plan = ChunkPlan(layout, n)
     paths = {"elastic": lambda key: membership.exchange(key, payload),
              "service": lambda key: service_exchange(membership, key, payload),
              "gloo": lambda key: link.gather(array, key).result(),
-             "elastic_reduce": lambda key: reduce_over_members(membership, key, values, layout, n),
-             "gloo_reduce": lambda key: link.reduce(values, key, plan).result()}
+             "elastic_reduce": lambda key: elastic_link.reduce(values, key).result(),
+             "gloo_reduce": lambda key: link.reduce(values, key).result()}
     for path in which:
       times = []
       for i in range(repeats + 1):  # the first compiles (gloo) or warms the connection up: untimed
@@ -206,6 +203,8 @@ def time_paths(membership, link, sizes, repeats: int, which=PATHS) -> list[dict]
         paths[path](f"{path} {size} MiB {i}")
         times.append(time.perf_counter() - start)
       rows.append({"size_mib": size, "path": path, "times": times[1:]})
+  elastic_link.close()
+  elastic_link.join(60)
   return rows
 
 

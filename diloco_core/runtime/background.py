@@ -82,7 +82,6 @@ from diloco_core.runtime.elastic_runtime import ElasticRuntime
 from diloco_core.runtime.link import Link, wait
 from diloco_core.runtime.membership import close_process_membership, process_membership
 from diloco_core.devices.mesh import MeshPlacement, global_array, host_copy, replica_sharding, replicated
-from diloco_core.wire.reduce_scatter import ChunkPlan
 from diloco_core.spec.schedule import merged_fragment, sent_fragment
 from diloco_core.algorithm.state import SKIPPED, DiLoCoState, participation_code
 from diloco_core.wire.packing import WireLayout
@@ -290,7 +289,7 @@ class Background(PhasePrograms, MeshPlacement, ElasticRuntime):
         state, flat = self.send_program(state, p, hp, None if code is None else self.place_rows(code))
         flat, what = self.own_rows(flat), f"fragment {p} @ step {t}"  # waits for the payload program
         if cfg.reduction == "reduce-scatter":
-          future = self.link.reduce(flat, what, ChunkPlan(self._layout(state, p), self.processes))
+          future = self.link.reduce(flat, what, self._layout(state, p))
         else:
           future = self.link.gather(flat, what, self._layout(state, p), vote=True)  # a quorum decides it
         self._in_flight[p] = _InFlight(t, future, time.time(), mask)

@@ -174,32 +174,33 @@ class Link:
       return None, None, None, None
     return self._submit("connect", work)
 
-  def reduce(self, x: np.ndarray, what: str, plan: reduce_scatter.ChunkPlan) -> concurrent.futures.Future:
+  def reduce(self, x: np.ndarray, what: str,
+             layout: wire_packing.WireLayout | None = None) -> concurrent.futures.Future:
     """Starts the reduction that scales (:mod:`~diloco_core.wire.reduce_scatter`) of every process's
     payload rows: an all-to-all of packed chunks, each owner's re-quantized mean, an all-gather.
 
     Args:
       x: this process's payload rows, float32 ``[m, elements]`` (values on the format's grid).
       what: a label for the trace.
-      plan: the payload's chunks, one per process (``plan.parts`` = the process count).
+      layout: the payload's dense wire layout (None: float32 values as they are), cut into one
+        chunk per process (:class:`~diloco_core.wire.reduce_scatter.ChunkPlan`).
 
     Returns:
       A future of the mean ``[1, elements]`` (float32, re-quantized). Elastic: of ``(mean,
       agreement)``, over the replicas of the agreement's members
-      (:func:`~diloco_core.runtime.plane_reduce.reduce_over_members`, peer to peer; ``plan``'s
-      layout is re-cut for them).
+      (:func:`~diloco_core.runtime.plane_reduce.reduce_over_members`, peer to peer; the chunks
+      cut for them).
     """
     x = np.ascontiguousarray(x, np.float32)
+    layout = layout or wire_packing.WireLayout((x.shape[1],), "none")
     if self.membership is not None:
       def elastic():
         mean, agreement, sent, received = reduce_over_members(
-            self.membership, what.replace("/", "-"), x, plan.layout, self.processes * x.shape[0])
+            self.membership, what.replace("/", "-"), x, layout, self.processes * x.shape[0])
         self._note(agreement)
         return (mean, agreement), sent, received, 0
       return self._submit(what, elastic)
-    if plan.parts != self.processes:
-      raise ValueError(f"a reduce-scatter over {self.processes} processes needs {self.processes} chunks,"
-                       f" got {plan.parts}.")
+    plan = reduce_scatter.chunk_plan(layout, self.processes)
 
     def work():
       r, n = self.rank, self.processes

@@ -54,7 +54,6 @@ Examples:
 
 from __future__ import annotations
 
-import functools
 import struct
 
 import numpy as np
@@ -78,11 +77,6 @@ def masked_mean(rows, present):
   """The mean of ``rows`` ``[M, n]`` over the replicas ``present`` marks (``[M]``, 1 or 0):
   :func:`~diloco_core.algorithm.phases.present_mean`, the rule of both runtimes."""
   return present_mean([rows], present, present.shape[0], local_mean)[0]
-
-
-@functools.lru_cache(maxsize=64)
-def _plan(layout: WireLayout, parts: int) -> reduce_scatter.ChunkPlan:
-  return reduce_scatter.ChunkPlan(layout, parts)
 
 
 def reduce_over_members(membership, key: str, rows: np.ndarray, layout: WireLayout,
@@ -129,7 +123,7 @@ def _attempt(membership, sub: str, rows: np.ndarray, layout: WireLayout, members
   """One attempt over ``members``: the mean (None when a chunk did not come), bytes sent and received."""
   me, k = membership.rank, len(members)
   j, m = members.index(me), rows.shape[0]
-  plan = _plan(layout, k)
+  plan = reduce_scatter.chunk_plan(layout, k)
   chunks = reduce_scatter.scatter(rows, plan)
   mine = {owner: chunks[d] for d, owner in enumerate(members)}
   membership.send_each(f"{sub}/rs", mine)

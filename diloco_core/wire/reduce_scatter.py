@@ -144,6 +144,18 @@ class ChunkPlan:
     return self._chunks[d]
 
 
+@functools.lru_cache(maxsize=64)
+def chunk_plan(layout: WireLayout, parts: int) -> ChunkPlan:
+  """:class:`ChunkPlan` of ``layout`` in ``parts`` chunks, cut once per layout and count (each
+  sync of a run reuses it).
+
+  Examples:
+    >>> chunk_plan(WireLayout(sizes=(4,), name="none"), 2) is chunk_plan(WireLayout(sizes=(4,), name="none"), 2)
+    True
+  """
+  return ChunkPlan(layout, parts)
+
+
 def scatter(rows: np.ndarray, plan: ChunkPlan) -> list[np.ndarray]:
   """Phase 1, one process: its float32 rows ``[m, n]`` packed chunk by chunk, one uint8 buffer
   ``[m * b_d]`` for each owner d."""
