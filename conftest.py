@@ -117,10 +117,7 @@ SITE_TESTS = ("tests/test_site_browser.py::", "tests/test_docs.py::test_docs_bui
 
 
 def pytest_collection_modifyitems(config, items):
-  # Stable: the rest keep their order. The files that launch processes first: under -n 2 their one
-  # unit (a third of the suite's time) starts at once, and the other worker takes the rest until
-  # it ends; started a quarter of the way in, it ran on alone at the end (the longest unit first).
-  items.sort(key=lambda item: (not item.nodeid.startswith(PROCESS_FILES), item.nodeid.startswith(SITE_TESTS)))
+  items.sort(key=lambda item: item.nodeid.startswith(SITE_TESTS))  # stable: the rest keep their order
   needs, cpu_only = [], []
   for item in items:
     if item.get_closest_marker("cpu_only"):
