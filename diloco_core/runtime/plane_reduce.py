@@ -132,7 +132,7 @@ def _attempt(membership, sub: str, rows: np.ndarray, layout: WireLayout, members
   for p in members:
     if p != me:
       try:
-        got[p] = np.frombuffer(bytes(membership.take(f"{sub}/rs", p, watch=True)), np.uint8)
+        got[p] = np.frombuffer(membership.take(f"{sub}/rs", p, watch=True), np.uint8)  # no copy
       except MembershipError:
         ok = False
   received = sum(x.nbytes for p, x in got.items() if p != me)
@@ -149,15 +149,15 @@ def _attempt(membership, sub: str, rows: np.ndarray, layout: WireLayout, members
     if p == me:
       continue
     try:
-      raw = bytes(membership.take(f"{sub}/ag", p, watch=True))
+      raw = memoryview(membership.take(f"{sub}/ag", p, watch=True))
     except MembershipError:
       ok = False
       continue
-    if raw[:1] != _CHUNK:
+    if raw[:1] != _CHUNK:  # an owner that had no chunk to send
       ok = False
       continue
     reduced[d] = np.frombuffer(raw[1:], np.uint8)
-    received += len(raw) - 1
+    received += raw.nbytes - 1
   if not ok:
     return None, sent, received
   return reduce_scatter.assemble([reduced[d] for d in range(k)], plan), sent, received
