@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 
 import pandas as pd
 
@@ -205,6 +206,26 @@ def not_measured(doc: dict) -> list[str]:
   if not NOTEBOOKS_DIR.is_dir():
     raise FileNotFoundError(f"no notebooks folder at {NOTEBOOKS_DIR}: not_measured needs a clone of the repository")
   return sorted(p.stem for p in NOTEBOOKS_DIR.glob("[0-9][0-9]_*.md") if p.stem not in doc["notebooks"])
+
+
+#: A live sweep in a notebook's source: its ``stored.results("name", ...)`` call.
+LIVE_SWEEP = re.compile(r"""stored\.results\(\s*["']([A-Za-z0-9_]+)["']""")
+
+
+def live_sweeps(notebook: str, scale: str = "accelerator") -> list[tuple[str, int]]:
+  """The sweeps a notebook trains live, in order, with their runs at ``scale``: its
+  ``stored.results("name", ...)`` calls, each sweep planned by
+  :func:`analysis.lab.experiments.named_sweep` (in a clone, as :func:`not_measured`).
+
+  Examples:
+    >>> live_sweeps("05_compression"), [name for name, _ in live_sweeps("03_sweep_h_m")]
+    ([('compression', 27)], ['h_m', 'outer_lr'])
+  """
+  from analysis.lab import experiments  # the trainer's config, only when a plan is asked for
+  path = NOTEBOOKS_DIR / f"{notebook}.md"
+  if not path.is_file():
+    raise FileNotFoundError(f"no notebook {path}: live_sweeps needs a clone of the repository")
+  return [(name, len(experiments.named_sweep(name, scale))) for name in LIVE_SWEEP.findall(path.read_text())]
 
 
 def notebooks_provenance(device: str, doc: dict) -> str:
