@@ -27,7 +27,9 @@ make it fit) and the others still run. The results are written after every run.
 (device kind, JAX, jaxlib and libtpu versions, git commit, date, the command) to
 ``analysis/results/accelerator/<device>.json``, which the performance page shows; ``--trace
 DIR`` also writes a ``jax.profiler`` trace of the plain step and of DiLoCo M=2 (H steps each;
-with ``--store`` their Perfetto JSON is kept in ``analysis/results/accelerator/traces/``).
+their Perfetto JSON as ``DIR/plain.json.gz`` and ``DIR/diloco2.json.gz``, and with ``--store`` in
+``analysis/results/accelerator/traces/``) and prints where DiLoCo's extra device time goes, by
+kind of XLA operation.
 Measured, never asserted.
 
 Usage: python benchmarks/accelerator.py [--quick] [--store] [--json PATH] [--trace DIR] [--steps 10]
@@ -311,18 +313,24 @@ class Bench:
             f" {fmt(rec['mfu'], '.1%'):>6s}  step/(M x plain) {fmt(rec['step_over_M_plain'], '.3f')}", flush=True)
 
   def keep_trace(self, name: str) -> None:
-    """With ``--store``, the newest Perfetto trace of run ``name`` beside the stored results
-    (``traces/<device>-<name>.json.gz``, what the performance page's breakdown reads)."""
-    if not self.args.store:
-      return
+    """The newest Perfetto trace of run ``name`` as ``<--trace>/<name>.json.gz`` (one flat file, to
+    copy off a remote machine), and with ``--store`` beside the stored results
+    (``traces/<device>-<name>.json.gz``, what the performance page's breakdown reads). Once both
+    runs are traced, prints where DiLoCo's extra time goes (:func:`print_breakdown`)."""
     found = sorted(glob.glob(os.path.join(self.args.trace, name, "**", "perfetto_trace.json.gz"), recursive=True),
                    key=os.path.getmtime)
-    if found:
+    if not found:
+      return
+    dests = [os.path.join(self.args.trace, f"{name}.json.gz")]
+    if self.args.store:
       stem = os.path.splitext(os.path.basename(store_path(self.device.device_kind)))[0]
       os.makedirs(os.path.join(STORE_DIR, "traces"), exist_ok=True)
-      dest = os.path.join(STORE_DIR, "traces", f"{stem}-{name}.json.gz")
+      dests.append(os.path.join(STORE_DIR, "traces", f"{stem}-{name}.json.gz"))
+    for dest in dests:
       shutil.copyfile(found[-1], f"{dest}.tmp{os.getpid()}")
       os.replace(f"{dest}.tmp{os.getpid()}", dest)  # replaces a stored trace even where it is read-only
+    if name == "diloco2" and os.path.exists(os.path.join(self.args.trace, "plain.json.gz")):
+      print_breakdown(self.args.trace)
 
   def run(self) -> dict:
     a = self.args
@@ -355,6 +363,23 @@ class Bench:
         self.methods(cfg)
     self.save()
     return self.result
+
+
+def print_breakdown(folder: str) -> None:
+  """Device milliseconds per step by kind of XLA operation of the plain step and DiLoCo M = 2
+  (:func:`analysis.lab.accelerator.trace_breakdown` of ``folder``'s ``plain.json.gz`` and
+  ``diloco2.json.gz``), and DiLoCo's difference to two plain steps, printed as a table."""
+  import pandas as pd  # pylint: disable=import-outside-toplevel
+  from analysis.lab.accelerator import AcceleratorResultError, trace_breakdown  # pylint: disable=import-outside-toplevel
+  try:
+    bd = pd.DataFrame({run: trace_breakdown(os.path.join(folder, f"{run}.json.gz"))
+                       for run in ("plain", "diloco2")}).fillna(0.0)
+  except AcceleratorResultError as e:  # a CPU's trace has no device track
+    print(f"no breakdown by operation: {e}", flush=True)
+    return
+  bd["diloco2 - 2 x plain"] = bd["diloco2"] - 2 * bd["plain"]
+  print("device ms per step by kind of operation (the traces):")
+  print(bd.loc[bd.abs().max(axis=1) >= 0.05].round(3).to_string(), flush=True)
 
 
 def fmt(x, spec: str) -> str:
