@@ -366,20 +366,17 @@ class Bench:
 
 
 def print_breakdown(folder: str) -> None:
-  """Device milliseconds per step by kind of XLA operation of the plain step and DiLoCo M = 2
-  (:func:`analysis.lab.accelerator.trace_breakdown` of ``folder``'s ``plain.json.gz`` and
-  ``diloco2.json.gz``), and DiLoCo's difference to two plain steps, printed as a table."""
-  import pandas as pd  # pylint: disable=import-outside-toplevel
-  from analysis.lab.accelerator import AcceleratorResultError, trace_breakdown  # pylint: disable=import-outside-toplevel
+  """Device milliseconds per step by kind of XLA operation of the plain step and DiLoCo M = 2, and
+  DiLoCo's difference to two plain steps (:func:`analysis.lab.accelerator.methods_breakdown` of
+  ``folder``'s ``plain.json.gz`` and ``diloco2.json.gz``), printed as a table."""
+  from analysis.lab.accelerator import AcceleratorResultError, methods_breakdown  # pylint: disable=import-outside-toplevel
   try:
-    bd = pd.DataFrame({run: trace_breakdown(os.path.join(folder, f"{run}.json.gz"))
-                       for run in ("plain", "diloco2")}).fillna(0.0)
+    bd = methods_breakdown(os.path.join(folder, "plain.json.gz"), os.path.join(folder, "diloco2.json.gz"), 0.05)
   except AcceleratorResultError as e:  # a CPU's trace has no device track
     print(f"no breakdown by operation: {e}", flush=True)
     return
-  bd["diloco2 - 2 x plain"] = bd["diloco2"] - 2 * bd["plain"]
   print("device ms per step by kind of operation (the traces):")
-  print(bd.loc[bd.abs().max(axis=1) >= 0.05].round(3).to_string(), flush=True)
+  print(bd.round(3).to_string(), flush=True)
 
 
 def fmt(x, spec: str) -> str:

@@ -237,3 +237,22 @@ def trace_breakdown(path: str | pathlib.Path) -> pd.Series:
   out = pd.Series(sums).sort_values(ascending=False) / steps / 1e3
   out["total"] = sum(e["dur"] for e in modules) / steps / 1e3
   return out
+
+
+def methods_breakdown(plain: str | pathlib.Path, diloco2: str | pathlib.Path, min_ms: float = 0.1) -> pd.DataFrame:
+  """The plain step's and DiLoCo M = 2's :func:`trace_breakdown` side by side, with two plain
+  steps and DiLoCo's difference to them: where DiLoCo's extra device time goes.
+
+  Args:
+    plain: the plain step's Perfetto trace.
+    diloco2: DiLoCo M = 2's.
+    min_ms: rows whose every column is under this many milliseconds are left out.
+
+  Returns:
+    Milliseconds per step, one row per kind of operation (``"total"`` included), columns
+    ``plain``, ``diloco2``, ``M x plain`` and ``diloco2 - M x plain``.
+  """
+  bd = pd.DataFrame({"plain": trace_breakdown(plain), "diloco2": trace_breakdown(diloco2)}).fillna(0.0)
+  bd["M x plain"] = 2 * bd["plain"]
+  bd["diloco2 - M x plain"] = bd["diloco2"] - bd["M x plain"]
+  return bd.loc[bd.abs().max(axis=1) >= min_ms]
